@@ -1,0 +1,7 @@
+"""`python -m scaletui ...` is the `scaletui` command."""
+
+import sys
+
+from scaletui.cli import main
+
+sys.exit(main())

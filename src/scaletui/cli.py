@@ -1,0 +1,36 @@
+"""`scaletui`: the TUI by default; subcommands `serve`, `roofline`, `calibrate`.
+
+Each subcommand's module is imported only when chosen, so `scaletui roofline` never loads JAX.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "serve": ("scaletui.serve.cli", "run the JAX inference server (OpenAI-compatible HTTP)"),
+    "roofline": ("scaletui.roofline.cli", "print the book's roofline estimates for a config"),
+    "calibrate": ("scaletui.calibrate", "measure this host's devices; write the 'local' spec"),
+    "tui": ("scaletui.tui.app", "the interactive lab bench (default)"),
+}
+
+USAGE = "usage: scaletui [serve|roofline|calibrate|tui] [options]   (scaletui SUBCOMMAND -h)\n\n" + (
+    "\n".join(f"  {name:<10} {help}" for name, (_, help) in SUBCOMMANDS.items())
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help") and len(args) == 1:
+        print(USAGE)
+        return 0
+    name = args[0] if args and args[0] in SUBCOMMANDS else "tui"
+    if args and args[0] == name:
+        args = args[1:]
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
