@@ -238,6 +238,10 @@ def load_hardware(ref: str | os.PathLike) -> HardwareSpec:
         raise SpecError(f"{path}: key 'flops_per_s' needs at least one dtype with a value > 0")
     values["flops_per_s"] = flops
     _positive(path, values, ["hbm_bytes", "hbm_bw", "ici_bw", "dcn_bw", "chips_per_host"])
+    if values.get("ici_latency_s", 0.0) < 0:
+        raise SpecError(
+            f"{path}: key 'ici_latency_s' should be >= 0, got {values['ici_latency_s']!r}"
+        )
     return HardwareSpec(**values, extra=extra)
 
 
