@@ -1,0 +1,278 @@
+"""`loadgen`: offer a workload to an OpenAI-compatible server and report what it got.
+
+Without --url it starts an embedded `scaletui serve --model small` (a subprocess) and stops it
+afterwards. --sweep runs one stage per rate and prints latency against throughput. Errors a user
+can cause (bad flags, a dead port, a wrong URL) are one line on stderr and a non-zero exit.
+Exit: 0 ok, 1 no request completed, 2 usage or connection error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from dataclasses import asdict, replace
+
+import aiohttp
+
+from scaletui.loadgen import output
+from scaletui.loadgen.client import get_json
+from scaletui.loadgen.embedded import EmbeddedServer
+from scaletui.loadgen.report import Slo, summarize
+from scaletui.loadgen.runner import RunConfig, Runner, make_session
+from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Lengths, Workload
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line."""
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a rate must be > 0 (or 'inf'), got {text!r}")
+    return value
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        return [_rate(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--sweep wants rates like 1,2,4,8, got {text!r}"
+        ) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="loadgen", description=__doc__.splitlines()[0])
+    a = p.add_argument
+    a("--url", help="server base URL (default: start an embedded scaletui server)")
+    a("--api", choices=("completions", "chat"), default="completions")
+    a("--model", help="model name (default: the first id of GET /v1/models)")
+    g = p.add_argument_group("arrivals")
+    g.add_argument("--qps", type=_rate, help="offered request rate (req/s; 'inf' = all at once)")
+    g.add_argument("--arrival", choices=ARRIVALS, default="poisson")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape k (CV=1/sqrt k)")
+    g.add_argument("--concurrency", type=int, help="max requests in flight (alone: closed loop)")
+    g.add_argument("--num-requests", type=int, help="requests to send (default 200)")
+    g.add_argument("--duration", type=float, help="seconds to send for")
+    g.add_argument("--warmup", type=int, default=0, help="warm-up requests, excluded")
+    g.add_argument("--cancel-rate", type=float, default=0.0, help="fraction aborted mid-stream")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--sweep", type=_rates, help="rates 1,2,4,8: one stage each, then a table")
+    w = p.add_argument_group("requests")
+    w.add_argument("--input-len", type=int, default=128)
+    w.add_argument("--input-dist", choices=DISTS, default="fixed")
+    w.add_argument("--input-spread", type=float, default=0.0)
+    w.add_argument("--output-len", type=int, help="max_tokens (default 128; overrides dataset)")
+    w.add_argument("--output-dist", choices=DISTS, default="fixed")
+    w.add_argument("--output-spread", type=float, default=0.0)
+    w.add_argument("--dataset", help="ShareGPT-format JSON file (first turn of each)")
+    w.add_argument("--chars-per-token", type=float, default=4.0, help="dataset length estimate")
+    w.add_argument("--prefix-len", type=int, default=0, help="shared-prefix tokens")
+    w.add_argument("--prefix-groups", type=int, default=1, help="distinct shared prefixes")
+    w.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text")
+    w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    w.add_argument("--timeout", type=float, default=300.0, help="per-request limit (s)")
+    w.add_argument("--read-timeout", type=float, default=60.0, help="max stream silence (s)")
+    o = p.add_argument_group("outputs")
+    o.add_argument("--slo", type=Slo.parse, help="goodput SLOs in ms: ttft=500,tpot=50,e2el=5000")
+    o.add_argument("--out", help="summary JSON file")
+    o.add_argument("--save-requests", help="per-request JSONL file")
+    o.add_argument("--csv", help="summary CSV (one row per stage)")
+    o.add_argument("--jsonl", help="live JSONL (start, 1 s windows, summary) to PATH or -")
+    o.add_argument("--quiet", action="store_true", help="no table, no progress")
+    s = p.add_argument_group("embedded server")
+    s.add_argument("--server-cmd", help="command template with {python} {port} "
+                   "(default $LOADGEN_SERVER_CMD or scaletui serve --model small)")  # fmt: skip
+    s.add_argument("--server-timeout", type=float, default=600.0, help="wait for /health (s)")
+    return p
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    out_len = args.output_len if args.output_len is not None else 128
+    return Workload(
+        input=Lengths(args.input_len, args.input_dist, args.input_spread),
+        output=Lengths(out_len, args.output_dist, args.output_spread),
+        dataset=args.dataset,
+        dataset_output=args.output_len is None,
+        chars_per_token=args.chars_per_token,
+        prefix_len=args.prefix_len,
+        prefix_groups=args.prefix_groups,
+        prompt_format=args.prompt_format,
+        qps=args.sweep[0] if args.sweep else args.qps,
+        arrival=args.arrival,
+        burstiness=args.burstiness,
+        concurrency=args.concurrency,
+        cancel_rate=args.cancel_rate,
+        seed=args.seed,
+    )
+
+
+async def _model(session: aiohttp.ClientSession, url: str) -> str:
+    models = await get_json(session, url.rstrip("/") + "/v1/models", timeout=15)
+    data = models.get("data") if isinstance(models, dict) else None
+    if not data:
+        raise UserError(f"{url} has no model list at /v1/models; is it an OpenAI server? "
+                        "(give --model)")  # fmt: skip
+    return data[0]["id"]
+
+
+class Progress:
+    """A one-line progress display on stderr, only when stderr is a TTY."""
+
+    def __init__(self, total: int | None, enabled: bool) -> None:
+        self.total, self.enabled = total, enabled and sys.stderr.isatty()
+
+    def __call__(self, win: dict) -> None:
+        if not self.enabled:
+            return
+        tot = win["totals"]
+        of = f"/{self.total}" if self.total else ""
+        ttft = win["ttft_ms"]["p50"]
+        print(
+            f"\r[{win['t']:6.0f}s] sent {tot['sent']}{of} done {tot['completed']} "
+            f"fail {tot['failed']} rej {tot['rejected']} in-flight {win['in_flight']} "
+            f"{win['output_tok_s']:.0f} tok/s ttft p50 {'-' if ttft is None else f'{ttft:.1f}'} ms"
+            "   ",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def done(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr)
+
+
+async def run(args: argparse.Namespace, url: str) -> int:
+    workload = workload_from(args)
+    rates: list[float | None] = list(args.sweep) if args.sweep else [workload.qps]
+    sink = output.JsonlSink(args.jsonl)
+    human = sys.stderr if args.jsonl == "-" else sys.stdout  # keep a JSONL stdout pure
+    summaries: list[dict] = []
+    stopped = False
+    runner: Runner | None = None
+
+    def on_signal() -> None:
+        nonlocal stopped
+        stopped = True
+        if runner is not None:
+            runner.stop()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    requests_file = open(args.save_requests, "wb") if args.save_requests else None  # noqa: SIM115
+    try:
+        async with make_session() as session:
+            try:
+                model = args.model or await _model(session, url)
+            except aiohttp.ClientError as exc:
+                raise UserError(f"cannot reach {url}: {exc}") from None
+            num = args.num_requests if args.num_requests or args.duration else 200
+            cfg = RunConfig(
+                url=url, model=model, api=args.api, num_requests=num, duration=args.duration,
+                warmup=args.warmup, timeout=args.timeout, read_timeout=args.read_timeout,
+                ignore_eos=args.ignore_eos,
+            )  # fmt: skip
+            for stage, rate in enumerate(rates):
+                if stopped:
+                    break
+                wl = replace(workload, qps=rate)
+                config = {"run": asdict(cfg), "workload": asdict(wl), "stage": stage}
+                sink.write({"type": "start", "t": 0.0, "stage": stage, "config": config,
+                            "url": url, "model": model})  # fmt: skip
+                progress = Progress(num if not args.duration else None, not args.quiet)
+
+                def on_window(win: dict, stage: int = stage, progress: Progress = progress):
+                    sink.write({**win, "stage": stage})
+                    progress(win)
+
+                runner = Runner(cfg, wl, on_window=on_window)
+                before = await _stats(session, url)
+                result = await runner.run(session)
+                progress.done()
+                after = await _stats(session, url)
+                summary = summarize(
+                    result.records, t_start=result.t_start, slo=args.slo,
+                    requested_rate=rate, config=config, server_stats_before=before,
+                    server_stats_after=after, partial=result.partial,
+                )  # fmt: skip
+                summaries.append(summary)
+                sink.write({"type": "summary", "stage": stage, **summary})
+                if requests_file:
+                    output.write_requests_to(requests_file, result.records, result.t_start, stage)
+                if not args.quiet:
+                    print(output.table(summary), file=human, flush=True)
+    finally:
+        sink.close()
+        if requests_file:
+            requests_file.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    if args.out:
+        output.write_json(args.out, summaries[0] if len(summaries) == 1 else {"stages": summaries})
+    if args.csv:
+        output.write_csv(args.csv, summaries)
+    if args.sweep and not args.quiet and summaries:
+        print(output.sweep_table(summaries), file=human)
+        plot = output.sweep_plot(summaries)
+        if plot:
+            print(plot, file=human)
+    for s in summaries:
+        if not s["completed"] and s["sent"]:
+            first = next(iter(s["errors"]["examples"].items()), ("?", "no message"))
+            print(f"loadgen: no request completed ({first[0]}: {first[1]})", file=sys.stderr)
+    if stopped:
+        return 130
+    return 0 if summaries and all(s["completed"] for s in summaries) else 1
+
+
+async def _stats(session: aiohttp.ClientSession, url: str) -> dict | None:
+    try:
+        return await get_json(session, url.rstrip("/") + "/stats", timeout=5)
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+def _asyncio_run(coro):
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.qps is None and args.concurrency is None and not args.sweep:
+            raise UserError("give --qps RATE and/or --concurrency N (or --sweep RATES)")
+        if args.prompt_format == "ids" and args.api == "chat":
+            raise UserError("--prompt-format ids needs --api completions (chat takes text)")
+        workload_from(args)  # validate before starting anything
+        RunConfig(url="-", model="-", num_requests=args.num_requests or 1,
+                  duration=args.duration, warmup=args.warmup, timeout=args.timeout,
+                  read_timeout=args.read_timeout)  # fmt: skip
+        with contextlib.ExitStack() as stack:
+            url = args.url
+            if url is None:
+                srv = EmbeddedServer(args.server_cmd, timeout=args.server_timeout)
+                url = stack.enter_context(srv).url
+            elif not url.startswith(("http://", "https://")):
+                raise UserError(f"--url must start with http:// or https://, got {url!r}")
+            return _asyncio_run(run(args, url))
+    except (UserError, ValueError, RuntimeError, OSError) as exc:
+        print(f"loadgen: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("loadgen: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

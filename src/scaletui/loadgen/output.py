@@ -1,0 +1,173 @@
+"""Where results go: the terminal table, JSON, per-request JSONL, CSV, the live JSONL stream,
+the sweep table and its terminal plot."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import orjson
+
+from scaletui.loadgen.client import RequestRecord
+
+_DUMP = orjson.OPT_SERIALIZE_NUMPY
+
+
+def dumps(obj: dict) -> bytes:
+    return orjson.dumps(obj, option=_DUMP)
+
+
+class JsonlSink:
+    """One JSON object per line to a file or stdout ('-'), flushed per line (the TUI tails it)."""
+
+    def __init__(self, target: str | None) -> None:
+        self._own = target not in (None, "-")
+        self._f: IO[bytes] | None = None
+        if self._own:
+            self._f = open(target, "wb")  # noqa: SIM115 (closed in close())
+        elif target == "-":
+            self._f = sys.stdout.buffer
+
+    def write(self, obj: dict) -> None:
+        if self._f is not None:
+            self._f.write(dumps(obj) + b"\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._own and self._f is not None:
+            self._f.close()
+
+
+def write_json(path: str, obj: dict) -> None:
+    Path(path).write_bytes(orjson.dumps(obj, option=_DUMP | orjson.OPT_INDENT_2))
+
+
+def write_requests_to(
+    f: IO[bytes], records: Sequence[RequestRecord], t_start: float, stage: int = 0
+) -> None:
+    """One line per request; times in seconds since the stage started."""
+    for r in records:
+        d = {"stage": stage, **r.to_dict()}
+        for key in ("t_sched", "t_send", "t_hdr", "t_first", "t_last", "t_done"):
+            if d[key] is not None:
+                d[key] = d[key] - t_start
+        d["chunk_times"] = [t - t_start for t in d["chunk_times"]]
+        f.write(orjson.dumps(d) + b"\n")
+
+
+def scalar_items(summary: dict) -> dict:
+    """The summary's scalar keys (for CSV rows)."""
+    return {k: v for k, v in summary.items() if isinstance(v, int | float | str | None)}
+
+
+def write_csv(path: str, summaries: Sequence[dict]) -> None:
+    rows = [scalar_items(s) for s in summaries]
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _fmt(v, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def table(s: dict) -> str:
+    """vLLM-style result block."""
+    lines = ["{:=^60}".format(" Serving Benchmark Result ")]
+
+    def row(label: str, key: str, digits: int = 2) -> None:
+        lines.append(f"{label:<44}{_fmt(s.get(key), digits):>16}")
+
+    for label, key in (
+        ("Successful requests:", "completed"),
+        ("Failed requests:", "failed"),
+        ("Rejected requests (429):", "rejected"),
+        ("Cancelled requests:", "cancelled"),
+        ("Benchmark duration (s):", "duration"),
+        ("Total input tokens:", "total_input_tokens"),
+        ("Total generated tokens:", "total_output_tokens"),
+        ("Requested rate (req/s):", "requested_rate"),
+        ("Achieved send rate (req/s):", "achieved_rate"),
+        ("Request throughput (req/s):", "request_throughput"),
+        ("Request goodput (req/s):", "request_goodput"),
+        ("Output token throughput (tok/s):", "output_throughput"),
+        ("Peak output token throughput (tok/s):", "peak_output_tok_s"),
+        ("Total token throughput (tok/s):", "total_token_throughput"),
+        ("Mean concurrency:", "mean_concurrency"),
+    ):
+        row(label, key)
+    for title, stem in (
+        ("Time to First Token", "ttft"),
+        ("TTFT from schedule (CO-corrected)", "ttft_sched"),
+        ("Time per Output Token (excl. 1st token)", "tpot"),
+        ("Inter-token Latency", "itl"),
+        ("End-to-end Latency", "e2el"),
+        ("Schedule delay (t_send - t_sched)", "schedule_delay"),
+    ):
+        lines.append(f"{title:-^60}")
+        for stat in ("mean", "median", "p99"):
+            row(f"{stat.capitalize() if stat != 'p99' else 'P99'} {stem.upper()} (ms):",
+                f"{stat}_{stem}_ms")  # fmt: skip
+    lines.append("=" * 60)
+    lines += [f"warning: {w}" for w in s.get("warnings", [])]
+    return "\n".join(lines)
+
+
+SWEEP_COLS = (
+    ("rate", "requested_rate", 1),
+    ("sent/s", "achieved_rate", 1),
+    ("req/s", "request_throughput", 2),
+    ("out tok/s", "output_throughput", 1),
+    ("ttft p50", "median_ttft_ms", 1),
+    ("ttft p99", "p99_ttft_ms", 1),
+    ("sched p99", "p99_ttft_sched_ms", 1),
+    ("tpot p50", "median_tpot_ms", 2),
+    ("tpot p99", "p99_tpot_ms", 2),
+    ("e2el p99", "p99_e2el_ms", 1),
+    ("fail", "failed", 0),
+    ("rej", "rejected", 0),
+)
+
+
+def sweep_table(summaries: Sequence[dict]) -> str:
+    """Latency vs throughput, one row per stage (latencies in ms)."""
+    widths = [max(len(h), 9) for h, _, _ in SWEEP_COLS]
+    head = " ".join(f"{h:>{w}}" for (h, _, _), w in zip(SWEEP_COLS, widths, strict=True))
+    out = [head, "-" * len(head)]
+    for s in summaries:
+        cells = [_fmt(s.get(k), d) for _, k, d in SWEEP_COLS]
+        out.append(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
+    return "\n".join(out)
+
+
+def sweep_plot(summaries: Sequence[dict], width: int = 72, height: int = 18) -> str | None:
+    """p50/p99 TTFT against output throughput as a terminal plot (None without plotext)."""
+    try:
+        import plotext as plt
+    except ImportError:
+        return None
+    pts = [
+        (s["output_throughput"], s["median_ttft_ms"], s["p99_ttft_ms"])
+        for s in summaries
+        if s.get("output_throughput") is not None and s.get("median_ttft_ms") is not None
+    ]
+    if not pts:
+        return None
+    xs = [p[0] for p in pts]
+    plt.clear_figure()
+    plt.plotsize(width, height)
+    plt.theme("clear")
+    plt.plot(xs, [p[1] for p in pts], marker="dot", label="TTFT p50")
+    plt.plot(xs, [p[2] for p in pts], marker="x", label="TTFT p99")
+    plt.xlabel("output tok/s")
+    plt.ylabel("ms")
+    return plt.uncolorize(plt.build())

@@ -1,0 +1,276 @@
+"""The load runner: the one place with mutable state in loadgen.
+
+1. Warm-up requests (own seed) run to completion first and are excluded.
+2. t0 is fixed; each request's t_sched = t0 + its precomputed offset (open loop) and the
+   dispatcher sleeps until then; with a concurrency cap it then waits for a permit, keeping
+   t_sched (so TTFT_sched shows client-side queueing). Closed loop: t_sched = permit time.
+3. Dispatch stops at num_requests, at duration, or on stop(); in-flight requests finish (each
+   has a total timeout, so a silent server cannot hang the run) or are cancelled by stop().
+4. Every window_s a window aggregate (docs/interfaces.md) goes to on_window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from itertools import islice
+from time import perf_counter
+
+import aiohttp
+
+from scaletui.loadgen import client
+from scaletui.loadgen.client import FAILED, RequestRecord
+from scaletui.loadgen.report import Latencies, latencies, quantiles_ms
+from scaletui.loadgen.workload import RequestSpec, Workload, iter_requests
+
+YIELD_EVERY = 128  # window work yields to the loop every this many requests
+SPIN_S = 0.001  # the last ms before a send time is spent yielding, not in a timer
+READ_BUFSIZE = 2**20  # aiohttp's 64 KiB default throttles long streams (vllm#39963)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How to run a workload against one server."""
+
+    url: str  # server base URL, e.g. http://127.0.0.1:8000
+    model: str
+    api: str = "completions"  # completions | chat
+    num_requests: int | None = None  # stop dispatch after this many (None: use duration)
+    duration: float | None = None  # stop dispatch after this many seconds
+    warmup: int = 0  # requests sent and awaited before t0, excluded from results
+    timeout: float = 300.0  # per-request total seconds
+    read_timeout: float = 60.0  # max silence between stream reads
+    ignore_eos: bool = True
+    window_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.api not in ("completions", "chat"):
+            raise ValueError(f"api must be 'completions' or 'chat', got {self.api!r}")
+        if self.num_requests is None and self.duration is None:
+            raise ValueError("give num_requests and/or duration")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.duration is not None and not self.duration > 0:
+            raise ValueError(f"duration must be > 0 s, got {self.duration}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if not (self.timeout > 0 and self.read_timeout > 0 and self.window_s > 0):
+            raise ValueError("timeout, read_timeout and window_s must be > 0")
+
+    @property
+    def endpoint(self) -> str:
+        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
+        return self.url.rstrip("/") + path
+
+
+@dataclass
+class RunResult:
+    records: list[RequestRecord]
+    t_start: float
+    partial: bool
+    windows: list[dict]
+
+
+def make_session(connect_timeout: float = 10.0) -> aiohttp.ClientSession:
+    """One session, no connection-pool limit, a large read buffer."""
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    return aiohttp.ClientSession(
+        connector=connector,
+        read_bufsize=READ_BUFSIZE,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
+    )
+
+
+class Runner:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        workload: Workload,
+        *,
+        on_window: Callable[[dict], None] | None = None,
+    ) -> None:
+        self.cfg, self.workload, self.on_window = cfg, workload, on_window
+        self.records: list[RequestRecord] = []
+        self.windows: list[dict] = []
+        self._stopped = False
+        self._in_flight: set[RequestRecord] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._finished: list[RequestRecord] = []  # since the last window
+        self._tokens: list[tuple[float, int]] = []  # token arrivals not yet windowed
+        self._totals = {"sent": 0, "completed": 0, "failed": 0, "rejected": 0}
+        self._window_sent = 0
+        self._window_delays: list[float] = []  # schedule delays of requests sent this window
+        self._timeout = aiohttp.ClientTimeout(
+            total=cfg.timeout, sock_read=cfg.read_timeout, sock_connect=min(cfg.timeout, 10.0)
+        )
+
+    def stop(self) -> None:
+        """Stop dispatching and abort what is in flight (Ctrl-C, SIGTERM)."""
+        self._stopped = True
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def run(self, session: aiohttp.ClientSession) -> RunResult:
+        cfg, w = self.cfg, self.workload
+        if cfg.warmup:
+            await self._warmup(session)
+        if self._stopped:
+            return RunResult([], perf_counter(), True, [])
+        specs = iter_requests(w)
+        if cfg.num_requests is not None:
+            specs = islice(specs, cfg.num_requests)
+        sem = asyncio.Semaphore(w.concurrency) if w.concurrency else None
+        t0 = perf_counter() + 0.005
+        ticker = asyncio.create_task(self._windows(t0)) if self.on_window else None
+        try:
+            await self._dispatch(session, specs, sem, t0)
+            while self._tasks and not self._stopped:
+                await asyncio.wait(set(self._tasks), timeout=0.1)
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=cfg.timeout + 5)
+        finally:
+            if ticker is not None:
+                ticker.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.wait(set(self._tasks))
+            for rec in self.records:  # tasks cancelled before they started
+                if rec.outcome == "pending":
+                    rec.outcome, rec.error, rec.t_done = "cancelled", "run stopped", perf_counter()
+        return RunResult(self.records, t0, self._stopped, self.windows)
+
+    async def _dispatch(self, session, specs, sem, t0: float) -> None:
+        cfg, closed = self.cfg, self.workload.closed_loop
+        end = t0 + cfg.duration if cfg.duration is not None else math.inf
+        for spec in specs:
+            body = client.request_body(
+                spec.prompt, spec.max_tokens, model=cfg.model, api=cfg.api,
+                ignore_eos=cfg.ignore_eos,
+            )  # fmt: skip
+            t_sched = t0 + spec.offset
+            if not closed and (t_sched >= end or not await self._sleep_until(t_sched)):
+                return
+            if sem is not None:
+                await sem.acquire()
+                if self._stopped:
+                    return
+            if closed:
+                t_sched = perf_counter()
+                if t_sched >= end:
+                    sem.release()
+                    return
+            rec = RequestRecord(spec.index, t_sched, spec.input_len, spec.max_tokens)
+            self.records.append(rec)
+            self._in_flight.add(rec)
+            self._totals["sent"] += 1
+            self._window_sent += 1
+            task = asyncio.create_task(self._one(session, body, rec, spec, sem))
+            self._tasks.add(task)
+
+    async def _sleep_until(self, t: float) -> bool:
+        """Sleep to the absolute time t; False if stopped meanwhile."""
+        while not self._stopped:
+            delay = t - perf_counter()
+            if delay <= 0:
+                return True
+            await asyncio.sleep(min(delay - SPIN_S, 0.1) if delay > 2 * SPIN_S else 0)
+        return False
+
+    async def _one(self, session, body: bytes, rec: RequestRecord, spec: RequestSpec, sem):
+        if self.on_window is not None:  # ~ t_send: send() stamps it without awaiting first
+            self._window_delays.append(perf_counter() - rec.t_sched)
+        try:
+            await client.send(
+                session, self.cfg.endpoint, body, rec, timeout=self._timeout,
+                cancel_after=spec.cancel_after,
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            rec.outcome, rec.error = "cancelled", "run stopped"
+            rec.t_done = perf_counter()
+        finally:
+            if sem is not None:
+                sem.release()
+            new_tokens = client.finish(rec)
+            self._in_flight.discard(rec)
+            if self.on_window is not None:
+                self._tokens.extend(new_tokens)
+                self._finished.append(rec)
+            self._tasks.discard(asyncio.current_task())
+            key = "completed" if rec.outcome == "ok" else rec.outcome
+            if key in FAILED:
+                key = "failed"
+            if key in self._totals:
+                self._totals[key] += 1
+
+    async def _warmup(self, session) -> None:
+        cfg = self.cfg
+        w = self.workload
+        seed_w = replace(w, seed=w.seed + 1_000_003, cancel_rate=0.0)
+        tasks = []
+        for spec in islice(iter_requests(seed_w), cfg.warmup):
+            rec = RequestRecord(spec.index, perf_counter(), spec.input_len, spec.max_tokens)
+            rec.warmup = True
+            body = client.request_body(
+                spec.prompt, spec.max_tokens, model=cfg.model, api=cfg.api,
+                ignore_eos=cfg.ignore_eos,
+            )  # fmt: skip
+            send = client.send(session, cfg.endpoint, body, rec, timeout=self._timeout)
+            tasks.append(asyncio.create_task(send))
+        self._tasks.update(tasks)  # so stop() aborts a warm-up too
+        await asyncio.wait(tasks)
+        self._tasks.difference_update(tasks)
+
+    async def _windows(self, t0: float) -> None:
+        step, k = self.cfg.window_s, 1
+        while True:
+            await asyncio.sleep(max(0.0, t0 + k * step - perf_counter()))
+            window = await self.window(t0 + k * step, t0, step)
+            self.windows.append(window)
+            self.on_window(window)
+            k += 1
+
+    async def window(self, t_end: float, t0: float, step: float) -> dict:
+        """The aggregate of the window ending at t_end (interfaces.md `window` line).
+
+        The work is done in slices that yield to the loop, so sends stay on schedule.
+        """
+        for i, rec in enumerate(list(self._in_flight)):
+            self._tokens.extend(client.parse_pending(rec))
+            if i % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        done, self._finished = self._finished, []
+        parts = []
+        for i in range(0, len(done), YIELD_EVERY):
+            parts.append(latencies(done[i : i + YIELD_EVERY]))
+            await asyncio.sleep(0)
+        lat = Latencies.concat(parts)
+        now_tokens = [tn for tn in self._tokens if tn[0] <= t_end]
+        self._tokens = [tn for tn in self._tokens if tn[0] > t_end]
+        out_tokens = sum(n for _, n in now_tokens)
+        sent, self._window_sent = self._window_sent, 0
+        delays, self._window_delays = self._window_delays, []
+        ok = sum(r.outcome == "ok" for r in done)
+        return {
+            "type": "window",
+            "t": round(t_end - t0, 6),
+            "window_s": step,
+            "sent": sent,
+            "completed": ok,
+            "failed": sum(r.outcome in FAILED for r in done),
+            "rejected": sum(r.outcome == "rejected" for r in done),
+            "cancelled": sum(r.outcome == "cancelled" for r in done),
+            "in_flight": len(self._in_flight),
+            "output_tokens": out_tokens,
+            "output_tok_s": out_tokens / step,
+            "request_rate": ok / step,
+            "ttft_ms": quantiles_ms(lat.ttft),
+            "tpot_ms": quantiles_ms(lat.tpot),
+            "itl_ms": quantiles_ms(lat.itl),
+            "e2el_ms": quantiles_ms(lat.e2el),
+            "schedule_delay_ms": quantiles_ms(delays),  # requests *sent* in the window
+            "ttft_sched_ms": quantiles_ms(lat.ttft_sched),
+            "totals": dict(self._totals),
+        }

@@ -1,0 +1,215 @@
+"""What to send and when: a frozen Workload -> a deterministic stream of requests for a seed.
+
+Lengths are fixed, uniform or normal (mean, spread), or come from a ShareGPT-format file cut to
+the first turn; shared-prefix groups prepend one of G fixed prefixes. Arrival offsets are
+precomputed and absolute (seconds after the run's t0): Poisson, gamma with vLLM's burstiness
+(shape k, scale 1/(rate*k); k=1 is Poisson, CV = 1/sqrt(k)) or constant. Closed-loop runs
+(`concurrency` without `qps`) have no offsets: a request goes when a permit frees.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+DISTS = ("fixed", "uniform", "normal")
+ARRIVALS = ("poisson", "gamma", "constant")
+PROMPT_FORMATS = ("text", "ids")
+_LETTERS = np.frombuffer(string.ascii_lowercase.encode(), dtype=np.uint8)
+# Token ids for `ids` prompts: printable ASCII, valid in byte-level and BPE vocabularies alike.
+ID_LOW, ID_HIGH = 33, 127
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """A token-length distribution; samples are integers >= 1."""
+
+    mean: int
+    dist: str = "fixed"  # fixed | uniform (mean +- spread) | normal (std dev = spread)
+    spread: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mean < 1:
+            raise ValueError(f"length mean must be >= 1, got {self.mean}")
+        if self.dist not in DISTS:
+            raise ValueError(f"length distribution must be one of {DISTS}, got {self.dist!r}")
+        if self.spread < 0:
+            raise ValueError(f"length spread must be >= 0, got {self.spread}")
+
+    def sample(self, rng: np.random.Generator) -> int:
+        if self.dist == "fixed" or self.spread == 0:
+            return self.mean
+        if self.dist == "uniform":
+            lo, hi = self.mean - self.spread, self.mean + self.spread
+            value = rng.integers(math.floor(lo), math.floor(hi) + 1)
+        else:
+            value = rng.normal(self.mean, self.spread)
+        return max(1, int(round(value)))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything that decides the request list; equal Workloads give identical requests."""
+
+    input: Lengths = Lengths(128)  # prompt tokens (after the shared prefix)
+    output: Lengths = Lengths(128)  # max_tokens asked for (ignore_eos makes it exact)
+    dataset: str | None = None  # ShareGPT-format JSON; replaces the synthetic prompts
+    dataset_output: bool = True  # with a dataset: output length from the reply, not `output`
+    chars_per_token: float = 4.0  # dataset reply chars per output token (no tokenizer here)
+    prefix_len: int = 0  # shared-prefix tokens prepended to every prompt
+    prefix_groups: int = 1  # number of distinct shared prefixes (request i uses i % G)
+    prompt_format: str = "text"  # text (any API) | ids (token-id list, /v1/completions only)
+    qps: float | None = None  # offered rate; None = closed loop; inf = all at once
+    arrival: str = "poisson"  # poisson | gamma | constant
+    burstiness: float = 1.0  # gamma shape k: < 1 burstier than Poisson, > 1 smoother
+    concurrency: int | None = None  # cap on requests in flight (closed loop without qps)
+    cancel_rate: float = 0.0  # fraction of requests aborted mid-stream
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.qps is None and self.concurrency is None:
+            raise ValueError("a workload needs qps (open loop) and/or concurrency (closed loop)")
+        if self.qps is not None and not self.qps > 0:
+            raise ValueError(f"qps must be > 0, got {self.qps}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival must be one of {ARRIVALS}, got {self.arrival!r}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(
+                f"prompt_format must be one of {PROMPT_FORMATS}, got {self.prompt_format!r}"
+            )
+        if self.prefix_len < 0 or self.prefix_groups < 1:
+            raise ValueError(
+                f"need prefix_len >= 0 and prefix_groups >= 1, got {self.prefix_len}, "
+                f"{self.prefix_groups}"
+            )
+        if not 0.0 <= self.cancel_rate <= 1.0:
+            raise ValueError(f"cancel_rate must be in [0, 1], got {self.cancel_rate}")
+        if self.dataset and self.prompt_format == "ids":
+            raise ValueError("a ShareGPT dataset has text prompts; use prompt_format 'text'")
+        if not self.chars_per_token > 0:
+            raise ValueError(f"chars_per_token must be > 0, got {self.chars_per_token}")
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.qps is None
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request to send: `offset` is its intended send time in seconds after t0."""
+
+    index: int
+    offset: float
+    prompt: str | list[int]
+    input_len: int  # intended prompt tokens (exact for ids / byte tokenizers)
+    max_tokens: int
+    cancel_after: int | None = None  # abort after this many streamed chunks
+
+
+def iter_gaps(
+    qps: float, arrival: str = "poisson", burstiness: float = 1.0, seed: int = 0
+) -> Iterator[float]:
+    """Endless inter-arrival gaps in seconds (vLLM's gamma parameterisation; inf qps -> 0)."""
+    rng = np.random.default_rng([seed, 1])
+    shape = 1.0 if arrival == "poisson" else burstiness
+    while True:
+        if math.isinf(qps):
+            batch = np.zeros(4096)
+        elif arrival == "constant":
+            batch = np.full(4096, 1.0 / qps)
+        else:
+            batch = rng.gamma(shape, 1.0 / (qps * shape), size=4096)
+        yield from batch.tolist()
+
+
+def arrival_offsets(
+    n: int, qps: float, arrival: str = "poisson", burstiness: float = 1.0, seed: int = 0
+) -> np.ndarray:
+    """Absolute send offsets of the first n requests (as iter_requests makes them)."""
+    gaps = iter_gaps(qps, arrival, burstiness, seed)
+    out = np.zeros(n)
+    for i in range(1, n):
+        out[i] = out[i - 1] + next(gaps)
+    return out
+
+
+def load_sharegpt(path: str | Path) -> list[tuple[str, str]]:
+    """(first human turn, first reply) pairs from a ShareGPT-format JSON file."""
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read ShareGPT dataset {path}: {exc}") from exc
+    if not isinstance(data, list):
+        raise ValueError(f"ShareGPT dataset {path} must be a JSON list of conversations")
+    pairs = []
+    for item in data:
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2:
+            continue
+        prompt, reply = turns[0].get("value"), turns[1].get("value")
+        if isinstance(prompt, str) and isinstance(reply, str) and prompt:
+            pairs.append((prompt, reply))
+    if not pairs:
+        raise ValueError(f"ShareGPT dataset {path} has no conversation with two turns")
+    return pairs
+
+
+def _text(rng: np.random.Generator, n: int) -> str:
+    """n characters: random letters at even positions, spaces between.
+
+    A byte-level tokenizer gives exactly n tokens; BPE tokenizers give ~n/2 (" x" pairs),
+    never unpredictable merges of long letter runs.
+    """
+    chars = np.full(n, ord(" "), dtype=np.uint8)
+    chars[0::2] = rng.choice(_LETTERS, size=(n + 1) // 2)
+    return chars.tobytes().decode()
+
+
+def _ids(rng: np.random.Generator, n: int) -> list[int]:
+    return rng.integers(ID_LOW, ID_HIGH, size=n).tolist()
+
+
+def iter_requests(workload: Workload) -> Iterator[RequestSpec]:
+    """The endless, deterministic request stream of a workload (take what the run needs)."""
+    w = workload
+    rng_len = np.random.default_rng([w.seed, 2])
+    rng_prompt = np.random.default_rng([w.seed, 3])
+    rng_cancel = np.random.default_rng([w.seed, 4])
+    make = _ids if w.prompt_format == "ids" else _text
+    prefixes = [make(rng_prompt, w.prefix_len) for _ in range(w.prefix_groups)]
+    pairs = load_sharegpt(w.dataset) if w.dataset else None
+    if pairs is not None:
+        order = np.random.default_rng([w.seed, 5]).permutation(len(pairs))
+    gaps = None if w.closed_loop else iter_gaps(w.qps, w.arrival, w.burstiness, w.seed)
+    offset = 0.0
+    for i in range(2**62):
+        if pairs is not None:
+            prompt_text, reply = pairs[order[i % len(pairs)]]
+            body: str | list[int] = prompt_text
+            input_len = max(1, round(len(prompt_text) / w.chars_per_token))
+            if w.dataset_output:
+                max_tokens = max(1, round(len(reply) / w.chars_per_token))
+            else:
+                max_tokens = w.output.sample(rng_len)
+        else:
+            input_len = w.input.sample(rng_len)
+            max_tokens = w.output.sample(rng_len)
+            body = make(rng_prompt, input_len)
+        if w.prefix_len:
+            body = prefixes[i % w.prefix_groups] + body
+        cancel_after = None
+        if w.cancel_rate and rng_cancel.random() < w.cancel_rate:
+            cancel_after = int(rng_cancel.integers(1, max(2, max_tokens)))
+        if i and gaps is not None:
+            offset += next(gaps)
+        yield RequestSpec(i, offset, body, input_len + w.prefix_len, max_tokens, cancel_after)
