@@ -1,0 +1,117 @@
+"""`scaletui` (no subcommand) / `scaletui tui`: parse flags, then build and run the Textual app.
+
+Textual reads TEXTUAL_COLOR_SYSTEM once, when it is first imported, so `--color` is applied here
+before anything imports textual (the app itself lives in `scaletui.tui.ui`).
+
+Default flow: start `scaletui serve --model small` on a free port (or attach with --url), wait for
+/health, then run a closed-loop load (concurrency = slots, 128 in / 128 out) in 30 s runs, one
+after another, until quit; `r` reruns, `a` applies pending knobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import sys
+
+from scaletui.tui.knobs import MODES, Knobs
+
+COLORS = ("auto", "standard", "256", "truecolor")
+SYMBOLS = ("braille", "block", "ascii")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scaletui", description="the interactive serving lab bench")
+    a = p.add_argument
+    a("--url", help="attach to a running server instead of starting one")
+    a("--model", default="small", help="model spec for the embedded server (default small)")
+    a("--slots", type=int, default=8, help="initial decode slots")
+    a("--tp", type=int, default=1, help="initial tensor parallelism")
+    a("--dp", type=int, default=1, help="initial data parallelism")
+    a("--mode", choices=MODES, default="interleaved")
+    a("--host-devices", type=int, help="JAX CPU: virtual host devices for the embedded server")
+    a("--hardware", default="", help="spec for predictions (default: local if calibrated)")
+    a("--qps", type=float, help="open-loop load at this rate instead of closed-loop")
+    a("--concurrency", type=int, default=0, help="closed-loop concurrency (default: = slots)")
+    a("--input-len", type=int, default=128)
+    a("--output-len", type=int, default=128)
+    a("--run-seconds", type=float, default=30.0, help="length of one run")
+    a("--once", action="store_true", help="one run, then wait for r (default: runs repeat)")
+    a("--no-load", action="store_true", help="start the server but no load until r")
+    a("--refresh", type=float, default=1.0, help="display refresh interval, s (0.25-5)")
+    a("--color", choices=COLORS, help="colour system (sets TEXTUAL_COLOR_SYSTEM)")
+    a("--theme", help="Textual theme, e.g. ansi-dark for 16-colour terminals")
+    a("--graph-symbols", choices=SYMBOLS, default="braille")
+    a("--no-mouse", action="store_true", help="leave the mouse to the terminal (select text)")
+    a("--record", metavar="DIR", help="write every ingested event to DIR/session-*.jsonl")
+    a("--replay", metavar="FILE", help="replay a recorded session (no server, no load)")
+    a("--replay-speed", type=float, default=1.0, help="0 = all at once")
+    a("--export-dir", default=".", help="where e writes runs (JSON + CSV)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.color:
+        os.environ["TEXTUAL_COLOR_SYSTEM"] = args.color
+    if not 0.25 <= args.refresh <= 5:
+        print(f"scaletui: --refresh must be in [0.25, 5] s, got {args.refresh}", file=sys.stderr)
+        return 2
+    try:
+        knobs = Knobs(
+            slots=args.slots,
+            tp=args.tp,
+            dp=args.dp,
+            mode=args.mode,
+            load="qps" if args.qps else "concurrency",
+            rate=args.qps or float(args.concurrency),
+            input_len=args.input_len,
+            output_len=args.output_len,
+            hardware=args.hardware,
+        )
+    except ValueError as exc:
+        print(f"scaletui: {exc}", file=sys.stderr)
+        return 2
+
+    from scaletui.tui.controller import Controller
+    from scaletui.tui.model import MetricsModel
+    from scaletui.tui.replay import Recorder, ReplaySource, read_replay
+    from scaletui.tui.ui import ScaleTUI
+
+    model = MetricsModel(knobs, model_name=args.model)
+    controller = None
+    if args.replay:
+        try:
+            source = ReplaySource(read_replay(args.replay), speed=args.replay_speed)
+        except ValueError as exc:
+            print(f"scaletui: {exc}", file=sys.stderr)
+            return 2
+        model.phase = "replay"
+    else:
+        controller = Controller(
+            url=args.url, model=args.model, knobs=knobs, host_devices=args.host_devices
+        )
+        source = controller
+        atexit.register(controller.kill_children)
+    app = ScaleTUI(
+        source=source,
+        controller=controller,
+        model=model,
+        refresh_interval=args.refresh,
+        autoload=not args.no_load,
+        run_seconds=args.run_seconds,
+        loop_runs=not args.once,
+        recorder=Recorder(args.record) if args.record else None,
+        export_dir=args.export_dir,
+        watch_tty=True,
+        symbols=args.graph_symbols,
+    )
+    if args.theme:
+        app.theme = args.theme
+    try:
+        code = app.run(mouse=not args.no_mouse)
+    finally:
+        if controller is not None:
+            controller.kill_children()
+    return int(code or 0)

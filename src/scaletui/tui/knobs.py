@@ -1,0 +1,111 @@
+"""The knobs a user turns: server shape (slots, tp, dp, mode) plus load and prediction settings.
+
+Frozen; edits make a new `Knobs` (`step`/`replace`). `server_changes` is what POST /admin/config
+gets; load and hardware knobs only change the next run and the prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+MODES = ("interleaved", "disaggregated")
+LOADS = ("concurrency", "qps")
+SERVER_KEYS = ("slots", "tp", "dp", "mode", "prefill_devices")
+MAX_SLOTS = 1024
+
+
+@dataclass(frozen=True)
+class Knobs:
+    slots: int = 8  # decode batch (KV cache slots)
+    tp: int = 1  # tensor parallelism ('model' mesh axis)
+    dp: int = 1  # data parallelism ('data' mesh axis)
+    mode: str = "interleaved"  # interleaved | disaggregated prefill/generate
+    prefill_devices: int = 0  # disaggregated: devices for prefill (0 = half)
+    load: str = "concurrency"  # concurrency (closed loop) | qps (open loop, Poisson)
+    rate: float = 0.0  # concurrency or req/s; concurrency 0 = follow slots
+    input_len: int = 128  # prompt tokens per request
+    output_len: int = 128  # generated tokens per request
+    hardware: str = ""  # spec for predictions; "" = local if calibrated, else a fallback
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.slots <= MAX_SLOTS:
+            raise ValueError(f"slots must be in [1, {MAX_SLOTS}], got {self.slots}")
+        if self.tp < 1 or self.dp < 1:
+            raise ValueError(f"tp and dp must be >= 1, got tp={self.tp} dp={self.dp}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.load not in LOADS:
+            raise ValueError(f"load must be one of {LOADS}, got {self.load!r}")
+        if self.rate < 0:
+            raise ValueError(f"rate must be >= 0, got {self.rate}")
+        if self.load == "qps" and self.rate <= 0:
+            raise ValueError(f"qps load needs a rate > 0, got {self.rate}")
+        if self.input_len < 1 or self.output_len < 1:
+            raise ValueError(
+                f"input/output lengths must be >= 1, got {self.input_len}/{self.output_len}"
+            )
+        if self.slots % self.dp:
+            raise ValueError(f"slots ({self.slots}) must be a multiple of dp ({self.dp})")
+
+    @property
+    def chips(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def concurrency(self) -> int:
+        """Closed-loop concurrency: the explicit value, or the slot count when following it."""
+        return int(self.rate) if self.rate >= 1 else self.slots
+
+    def load_label(self) -> str:
+        if self.load == "qps":
+            return f"{self.rate:g} req/s"
+        follow = "" if self.rate >= 1 else " (=slots)"
+        return f"conc {self.concurrency}{follow}"
+
+    def mesh_label(self) -> str:
+        mode = "" if self.mode == "interleaved" else f" disagg pf{self.prefill_devices or 'auto'}"
+        return f"dp{self.dp}·tp{self.tp}{mode}"
+
+    def server_changes(self, applied: Knobs) -> dict:
+        """The /admin/config body that turns `applied` into this."""
+        return {k: getattr(self, k) for k in SERVER_KEYS if getattr(self, k) != getattr(applied, k)}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Knobs:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def with_server(self, config: dict) -> Knobs:
+        """These knobs with the server-side keys taken from a /stats "config"."""
+        changes = {k: config[k] for k in SERVER_KEYS if k in config}
+        return replace(self, **changes)
+
+
+def step_pow2(value: int, up: bool, lo: int, hi: int) -> int:
+    """Next power of two above/below `value`, clamped to [lo, hi]."""
+    if up:
+        nxt = 1
+        while nxt <= value:
+            nxt *= 2
+    else:
+        nxt = 1
+        while nxt * 2 < value:
+            nxt *= 2
+    return max(lo, min(hi, nxt))
+
+
+def check_mesh(knobs: Knobs, n_devices: int) -> str | None:
+    """Why this mesh cannot run on `n_devices`, or None when it can."""
+    if n_devices < 1:
+        return None  # unknown yet (server not up): let the server decide
+    need = knobs.chips
+    if knobs.mode == "disaggregated":
+        need = knobs.chips + (knobs.prefill_devices or knobs.chips)
+    if need > n_devices:
+        return f"dp{knobs.dp}·tp{knobs.tp} ({knobs.mode}) needs {need} devices, have {n_devices}"
+    if n_devices % knobs.tp:
+        return f"tp {knobs.tp} does not divide the {n_devices} devices"
+    return None

@@ -1,0 +1,194 @@
+"""The TUI's one piece of mutable state (plain Python, no Textual): ring buffers of /stats
+snapshots and loadgen windows, knobs (applied vs pending), predictions, runs and events.
+
+`add(record)` ingests; `view()` hands panels a frozen snapshot. `version` grows on every change
+so the render tick redraws only when something moved.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from scaletui import specs
+from scaletui.tui.knobs import Knobs
+from scaletui.tui.predict import Prediction, model_spec_from, pick_hardware, predict
+from scaletui.tui.replay import Record
+from scaletui.tui.views import RunRow, SweepPoint, View
+
+HISTORY = 300  # samples kept per series (5 min at 1 Hz)
+BUSY_PHASES = ("starting", "reconfiguring", "sweeping")
+
+
+@dataclass
+class Event:
+    seq: int
+    t: float
+    level: str  # info | warning | error
+    text: str
+
+
+class MetricsModel:
+    def __init__(self, knobs: Knobs | None = None, model_name: str = "small") -> None:
+        self.applied = knobs or Knobs()
+        self.pending: Knobs | None = None  # None: no unapplied edits
+        self.model_name = model_name
+        self.phase = "starting"  # starting|idle|reconfiguring|running|sweeping|done|error|replay
+        self.server = "starting"  # server status text for the status bar
+        self.url = ""
+        self.stats: dict = {}
+        self.stats_hist: deque[dict] = deque(maxlen=HISTORY)
+        self.windows: deque[tuple[float, dict]] = deque(maxlen=HISTORY)
+        self.summary: dict | None = None
+        self.run_id = 0
+        self.run_knobs: Knobs | None = None
+        self.run_kind = "run"
+        self.run_windows = 0
+        self.runs: list[RunRow] = []
+        self.sweep: list[SweepPoint] = []
+        self.events: list[Event] = []
+        self.version = 0
+        self._spec: specs.ModelSpec | None = None
+        self._hw: tuple[str, specs.HardwareSpec | None, str | None] | None = None
+        self._preds: dict[tuple, Prediction | str] = {}
+
+    # -- ingest ---------------------------------------------------------------------------------
+    def add(self, rec: Record) -> None:
+        getattr(self, f"_add_{rec.kind}")(rec)
+        self.version += 1
+
+    def _add_stats(self, rec: Record) -> None:
+        data = rec.data
+        self.stats = data
+        self.stats_hist.append(data)
+        if isinstance(data.get("model"), dict) and (
+            self._spec is None or self._spec.name != data["model"].get("name")
+        ):
+            self._spec = model_spec_from(data["model"])
+            self.model_name = self._spec.name
+            self._preds.clear()
+        if isinstance(data.get("config"), dict):
+            self.applied = self.applied.with_server(data["config"])
+            if self.pending is not None and self.pending == self.applied:
+                self.pending = None
+        state = data.get("state", "serving")
+        self.server = state if not data.get("error") else f"{state}: {data['error']}"
+
+    def _add_window(self, rec: Record) -> None:
+        self.windows.append((rec.t, rec.data))
+        self.run_windows += 1
+
+    def _add_summary(self, rec: Record) -> None:
+        data = rec.data
+        self.summary = data
+        knobs = self.run_knobs or self.applied
+        pred = self.prediction(knobs)
+        row = RunRow(
+            run=self.run_id,
+            kind=self.run_kind,
+            knobs=knobs,
+            pred_ttft_ms=pred.ttft_ms if pred else None,
+            pred_tpot_ms=pred.tpot_ms if pred else None,
+            pred_tok_s=pred.tok_s if pred else None,
+            ttft_ms=data.get("median_ttft_ms"),
+            tpot_ms=data.get("median_tpot_ms"),
+            tok_s=data.get("output_throughput"),
+            completed=int(data.get("completed") or 0),
+            partial=bool(data.get("partial")),
+        )
+        self.runs.append(row)
+        if self.run_kind == "sweep":
+            self.sweep.append(SweepPoint.from_row(row))
+        self.run_knobs = None
+        if self.phase == "running":
+            self.phase = "done"
+
+    def _add_event(self, rec: Record) -> None:
+        data = rec.data
+        if data.get("text"):
+            self.log(data["text"], data.get("level", "info"), rec.t)
+        if "phase" in data:
+            self.phase = data["phase"]
+        if "server" in data:
+            self.server = data["server"]
+        if "url" in data:
+            self.url = data["url"]
+
+    def _add_config(self, rec: Record) -> None:
+        data = rec.data
+        self.run_id = int(data.get("run", self.run_id + 1))
+        self.run_kind = data.get("kind", "run")
+        self.run_knobs = Knobs.from_dict(data["knobs"]) if "knobs" in data else self.applied
+        self.run_windows = 0
+        if self.run_kind == "sweep" and data.get("first"):
+            self.sweep = []
+        self.phase = "sweeping" if self.run_kind == "sweep" else "running"
+
+    def log(self, text: str, level: str = "info", t: float = 0.0) -> None:
+        self.events.append(Event(len(self.events), t, level, text))
+        del self.events[:-500]
+        self.version += 1
+
+    # -- knobs ----------------------------------------------------------------------------------
+    @property
+    def knobs(self) -> Knobs:
+        """What the prediction shows: pending edits if any, else the applied config."""
+        return self.pending or self.applied
+
+    def edit(self, **changes: object) -> Knobs:
+        """Stage an edit (raises ValueError naming a bad value); the prediction follows at once."""
+        new = replace(self.knobs, **changes)
+        self.pending = None if new == self.applied else new
+        self.version += 1
+        return new
+
+    def discard(self) -> None:
+        self.pending = None
+        self.version += 1
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.stats.get("devices") or [])
+
+    # -- predictions ----------------------------------------------------------------------------
+    def model_spec(self) -> specs.ModelSpec:
+        if self._spec is None:
+            self._spec = specs.load_model(self.model_name)
+        return self._spec
+
+    def hardware(self, name: str) -> tuple[str, specs.HardwareSpec | None, str | None]:
+        """(name, spec or None, note) for a knob value ("" = automatic choice)."""
+        if self._hw is None or self._hw[0] != name:
+            chosen, note = pick_hardware(name, self.stats.get("backend"))
+            try:
+                self._hw = (name, specs.load_hardware(chosen), note)
+            except specs.SpecError as exc:
+                self._hw = (name, None, str(exc))
+        return self._hw
+
+    def prediction(self, knobs: Knobs | None = None) -> Prediction | None:
+        knobs = knobs or self.knobs
+        dtype = (self.stats.get("config") or {}).get("dtype", "f32")
+        key = (knobs, dtype, self.model_name)
+        if key not in self._preds:
+            _, hw, note = self.hardware(knobs.hardware)
+            try:
+                if hw is None:
+                    raise ValueError(note)
+                self._preds[key] = predict(self.model_spec(), hw, knobs, dtype)
+            except (ImportError, ValueError, KeyError, specs.SpecError) as exc:
+                self._preds[key] = f"no prediction: {exc}"
+        got = self._preds[key]
+        return got if isinstance(got, Prediction) else None
+
+    def prediction_error(self) -> str | None:
+        self.prediction()
+        dtype = (self.stats.get("config") or {}).get("dtype", "f32")
+        got = self._preds.get((self.knobs, dtype, self.model_name))
+        return got if isinstance(got, str) else None
+
+    # -- view -----------------------------------------------------------------------------------
+    def view(self) -> View:
+        from scaletui.tui.views import build_view
+
+        return build_view(self)

@@ -1,0 +1,187 @@
+"""Charts behind one small adapter (`Chart.draw`), so textual-plotext can be swapped out:
+the latency time series (prediction as a flat line), the log-log roofline (log10 taken here, ticks
+labelled 10^k, because plotext's own log scale breaks on rebuild), the sweep chart, and the
+sparkline strips.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.containers import Grid
+from textual.widgets import Label, Sparkline
+from textual_plotext import PlotextPlot
+
+from scaletui.tui.panels.fmt import num
+from scaletui.tui.views import View
+
+MARKERS = {"braille": "braille", "block": "hd", "ascii": "*"}
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+    color: str
+    scatter: bool = False
+
+
+class Chart(PlotextPlot):
+    """The adapter: one `draw` call replaces everything on the plot and repaints once."""
+
+    symbols = "braille"
+
+    def draw(
+        self,
+        series: list[Series],
+        *,
+        title: str = "",
+        xlabel: str = "",
+        ylabel: str = "",
+        xticks: tuple[list[float], list[str]] | None = None,
+        yticks: tuple[list[float], list[str]] | None = None,
+        xlim: tuple[float, float] | None = None,
+        ylim: tuple[float, float] | None = None,
+    ) -> None:
+        plt = self.plt
+        plt.clear_figure()
+        marker = MARKERS.get(self.symbols, "braille")
+        for s in series:
+            if not s.xs:
+                continue
+            label = s.label or None
+            if s.scatter:
+                plt.scatter(list(s.xs), list(s.ys), label=label, color=s.color, marker="o")
+            else:
+                plt.plot(list(s.xs), list(s.ys), label=label, color=s.color, marker=marker)
+        plt.title(title)
+        plt.xlabel(xlabel)
+        plt.ylabel(ylabel)
+        if xticks:
+            plt.xticks(*xticks)
+        if yticks:
+            plt.yticks(*yticks)
+        if xlim:
+            plt.xlim(*xlim)
+        if ylim:
+            plt.ylim(*ylim)
+        self.refresh()
+
+
+class LatencyChart(Chart):
+    def show(self, v: View) -> None:
+        xs = v.xs
+        series = [
+            Series("TTFT p50", xs, v.ttft_p50, "cyan"),
+            Series("TTFT p99", xs, v.ttft_p99, "blue"),
+            Series("TPOT p50", xs, v.tpot_p50, "green"),
+        ]
+        if xs and v.pred_ttft_ms is not None:
+            span = (xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1)
+            series.append(Series("pred TTFT", span, (v.pred_ttft_ms,) * 2, "magenta"))
+        if xs and v.pred_tpot_ms is not None:
+            span = (xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1)
+            series.append(Series("pred TPOT", span, (v.pred_tpot_ms,) * 2, "orange"))
+        self.draw(series, xlabel="s", ylabel="ms")
+
+
+def _log(x: float) -> float:
+    return math.log10(max(x, 1e-30))
+
+
+def _decade_ticks(lo: float, hi: float, cells: int, per_tick: int) -> tuple[list, list]:
+    """Ticks at powers of ten, thinned so that no two land on the same row/column (plotext
+    would pick the label that wins a collision in hash order, which differs run to run)."""
+    ks = list(range(math.floor(lo), math.ceil(hi) + 1))
+    step = max(1, math.ceil(len(ks) / max(1, cells // per_tick)))
+    ks = ks[::step]
+    return [float(k) for k in ks], [num(10.0**k) for k in ks]
+
+
+class RooflineChart(Chart):
+    """FLOP/s per chip vs arithmetic intensity (FLOPs/byte), both log10."""
+
+    def show(self, v: View) -> None:
+        p = v.prediction
+        if p is None:
+            self.draw([], title="roofline: no prediction (see KPIs)")
+            return
+        ridge = p.peak_flops / p.hbm_bw
+        ai = max(p.intensity, 1e-3)
+        x_lo = math.floor(_log(min(ai, ridge) / 10))
+        x_hi = math.ceil(_log(max(ai, ridge) * 10))
+        xs = [x_lo + (x_hi - x_lo) * i / 40 for i in range(41)]
+        roof = [_log(min(p.peak_flops, p.hbm_bw * 10.0**x)) for x in xs]
+        points = [Series("", (_log(ai),), (_log(p.flops_per_s_per_chip),), "magenta", True)]
+        ys = [*roof, _log(p.flops_per_s_per_chip)]
+        if v.meas_flops_per_chip:
+            points.append(Series("", (_log(ai),), (_log(v.meas_flops_per_chip),), "cyan", True))
+            ys.append(_log(v.meas_flops_per_chip))
+        y_lo, y_hi = math.floor(min(ys)), math.ceil(max(ys))
+        self.draw(
+            [
+                Series("", tuple(xs), tuple(roof), "yellow"),
+                Series("", (_log(ridge),) * 2, (y_lo, y_hi), "gray"),
+                *points,
+            ],
+            xlabel="FLOPs/byte",
+            ylabel="FLOP/s",
+            xticks=_decade_ticks(x_lo, x_hi, self.size.width - 8, 8),
+            yticks=_decade_ticks(y_lo, y_hi, self.size.height - 4, 2),
+            xlim=(x_lo, x_hi),
+            ylim=(y_lo, y_hi),
+        )
+
+
+class SweepChart(Chart):
+    """Latency vs throughput across a sweep: measured points against predicted."""
+
+    def show(self, v: View) -> None:
+        meas = [(p.tok_s, p.tpot_ms) for p in v.sweep if p.tok_s and p.tpot_ms]
+        pred = [(p.pred_tok_s, p.pred_tpot_ms) for p in v.sweep if p.pred_tok_s and p.pred_tpot_ms]
+        if not meas and not pred:
+            self.draw([], title="no sweep yet: ^p → sweep slots 1,2,4,8 (or qps 1,2,4)")
+            return
+        meas.sort()
+        pred.sort()
+        self.draw(
+            [
+                Series("measured", tuple(x for x, _ in meas), tuple(y for _, y in meas), "cyan"),
+                Series(
+                    "predicted", tuple(x for x, _ in pred), tuple(y for _, y in pred), "magenta"
+                ),
+            ],
+            xlabel="output tok/s",
+            ylabel="TPOT p50 ms",
+        )
+
+
+class Strips(Grid):
+    """Sparklines: throughput, queue, slot occupancy, KV use, with their latest value."""
+
+    NAMES = (("tok_s", "tok/s"), ("queue", "queue"), ("occupancy", "slots"), ("kv", "KV"))
+
+    def compose(self) -> ComposeResult:
+        for key, label in self.NAMES:
+            yield Label(label, id=f"lbl-{key}", classes="strip-label")
+            yield Sparkline([], id=f"spark-{key}", summary_function=max)
+
+    def show(self, v: View) -> None:
+        data = {
+            "tok_s": v.spark_tok_s,
+            "queue": v.spark_queue,
+            "occupancy": v.spark_occupancy,
+            "kv": v.spark_kv,
+        }
+        for key, label in self.NAMES:
+            values = list(data[key])
+            last = values[-1] if values else None
+            if key in ("occupancy", "kv"):
+                text = "—" if last is None else f"{last * 100:.0f}%"
+            else:
+                text = num(last)
+            self.query_one(f"#lbl-{key}", Label).update(f"{label:<6}{text:>6}")
+            self.query_one(f"#spark-{key}", Sparkline).data = values

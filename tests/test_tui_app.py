@@ -1,0 +1,453 @@
+"""Pilot tests: every key and phase of the TUI, driven by a replay and a fake controller."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from scaletui.tui.controller import ControllerError
+from scaletui.tui.knobs import Knobs
+from scaletui.tui.model import MetricsModel
+from scaletui.tui.replay import Record, ReplaySource, read_replay
+from scaletui.tui.ui import ScaleTUI
+
+FIXTURE = "tests/data/tui_tiny_session.jsonl"
+RECORDS = read_replay(FIXTURE)
+STATS = [r.data for r in RECORDS if r.kind == "stats" and r.data.get("state") == "serving"][-1]
+WINDOWS = [r.data for r in RECORDS if r.kind == "window"]
+SUMMARY = [r.data for r in RECORDS if r.kind == "summary"][-1]
+
+
+class FakeController:
+    """The Controller's surface; records calls, answers from the fixture, gated by the test."""
+
+    can_control = True
+    attached = False
+    server_ok = True
+
+    def __init__(self, fail_apply: str | None = None) -> None:
+        self.queue: asyncio.Queue[Record] = asyncio.Queue()
+        self.calls: list[tuple] = []
+        self.apply_gate = asyncio.Event()
+        self.load_gate = asyncio.Event()
+        self.fail_apply = fail_apply
+        self.config = dict(STATS["config"], slots=4)
+        self.killed = False
+        self.run = 0
+        self.auto_finish = False  # run_load returns at once instead of waiting for the gate
+
+    def emit(self, kind: str, data: dict) -> None:
+        self.queue.put_nowait(Record(float(len(self.calls)), kind, data))
+
+    def event(self, text: str, level: str = "info", **extra: object) -> None:
+        self.emit("event", {"text": text, "level": level, **extra})
+
+    def stats(self) -> None:
+        self.emit("stats", dict(STATS, config=dict(self.config)))
+
+    async def __aiter__(self):
+        while True:
+            yield await self.queue.get()
+
+    async def start(self) -> None:
+        self.calls.append(("start",))
+        self.event("started server", server="starting", phase="starting")
+
+    async def spawn_server(self) -> None:
+        self.calls.append(("spawn",))
+
+    async def wait_ready(self, timeout: float) -> None:
+        self.calls.append(("ready",))
+        self.stats()
+        self.event("server up", server="serving", phase="idle")
+
+    async def apply(self, changes: dict) -> dict:
+        self.calls.append(("apply", changes))
+        self.event(f"reconfiguring: {changes}", server="reconfiguring", phase="reconfiguring")
+        await self.apply_gate.wait()
+        if self.fail_apply:
+            raise ControllerError(self.fail_apply)
+        self.config.update(changes)
+        self.stats()
+        self.event(f"reconfigured {changes}", server="serving", phase="idle")
+        return {"config": self.config}
+
+    async def run_load(self, knobs: Knobs, duration: float, kind: str = "run", first=False):
+        self.run += 1
+        self.calls.append(("load", knobs.slots, kind))
+        self.emit(
+            "config", {"run": self.run, "kind": kind, "first": first, "knobs": knobs.to_dict()}
+        )
+        for w in WINDOWS[:3]:
+            self.emit("window", w)
+        self.load_gate.clear()
+        if not self.auto_finish:
+            await self.load_gate.wait()
+        summary = dict(SUMMARY, output_throughput=100.0 * knobs.slots)
+        self.emit("summary", summary)
+        return summary
+
+    async def stop_load(self) -> None:
+        self.calls.append(("stop",))
+        self.load_gate.set()
+
+    def kill_children(self) -> None:
+        self.killed = True
+
+    async def close(self) -> None:
+        self.calls.append(("close",))
+        self.kill_children()
+
+
+def make_app(controller=None, tmp_path=None, **kw) -> ScaleTUI:
+    model = MetricsModel(Knobs(slots=4, input_len=32, output_len=32, hardware="h100"), "tiny")
+    source = controller if controller is not None else ReplaySource(RECORDS)
+    return ScaleTUI(
+        source=source,
+        controller=controller,
+        model=model,
+        refresh_interval=None,
+        loop_runs=False,
+        export_dir=tmp_path or ".",
+        **kw,
+    )
+
+
+async def settle(app: ScaleTUI, pilot, rounds: int = 2) -> None:
+    for _ in range(rounds):
+        await pilot.pause()
+        await asyncio.sleep(0.01)
+    app.render_tick()
+    await pilot.pause()
+
+
+def kpi_text(app: ScaleTUI) -> str:
+    from rich.console import Console
+
+    console = Console(width=60, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(app.query_one("#kpis").content)
+    return console.export_text()
+
+
+async def test_replay_shows_measured_and_predicted_side_by_side():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        text = kpi_text(app)
+        assert "TTFT p50" in text and "output tok/s" in text
+        last = WINDOWS[-1]
+        assert f"{last['ttft_ms']['p50']:.3g}" in text
+        assert app.query_one("#runs").row_count == 2
+        assert app.check_action("apply", ()) is None  # replay: read-only, dimmed
+        assert app.check_action("rerun", ()) is None
+
+
+async def test_slots_keys_update_prediction_at_once_and_escape_discards():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        before = app.model.view().kpis[5].predicted
+        await pilot.press("B")
+        await settle(app, pilot)
+        assert app.model.pending.slots == 16 and app.model.applied.slots == 8
+        assert app.query_one("#knobs").has_class("-dirty")
+        assert app.model.view().kpis[5].predicted > before
+        assert "pending" in kpi_text(app)
+        await pilot.press("b", "b")
+        assert app.model.knobs.slots == 4
+        await pilot.press("escape")
+        assert app.model.pending is None
+        assert not app.query_one("#knobs").has_class("-dirty")
+
+
+async def test_tp_and_dp_keys_check_the_devices():
+    app = make_app()
+    async with app.run_test(size=(160, 48), notifications=True) as pilot:
+        await settle(app, pilot)
+        await pilot.press("T")
+        assert app.model.knobs.tp == 2
+        w1 = app.model.prediction(app.model.applied).weight_bytes_per_chip
+        assert app.model.prediction().weight_bytes_per_chip == pytest.approx(w1 / 2, rel=0.05)
+        await pilot.press("t", "D")
+        assert app.model.knobs.dp == 2 and app.model.knobs.tp == 1
+        await pilot.press("d")
+        for _ in range(4):  # 8 devices: tp 16 is refused, tp stays at 8
+            await pilot.press("T")
+        assert app.model.knobs.tp == 8
+        assert any("needs 16 devices" in e.text for e in app.model.events)
+
+
+async def test_apply_reconfigures_dims_knobs_then_runs(tmp_path):
+    ctl = FakeController()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        assert ("load", 4, "run") in ctl.calls
+        assert app.model.phase == "running"
+        await pilot.press("B")
+        assert app.check_action("apply", ()) is True
+        await pilot.press("a")
+        await settle(app, pilot)
+        assert ("apply", {"slots": 8}) in ctl.calls
+        assert app.model.phase == "reconfiguring"
+        assert app.check_action("apply", ()) is None and app.check_action("slots", ()) is None
+        assert "RECONFIGURING" in str(app.query_one("#status").content)
+        ctl.apply_gate.set()
+        await settle(app, pilot)
+        assert app.model.applied.slots == 8 and app.model.pending is None
+        assert ("load", 8, "run") in ctl.calls and app.model.phase == "running"
+        ctl.load_gate.set()
+        await settle(app, pilot)
+        assert app.model.phase == "done"
+        assert app.model.runs[-1].knobs.slots == 8 and app.model.runs[-1].tok_s == 800.0
+
+
+async def test_failed_apply_is_an_error_phase_not_a_crash(tmp_path):
+    ctl = FakeController(fail_apply="server refused {'tp': 2}: HTTP 400 tp 2 needs 2 devices")
+    ctl.apply_gate.set()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("T", "a")
+        await settle(app, pilot)
+        assert app.model.phase == "error"
+        assert any("HTTP 400" in e.text for e in app.model.events)
+        assert app.model.pending is not None  # the edit is kept to fix or discard
+
+
+async def test_rerun_stops_the_load_and_starts_a_new_run(tmp_path):
+    ctl = FakeController()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("r")
+        await settle(app, pilot)
+        assert ctl.calls.count(("load", 4, "run")) == 2 and ("stop",) in ctl.calls
+        assert app.model.run_id == 2
+
+
+async def test_server_death_shows_in_status_and_returns(tmp_path):
+    ctl = FakeController()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        ctl.event("server exited with code -9", "error", server="exited (-9)", phase="error")
+        await settle(app, pilot)
+        status = str(app.query_one("#status").content)
+        assert "exited (-9)" in status and "ERROR" in status
+        assert app.check_action("restart_server", ()) is True
+        ctl.event("server is back", server="serving", phase="idle")
+        ctl.stats()
+        await settle(app, pilot)
+        assert "serving" in str(app.query_one("#status").content)
+
+
+async def test_run_loop_stops_when_the_server_is_gone(tmp_path):
+    ctl = FakeController()
+    app = make_app(ctl, tmp_path)
+    app.loop_runs = True
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        ctl.load_gate.set()  # run 1 ends: the loop starts run 2
+        await settle(app, pilot)
+        assert ctl.calls.count(("load", 4, "run")) == 2
+        ctl.server_ok = False
+        ctl.event("server exited with code -9", "error", server="exited (-9)", phase="error")
+        ctl.load_gate.set()
+        await settle(app, pilot)
+        assert ctl.calls.count(("load", 4, "run")) == 2 and app.model.phase == "error"
+
+
+async def test_sweep_runs_each_point_and_draws_against_prediction(tmp_path):
+    ctl = FakeController()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        ctl.apply_gate.set()
+        ctl.auto_finish = True
+        app.command("sweep slots 2,4,8")
+        for _ in range(40):
+            await settle(app, pilot, rounds=1)
+            if len(app.model.sweep) == 3 and app.model.phase == "done":
+                break
+        assert [c for c in ctl.calls if c[0] == "load"][-3:] == [
+            ("load", 2, "sweep"),
+            ("load", 4, "sweep"),
+            ("load", 8, "sweep"),
+        ]
+        points = app.model.view().sweep
+        assert [p.label for p in points] == ["s2", "s4", "s8"]
+        assert all(p.pred_tok_s and p.tok_s for p in points)
+        assert app.query_one("#charts2").active == "tab-sweep"
+
+
+async def test_palette_commands_edit_load_and_hardware(tmp_path):
+    app = make_app()
+    async with app.run_test(size=(160, 48), notifications=True) as pilot:
+        await settle(app, pilot)
+        app.command("qps 4")
+        assert app.model.knobs.load == "qps" and app.model.knobs.rate == 4
+        app.command("input 64")
+        app.command("hardware tpu-v5e")
+        assert app.model.knobs.input_len == 64 and app.model.knobs.hardware == "tpu-v5e"
+        assert app.model.prediction().hardware == "tpu-v5e"
+        app.command("hardware nosuchchip")
+        assert app.model.knobs.hardware == "tpu-v5e"
+        await pilot.press("colon")
+        await pilot.pause()
+        assert app.screen.__class__.__name__ == "CommandPalette"
+        await pilot.press(*"slots 16", "enter")
+        await settle(app, pilot)
+        assert app.model.knobs.slots == 16
+
+
+async def test_ctrl_p_opens_palette_with_our_commands():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert app.screen.__class__.__name__ == "CommandPalette"
+        await pilot.press(*"tp 2", "enter")
+        await settle(app, pilot)
+        assert app.model.knobs.tp == 2
+
+
+async def test_help_lists_keys_with_glossary_and_dimmed_state():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        from textual.widgets import DataTable, Markdown
+
+        table = app.screen.query_one("#help-keys", DataTable)
+        rows = [table.get_row_at(i) for i in range(table.row_count)]
+        assert ["a", "Apply", "unavailable"] in [list(map(str, r)) for r in rows]
+        assert "arithmetic intensity" in app.screen.query_one(Markdown).source
+        await pilot.press("escape")
+        assert app.screen.__class__.__name__ != "HelpScreen"
+
+
+async def test_sharding_picker_stages_a_mesh():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("s")
+        await pilot.pause()
+        from textual.widgets import OptionList
+
+        options = app.screen.query_one(OptionList)
+        labels = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+        assert any("dp1·tp2" in x for x in labels) and any("disaggregated" in x for x in labels)
+        index = next(i for i, x in enumerate(labels) if "interleaved" in x and "dp1·tp2" in x)
+        options.highlighted = index
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert app.model.knobs.tp == 2 and app.model.pending is not None
+
+
+async def test_pause_panels_zoom_and_export(tmp_path):
+    app = make_app(tmp_path=tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("p")
+        assert app.paused and app.query_one("#status").has_class("-paused")
+        version = app.model.version
+        app.model.log("while paused")
+        app.render_tick()
+        assert app._drawn  # nothing redrawn while paused, state kept
+        await pilot.press("space")
+        assert not app.paused and app.model.version > version
+        for n, sel in (
+            (1, "#latency"),
+            (2, "#strips"),
+            (3, "#charts2"),
+            (4, "#runs"),
+            (5, "#events"),
+        ):
+            await pilot.press(str(n))
+            assert not app.query_one(sel).display
+            await pilot.press(str(n))
+            assert app.query_one(sel).display
+        await pilot.press("z")
+        assert app.screen.maximized is not None
+        await pilot.press("z")
+        assert app.screen.maximized is None
+        await pilot.press("e")
+        exported = json.loads((tmp_path / "scaletui-run2.json").read_text())
+        assert [r["run"] for r in exported["runs"]] == [1, 2]
+        assert exported["runs"][0]["efficiency"] is not None
+        assert (tmp_path / "scaletui-run2.csv").read_text().startswith("run,")
+
+
+@pytest.mark.parametrize("key", ["q", "ctrl+c"])
+async def test_quit_closes_the_controller(tmp_path, key):
+    ctl = FakeController()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        await pilot.press(key)
+        await pilot.pause()
+    assert ("close",) in ctl.calls and ctl.killed
+
+
+async def test_every_phase_shows_in_status_and_dims_the_right_keys(tmp_path):
+    ctl = FakeController()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        app.model.edit(slots=8)
+        expect = {  # phase: (knob keys enabled, apply enabled)
+            "starting": (True, False),
+            "idle": (True, True),
+            "reconfiguring": (False, False),
+            "running": (True, True),
+            "sweeping": (False, False),
+            "done": (True, True),
+            "error": (True, True),
+        }
+        for phase, (knobs_on, apply_on) in expect.items():
+            ctl.event(f"now {phase}", phase=phase)
+            await settle(app, pilot, rounds=1)
+            assert f"● {phase.upper()}" in str(app.query_one("#status").content)
+            assert (app.check_action("slots", (True,)) is True) == knobs_on, phase
+            assert (app.check_action("apply", ()) is True) == apply_on, phase
+        await pilot.press("f1")
+        assert app.screen.__class__.__name__ == "HelpScreen"
+        await pilot.press("escape")
+        ctl.apply_gate.set()
+        await pilot.press("enter")  # enter applies like a
+        await settle(app, pilot)
+        assert ("apply", {"slots": 8}) in ctl.calls
+
+
+async def test_hangup_kills_children_and_exits(tmp_path):
+    ctl = FakeController()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        app._hangup()  # what SIGHUP, SIGTERM and the lost-TTY watchdog call
+        await pilot.pause()
+        assert ctl.killed
+    assert app.return_code == 1
+
+
+async def test_breakpoints_and_too_small_message():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        assert app.screen.has_class("-wide")
+        await pilot.resize_terminal(100, 30)
+        await pilot.pause()
+        assert app.screen.has_class("-normal") and app.screen.has_class("-short")
+        await pilot.resize_terminal(90, 30)
+        await pilot.pause()
+        assert app.screen.has_class("-compact")
+        await pilot.resize_terminal(70, 20)
+        await pilot.pause()
+        assert app.screen.has_class("-too-narrow") and app.screen.has_class("-too-short")
+        assert app.query_one("#too-small").display
+        assert "need at least 80x24" in str(app.query_one("#too-small").content)
