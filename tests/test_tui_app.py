@@ -270,7 +270,7 @@ async def test_sweep_runs_each_point_and_draws_against_prediction(tmp_path):
         app.command("sweep slots 2,4,8")
         for _ in range(40):
             await settle(app, pilot, rounds=1)
-            if len(app.model.sweep) == 3 and app.model.phase == "done":
+            if len(app.model.sweep) == 3 and app.model.pending is not None:
                 break
         assert [c for c in ctl.calls if c[0] == "load"][-3:] == [
             ("load", 2, "sweep"),
@@ -281,6 +281,19 @@ async def test_sweep_runs_each_point_and_draws_against_prediction(tmp_path):
         assert [p.label for p in points] == ["s2", "s4", "s8"]
         assert all(p.pred_tok_s and p.tok_s for p in points)
         assert app.query_one("#charts2").active == "tab-sweep"
+        # the server stays at the last point; a pending edit leads back to where it was
+        assert app.model.applied.slots == 8 and app.model.pending.slots == 4
+        ctl.calls.clear()
+        app.command("sweep qps 1,4")
+        for _ in range(40):
+            await settle(app, pilot, rounds=1)
+            if len(app.model.sweep) == 2 and app.model.applied.load == "concurrency":
+                break
+        points = app.model.view().sweep
+        assert [p.label for p in points] == ["1qps", "4qps"]
+        # below capacity the prediction is the offered load: rate x output length
+        assert [p.pred_tok_s for p in points] == pytest.approx([32.0, 128.0])
+        assert app.model.applied.load == "concurrency"  # the load knobs come back
 
 
 async def test_palette_commands_edit_load_and_hardware(tmp_path):

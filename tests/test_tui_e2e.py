@@ -1,14 +1,19 @@
 """End to end: a real `scaletui serve --model tiny`, a short loadgen run through the controller,
-and the measured numbers arriving on the screen (CPU only)."""
+the measured numbers arriving on the screen beside predictions for this host (`local`, written by
+a calibrate child run first), then t/T to tp 2 halving the weights per chip (CPU only)."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import io
 import os
+import sys
 
 import pytest
+from rich.console import Console
 
+from scaletui import specs
 from scaletui.tui.controller import Controller
 from scaletui.tui.knobs import Knobs
 from scaletui.tui.model import MetricsModel
@@ -17,6 +22,21 @@ from scaletui.tui.ui import ScaleTUI
 MISSING = [
     m for m in ("scaletui.serve.cli", "scaletui.loadgen.cli") if importlib.util.find_spec(m) is None
 ]
+
+# Stands in for `scaletui calibrate --quick` (seconds of JAX work the suite need not spend): the
+# same contract, a `local` spec written under XDG_CONFIG_HOME and its YAML on stdout.
+FAKE_CALIBRATE = """
+import sys, yaml
+from scaletui.specs import local_hardware_path
+spec = {"name": "local", "kind": "cpu", "flops_per_s": {"bf16": 1.2e11, "f32": 1.0e11},
+        "hbm_bytes": 8.0e9, "hbm_bw": 2.0e10, "ici_bw": 2.0e10, "ici_bidirectional": False,
+        "dcn_bw": 2.0e10, "chips_per_host": 2, "source": "test stand-in for calibrate"}
+print("calibrate: measuring (stand-in)", file=sys.stderr)
+path = local_hardware_path()
+path.parent.mkdir(parents=True, exist_ok=True)
+path.write_text(yaml.safe_dump(spec))
+sys.stdout.write(yaml.safe_dump(spec))
+"""
 
 
 def alive(pid: int) -> bool:
@@ -27,44 +47,74 @@ def alive(pid: int) -> bool:
     return True
 
 
+def text_of(renderable) -> str:
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+async def wait_for(predicate, seconds: float) -> bool:
+    for _ in range(int(seconds / 0.25)):
+        if predicate():
+            return True
+        await asyncio.sleep(0.25)
+    return predicate()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(bool(MISSING), reason=f"server/loadgen CLI not there yet: {MISSING}")
-async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path):
-    knobs = Knobs(slots=2, input_len=16, output_len=8, hardware="h100")
+async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))  # no `local` spec yet
+    assert "local" not in specs.hardware_names()
+    knobs = Knobs(slots=2, input_len=6, output_len=8)  # hardware "": local, calibrated if missing
     ctl = Controller(
         model="tiny",
         knobs=knobs,
-        host_devices=8,
-        serve_args=["--max-seq-len", "32", "--decode-steps", "2"],
+        host_devices=2,  # tp 2 needs two; fewer devices than the suite's 8 start faster
+        serve_args=["--max-seq-len", "16", "--decode-steps", "2"],  # one prompt bucket (BOS+6+8)
         log_dir=tmp_path,
         poll_s=0.5,
+        calibrate_cmd=[sys.executable, "-c", FAKE_CALIBRATE],
     )
     app = ScaleTUI(
         source=ctl,
         controller=ctl,
         model=MetricsModel(knobs, "tiny"),
         refresh_interval=0.5,
-        run_seconds=2,
+        run_seconds=1.5,
         loop_runs=False,
         export_dir=tmp_path,
         ready_timeout=240,
     )
+    try:
+        await drive(app, ctl, tmp_path)
+    finally:
+        ctl.kill_children()  # a failed assertion must not leave a server behind
+
+
+async def drive(app: ScaleTUI, ctl: Controller, tmp_path) -> None:
     async with app.run_test(size=(160, 48)) as pilot:
-        for _ in range(480):  # up to 240 s on a loaded 2-core machine
-            if app.model.runs:
-                break
-            await asyncio.sleep(0.5)
+        await wait_for(lambda: app.model.runs, 240)  # long: a loaded 2-core machine
+        texts = [e.text for e in app.model.events]
         log = (tmp_path / "serve.log").read_text(errors="replace")[-2000:]
-        assert app.model.runs, f"no run finished; events: {[e.text for e in app.model.events]}"
+        assert app.model.runs, f"no run finished; events: {texts}\n{log}"
+        # calibrate ran first, then the server, and the predictions are for this host
+        calibrated = next(i for i, t in enumerate(texts) if t.startswith("calibrated this host"))
+        started = next(i for i, t in enumerate(texts) if t.startswith("started server"))
+        assert calibrated < started and "--host-devices 2" in texts[started]
+        assert (tmp_path / "xdg/scaletui/hardware/local.yaml").exists()
+        assert app.model.prediction().hardware == "local"
+
         run = app.model.runs[-1]
         assert run.completed > 0 and run.ttft_ms > 0 and run.tok_s > 0, log
-        await asyncio.sleep(1.2)  # one more render tick
-        kpis = app.model.view().kpis
-        ttft = kpis[0]
+        assert run.pred_tok_s and run.pred_tok_s > 0
+        await asyncio.sleep(0.6)  # one more render tick
+        ttft = app.model.view().kpis[0]
         assert ttft.measured is not None and ttft.measured > 0 and ttft.predicted > 0
         assert app.query_one("#runs").row_count >= 1
         status = str(app.query_one("#status").content)
-        assert "tiny" in status and "serving" in status and "cpu×8" in status
+        assert "tiny" in status and "serving" in status and "cpu×2" in status
+        assert "auto (local)" in text_of(app.query_one("#knobs").content)
         w1 = app.model.view().mem_weights
         pred1 = app.model.prediction().weight_bytes_per_chip
         assert w1 and w1 > 0
@@ -72,23 +122,19 @@ async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path):
         await pilot.press("T")  # tp 2: the prediction halves at once, the server follows on apply
         assert app.model.prediction().weight_bytes_per_chip == pytest.approx(pred1 / 2, rel=0.05)
         await pilot.press("a")
-        for _ in range(240):
-            await asyncio.sleep(0.5)
-            stats = app.model.stats
-            if stats.get("config", {}).get("tp") == 2 and stats.get("state") == "serving":
-                break
-        assert any("reconfigured {'tp': 2}" in e.text for e in app.model.events), [
-            e.text for e in app.model.events
-        ]
-        await asyncio.sleep(1.2)
+        assert await wait_for(
+            lambda: (
+                app.model.stats.get("config", {}).get("tp") == 2
+                and app.model.stats.get("state") == "serving"
+            ),
+            240,
+        ), [e.text for e in app.model.events]
+        assert any("reconfigured {'tp': 2}" in e.text for e in app.model.events)
+        await asyncio.sleep(0.6)
         w2 = app.model.view().mem_weights
         assert w2 == pytest.approx(w1 / 2, rel=0.1)
         assert "dp1·tp2" in str(app.query_one("#status").content)
         server_pid = ctl.server.pid
         await pilot.press("q")
         await pilot.pause()
-    for _ in range(50):
-        if not alive(server_pid):
-            break
-        await asyncio.sleep(0.1)
-    assert not alive(server_pid), "quitting left the server process group running"
+    assert await wait_for(lambda: not alive(server_pid), 5), "quit left the server running"

@@ -3,7 +3,8 @@
 Textual reads TEXTUAL_COLOR_SYSTEM once, when it is first imported, so `--color` is applied here
 before anything imports textual (the app itself lives in `scaletui.tui.ui`).
 
-Default flow: start `scaletui serve --model small` on a free port (or attach with --url), wait for
+Default flow: calibrate this host if it has no `local` hardware spec (unless --no-calibrate or
+--hardware), start `scaletui serve --model small` on a free port (or attach with --url), wait for
 /health, then run a closed-loop load (concurrency = slots, 128 in / 128 out) in 30 s runs, one
 after another, until quit; `r` reruns, `a` applies pending knobs.
 """
@@ -30,8 +31,19 @@ def parser() -> argparse.ArgumentParser:
     a("--tp", type=int, default=1, help="initial tensor parallelism")
     a("--dp", type=int, default=1, help="initial data parallelism")
     a("--mode", choices=MODES, default="interleaved")
-    a("--host-devices", type=int, help="JAX CPU: virtual host devices for the embedded server")
-    a("--hardware", default="", help="spec for predictions (default: local if calibrated)")
+    a(
+        "--host-devices",
+        type=int,
+        help="JAX CPU: virtual devices for the embedded server (default on a CPU-only host: one "
+        "per core, at most 8, so tp/dp can shard; 0 = XLA's default of one)",
+    )
+    a("--hardware", default="", help="spec for predictions (default: local, calibrated if missing)")
+    a(
+        "--no-calibrate",
+        action="store_true",
+        help="without a `local` spec, predict with a built-in spec instead of running "
+        "`scaletui calibrate --quick` first",
+    )
     a("--qps", type=float, help="open-loop load at this rate instead of closed-loop")
     a("--concurrency", type=int, default=0, help="closed-loop concurrency (default: = slots)")
     a("--input-len", type=int, default=128)
@@ -90,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         model.phase = "replay"
     else:
         controller = Controller(
-            url=args.url, model=args.model, knobs=knobs, host_devices=args.host_devices
+            url=args.url,
+            model=args.model,
+            knobs=knobs,
+            host_devices=args.host_devices,
+            calibrate=not args.no_calibrate,
         )
         source = controller
         atexit.register(controller.kill_children)

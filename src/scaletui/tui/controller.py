@@ -1,6 +1,7 @@
-"""Controller of the two child processes: `scaletui serve` (unless --url attaches to one) and one
-`loadgen ... --jsonl -` per run. It polls GET /stats, applies knobs with POST /admin/config and
-turns everything into `Record`s on one queue that the UI ingests.
+"""Controller of the child processes: `scaletui calibrate --quick` (once, when this host has no
+`local` hardware spec, before the server so they do not compete), `scaletui serve` (unless --url
+attaches to one) and one `loadgen ... --jsonl -` per run. It polls GET /stats, applies knobs with
+POST /admin/config and turns everything into `Record`s on one queue that the UI ingests.
 
 The UI process never records a measured timestamp: latencies come from loadgen (its own process
 and event loop) and step times from the server. Children run in their own session (process
@@ -24,6 +25,8 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from scaletui import specs
+from scaletui.tui.host import calibrate_env, default_host_devices, is_loopback, run_calibrate
 from scaletui.tui.knobs import Knobs
 from scaletui.tui.replay import Record
 
@@ -54,13 +57,21 @@ class Controller:
         log_dir: str | Path | None = None,
         poll_s: float = 1.0,
         python: str = sys.executable,
+        calibrate: bool = True,
+        calibrate_cmd: list[str] | None = None,
+        calibrate_timeout: float = 300.0,
     ) -> None:
         self.attached = url is not None
         self.port = 0 if url else free_port()
         self.url = (url or f"http://127.0.0.1:{self.port}").rstrip("/")
         self.model = model
         self.knobs = knobs or Knobs()
-        self.host_devices = host_devices
+        # None: the default (one virtual device per core on a CPU host); 0: XLA's own default
+        self.host_devices = default_host_devices() if host_devices is None else host_devices
+        self.calibrate = calibrate
+        self.calibrate_cmd = calibrate_cmd or [python, "-m", "scaletui", "calibrate", "--quick"]
+        self.calibrate_timeout = calibrate_timeout
+        self.calibrator: asyncio.subprocess.Process | None = None
         self.serve_args = serve_args or []
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="scaletui-"))
         self.poll_s = poll_s
@@ -96,17 +107,93 @@ class Controller:
         cmd += ["--dp", str(k.dp), "--mode", k.mode]
         if "--max-seq-len" not in self.serve_args:
             # fewer prompt buckets to compile than the server's 1024 default, room for 512 tokens
+            # (+1: the tokenizer's BOS)
             need = 512
-            while need < k.input_len + k.output_len:
+            while need < k.input_len + k.output_len + 1:
                 need *= 2
+            with contextlib.suppress(specs.SpecError):  # a bad model: the server names it
+                need = min(need, specs.load_model(self.model).max_seq_len)  # tiny: 256
             cmd += ["--max-seq-len", str(need)]
         if self.host_devices:
             cmd += ["--host-devices", str(self.host_devices)]
         return cmd + self.serve_args
 
+    async def calibrate_host(self) -> bool:
+        """When predictions would use `local` and it does not exist: run `scaletui calibrate
+        --quick` (its own process group) and wait. True when `local` exists afterwards. A failure
+        or a timeout is an event, and predictions fall back to a built-in spec; never raises."""
+        if self.knobs.hardware not in ("", "local"):
+            return False  # an explicit what-if spec: nothing to measure
+        if "local" in specs.hardware_names():
+            return True
+        if not self.calibrate:
+            self.event(
+                "no calibrated 'local' spec (--no-calibrate): predictions use a built-in spec, "
+                "not this host; run `scaletui calibrate`",
+                "warning",
+                calibration="off",
+            )
+            return False
+        if self.attached and not is_loopback(self.url):
+            self.event(
+                f"{self.url} is remote: not calibrating this host for it; predictions use a "
+                "built-in spec (pass --hardware NAME, or calibrate on the server's host)",
+                "warning",
+                calibration="remote",
+            )
+            return False
+        cmd = self.calibrate_cmd
+        self.event(
+            f"calibrating this host for predictions: {' '.join(cmd[1:])} (log calibrate.log)",
+            server="calibrating this host…",
+            phase="calibrating",
+            calibration="running",
+        )
+        t0 = time.monotonic()
+
+        def started(proc: asyncio.subprocess.Process) -> None:
+            self.calibrator = proc
+            self._groups.add(proc.pid)  # quit, SIGHUP and a lost TTY stop it like the others
+
+        try:
+            why, summary = await run_calibrate(
+                cmd,
+                calibrate_env(self.host_devices),
+                self.log_dir / "calibrate.log",
+                self.calibrate_timeout,
+                started,
+                lambda: "local" in specs.hardware_names(),
+            )
+        finally:
+            if self.calibrator is not None and self.calibrator.returncode is not None:
+                self._groups.discard(self.calibrator.pid)
+        if why is not None:
+            return self._calibration_failed(why)
+        self.event(
+            f"calibrated this host in {time.monotonic() - t0:.1f} s"
+            f"{': ' + summary if summary else ''}; predictions use 'local' "
+            f"({specs.local_hardware_path()})",
+            server="starting",
+            phase="starting",
+            calibration="done",
+        )
+        return True
+
+    def _calibration_failed(self, why: str) -> bool:
+        self.event(
+            f"calibrate failed ({why}); predictions use a built-in spec, not this host",
+            "error",
+            server="starting",
+            phase="starting",
+            calibration=f"calibrate failed: {why[:80]}",
+        )
+        return False
+
     async def start(self) -> None:
-        """Start (or attach to) the server and the /stats poller; returns at once."""
+        """Calibrate this host if needed (before the server: they would compete for the CPU),
+        then start (or attach to) the server and the /stats poller; returns once it started."""
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        await self.calibrate_host()
         if not self.attached:
             await self.spawn_server()
         else:
@@ -275,7 +362,23 @@ class Controller:
         # the reader is its own task: cancelling the caller (a new apply) must not lose the
         # partial summary loadgen writes when stop_load interrupts it
         self._reader = asyncio.create_task(self._read_load(proc))
-        return await asyncio.shield(self._reader)
+        # loadgen waits for every request in flight; over capacity the queue takes long to
+        # drain, so a run is cut (SIGINT: a partial summary) at twice its length + 10 s
+        cutoff = 2 * duration + 10
+        timer = asyncio.get_running_loop().call_later(cutoff, self._cut, proc, cutoff)
+        try:
+            return await asyncio.shield(self._reader)
+        finally:
+            timer.cancel()
+
+    def _cut(self, proc: asyncio.subprocess.Process, after: float) -> None:
+        if proc.returncode is None:
+            self.event(
+                f"run {self._run} cut after {after:g} s: requests still in flight (over capacity?);"
+                " its summary is partial",
+                "warning",
+            )
+            _signal_group(proc.pid, signal.SIGINT)
 
     async def _read_load(self, proc: asyncio.subprocess.Process) -> dict | None:
         summary = None
@@ -330,7 +433,7 @@ class Controller:
             self._poller.cancel()
         await self.stop_load()
         self.kill_children()
-        for proc in (self.server, self.load):
+        for proc in (self.calibrator, self.server, self.load):
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), 3)

@@ -17,7 +17,7 @@ from scaletui.tui.replay import Record
 from scaletui.tui.views import RunRow, SweepPoint, View
 
 HISTORY = 300  # samples kept per series (5 min at 1 Hz)
-BUSY_PHASES = ("starting", "reconfiguring", "sweeping")
+BUSY_PHASES = ("calibrating", "starting", "reconfiguring", "sweeping")
 
 
 @dataclass
@@ -33,9 +33,11 @@ class MetricsModel:
         self.applied = knobs or Knobs()
         self.pending: Knobs | None = None  # None: no unapplied edits
         self.model_name = model_name
-        self.phase = "starting"  # starting|idle|reconfiguring|running|sweeping|done|error|replay
+        # calibrating|starting|idle|reconfiguring|running|sweeping|done|error|replay
+        self.phase = "starting"
         self.server = "starting"  # server status text for the status bar
         self.url = ""
+        self.calibration = ""  # the controller's calibrate state: running|done|off|remote|failed
         self.stats: dict = {}
         self.stats_hist: deque[dict] = deque(maxlen=HISTORY)
         self.windows: deque[tuple[float, dict]] = deque(maxlen=HISTORY)
@@ -50,6 +52,7 @@ class MetricsModel:
         self.version = 0
         self._spec: specs.ModelSpec | None = None
         self._hw: tuple[str, specs.HardwareSpec | None, str | None] | None = None
+        self._hw_backend: str | None = None
         self._preds: dict[tuple, Prediction | str] = {}
 
     # -- ingest ---------------------------------------------------------------------------------
@@ -113,6 +116,10 @@ class MetricsModel:
             self.server = data["server"]
         if "url" in data:
             self.url = data["url"]
+        if "calibration" in data:  # `local` may exist now: choose the hardware spec again
+            self.calibration = str(data["calibration"])
+            self._hw = None
+            self._preds.clear()
 
     def _add_config(self, rec: Record) -> None:
         data = rec.data
@@ -124,7 +131,10 @@ class MetricsModel:
             self.sweep = []
         self.phase = "sweeping" if self.run_kind == "sweep" else "running"
 
-    def log(self, text: str, level: str = "info", t: float = 0.0) -> None:
+    def log(self, text: str, level: str = "info", t: float | None = None) -> None:
+        """An event; `t` defaults to the newest event's (the UI keeps no clock of its own)."""
+        if t is None:
+            t = self.events[-1].t if self.events else 0.0
         self.events.append(Event(len(self.events), t, level, text))
         del self.events[:-500]
         self.version += 1
@@ -158,24 +168,32 @@ class MetricsModel:
 
     def hardware(self, name: str) -> tuple[str, specs.HardwareSpec | None, str | None]:
         """(name, spec or None, note) for a knob value ("" = automatic choice)."""
-        if self._hw is None or self._hw[0] != name:
-            chosen, note = pick_hardware(name, self.stats.get("backend"))
+        backend = self.stats.get("backend")
+        if self._hw is None or self._hw[0] != name or self._hw_backend != backend:
+            if self._hw is not None and self._hw_backend != backend:
+                self._preds.clear()  # the automatic choice follows the server's backend
+            self._hw_backend = backend
+            chosen, note = pick_hardware(name, backend, self.calibration)
             try:
                 self._hw = (name, specs.load_hardware(chosen), note)
             except specs.SpecError as exc:
                 self._hw = (name, None, str(exc))
         return self._hw
 
+    def _pred_key(self, knobs: Knobs) -> tuple:
+        config = self.stats.get("config") or {}
+        return (knobs, config.get("dtype", "f32"), config.get("max_seq_len"), self.model_name)
+
     def prediction(self, knobs: Knobs | None = None) -> Prediction | None:
         knobs = knobs or self.knobs
-        dtype = (self.stats.get("config") or {}).get("dtype", "f32")
-        key = (knobs, dtype, self.model_name)
+        key = self._pred_key(knobs)
         if key not in self._preds:
+            _, dtype, max_seq_len, _ = key
             _, hw, note = self.hardware(knobs.hardware)
             try:
                 if hw is None:
                     raise ValueError(note)
-                self._preds[key] = predict(self.model_spec(), hw, knobs, dtype)
+                self._preds[key] = predict(self.model_spec(), hw, knobs, dtype, max_seq_len)
             except (ImportError, ValueError, KeyError, specs.SpecError) as exc:
                 self._preds[key] = f"no prediction: {exc}"
         got = self._preds[key]
@@ -183,8 +201,7 @@ class MetricsModel:
 
     def prediction_error(self) -> str | None:
         self.prediction()
-        dtype = (self.stats.get("config") or {}).get("dtype", "f32")
-        got = self._preds.get((self.knobs, dtype, self.model_name))
+        got = self._preds.get(self._pred_key(self.knobs))
         return got if isinstance(got, str) else None
 
     # -- view -----------------------------------------------------------------------------------

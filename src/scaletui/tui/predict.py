@@ -2,14 +2,18 @@
 
 Inputs: the server's model spec (the /stats "model" fields, or a spec loaded by name), a hardware
 spec (`local` when calibrated; otherwise a fallback named in the events log), and the knobs:
-batch = slots, chips = tp * dp, prompt_len = input_len, context = input_len + output_len / 2,
-weight/KV bytes from the server dtype (f32 -> 4, bf16 -> 2). The roofline has no queueing, so its
-one TTFT/TPOT number is the floor for both p50 and p99.
+chips = tp * dp, prompt_len = input_len, context = input_len + output_len / 2, weight/KV bytes
+from the server dtype (f32 -> 4, bf16 -> 2), and the decode batch the load implies
+(`decode_batch`: closed loop min(concurrency, slots); open loop the batch that carries the offered
+rate). Memory per chip is for what the server allocates (all slots at its max_seq_len). The
+roofline has no queueing, so its one TTFT/TPOT number is the floor for both p50 and p99.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from scaletui import specs
@@ -34,6 +38,7 @@ class Prediction:
     peak_flops: float  # per chip, compute dtype
     hbm_bw: float  # bytes/s per chip
     hbm_bytes: float  # capacity per chip
+    batch: int = 0  # the decode batch the step is predicted at
 
     @property
     def mem_per_chip(self) -> float:
@@ -44,8 +49,20 @@ class Prediction:
         return self.flops_per_token * self.tok_s_per_chip
 
 
-def pick_hardware(requested: str, backend: str | None) -> tuple[str, str | None]:
-    """(spec name, note): the requested spec, else `local`, else a built-in of the backend kind."""
+CALIBRATION_NOTES = {
+    "": "run `scaletui calibrate`",
+    "running": "calibrating this host",
+    "off": "--no-calibrate; run `scaletui calibrate`",
+    "remote": "remote server: pass --hardware NAME, or calibrate on its host",
+}
+
+
+def pick_hardware(
+    requested: str, backend: str | None, calibration: str = ""
+) -> tuple[str, str | None]:
+    """(spec name, note): the requested spec, else `local`, else a built-in of the backend kind
+    (else h100) with a note saying why; `calibration` is the controller's calibrate state
+    ("" unknown, running, done, off, remote, or "failed: why")."""
     if requested:
         return requested, None
     names = specs.hardware_names()
@@ -54,9 +71,10 @@ def pick_hardware(requested: str, backend: str | None) -> tuple[str, str | None]
     kind = backend or "cpu"
     same_kind = [n for n in names if _kind(n) == kind]
     fallback = (same_kind or [n for n in ("h100", *names) if n in names] or ["?"])[0]
+    why = CALIBRATION_NOTES.get(calibration, calibration or CALIBRATION_NOTES[""])
     return fallback, (
         f"no calibrated 'local' spec: predictions are for '{fallback}', not this {kind} host "
-        "(run `scaletui calibrate`)"
+        f"({why})"
     )
 
 
@@ -78,42 +96,81 @@ def model_spec_from(data: dict) -> specs.ModelSpec:
     return specs.ModelSpec(**{k: v for k, v in data.items() if k in names})
 
 
+def decode_batch(knobs: Knobs, tok_s_at: Callable[[int], float]) -> int:
+    """The batch the decode step runs at under this load. Closed loop: min(concurrency, slots).
+    Open loop at rate r: the smallest batch whose roofline throughput carries the offered
+    r * output_len tokens/s (Little's law: fewer in flight than slots when the chips keep up),
+    else all slots (saturated: the queue grows). `tok_s_at(b)` must grow with b."""
+    if knobs.load != "qps":
+        return max(1, min(knobs.concurrency, knobs.slots))
+    offered = knobs.rate * knobs.output_len
+    if tok_s_at(knobs.slots) <= offered:
+        return knobs.slots
+    lo, hi = 1, knobs.slots  # tok_s_at(hi) > offered
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tok_s_at(mid) >= offered:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def predict(
-    model: specs.ModelSpec, hardware: specs.HardwareSpec, knobs: Knobs, dtype: str = "f32"
+    model: specs.ModelSpec,
+    hardware: specs.HardwareSpec,
+    knobs: Knobs,
+    dtype: str = "f32",
+    max_seq_len: int | None = None,
 ) -> Prediction:
-    """One roofline estimate for these knobs (raises ImportError until the roofline lands)."""
+    """The roofline for these knobs (raises ImportError until the roofline lands): the decode
+    step at the load's batch (`decode_batch`), the prompt's prefill as TTFT, and memory per chip
+    for what the server allocates: KV for every slot at `max_seq_len` (its /stats config), or at
+    the mean context when unknown."""
     from scaletui.roofline import estimate  # lazy: the TUI must start even without it
 
     nbytes = DTYPE_BYTES.get(dtype, 2)
     compute = dtype if dtype in hardware.flops_per_s and hardware.flops_per_s[dtype] else "bf16"
     if not hardware.flops_per_s.get(compute):
         compute = next(k for k, v in hardware.flops_per_s.items() if v)
-    est = estimate(
-        model,
-        hardware,
-        batch=knobs.slots,
-        context=knobs.input_len + knobs.output_len // 2,
-        prompt_len=knobs.input_len,
-        chips=knobs.chips,
-        tp=knobs.tp,
-        dp=knobs.dp,
-        weight_bytes=nbytes,
-        kv_bytes=nbytes,
-        compute_dtype=compute,
-    ).to_dict()
+    context = knobs.input_len + knobs.output_len // 2
+
+    @functools.cache
+    def est(batch: int, ctx: int = context) -> dict:
+        return estimate(
+            model,
+            hardware,
+            batch=batch,
+            context=ctx,
+            prompt_len=knobs.input_len,
+            chips=knobs.chips,
+            tp=knobs.tp,
+            dp=knobs.dp,
+            weight_bytes=nbytes,
+            kv_bytes=nbytes,
+            compute_dtype=compute,
+        ).to_dict()
+
+    batch = decode_batch(knobs, lambda b: est(b)["decode_tokens_per_s"])
+    step = est(batch)
+    memory = est(knobs.slots, max_seq_len) if max_seq_len else est(knobs.slots)
+    tok_s = step["decode_tokens_per_s"]
+    if knobs.load == "qps":
+        tok_s = min(tok_s, knobs.rate * knobs.output_len)  # below capacity: what is offered
     return Prediction(
         hardware=hardware.name,
-        ttft_ms=est["ttft_s"] * 1e3,
-        tpot_ms=est["decode_step_s"] * 1e3,
-        tok_s=est["decode_tokens_per_s"],
-        tok_s_per_chip=est["decode_tokens_per_s_per_chip"],
-        weight_bytes_per_chip=est["weight_bytes_per_chip"],
-        kv_bytes_per_chip=est["kv_bytes_per_chip"],
-        fits=bool(est["fits"]),
-        bound=str(est["decode_bound"]),
-        intensity=est["arithmetic_intensity"],
-        flops_per_token=est["flops_per_token"],
+        ttft_ms=step["ttft_s"] * 1e3,
+        tpot_ms=step["decode_step_s"] * 1e3,
+        tok_s=tok_s,
+        tok_s_per_chip=tok_s / knobs.chips,
+        weight_bytes_per_chip=memory["weight_bytes_per_chip"],
+        kv_bytes_per_chip=memory["kv_bytes_per_chip"],
+        fits=bool(memory["fits"]),
+        bound=str(step["decode_bound"]),
+        intensity=step["arithmetic_intensity"],
+        flops_per_token=step["flops_per_token"],
         peak_flops=hardware.flops(compute),
         hbm_bw=hardware.hbm_bw,
         hbm_bytes=hardware.hbm_bytes,
+        batch=batch,
     )

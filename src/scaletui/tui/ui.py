@@ -467,10 +467,14 @@ class ScaleTUI(App):
 
     @work(exclusive=True, group="control")
     async def sweep(self, what: str, values: list[float]) -> None:
+        """One run per value (`sweep_seconds` each) at slots = value (the server reconfigures)
+        or at an open-loop rate = value; then the load knobs return to what they were, and a
+        slots sweep leaves a pending edit back to the original slot count (a applies it)."""
         c = self.controller
+        before = self.model.applied
         try:
             await c.stop_load()
-            c.event(f"sweep {what} over {values}", phase="sweeping")
+            c.event(f"sweep {what} over {[f'{v:g}' for v in values]}", phase="sweeping")
             for i, value in enumerate(values):
                 base = self.model.applied
                 if what == "slots":
@@ -489,3 +493,12 @@ class ScaleTUI(App):
             self.notify(str(exc), severity="error", timeout=10)
         finally:
             await c.stop_load()
+            for _ in range(100):  # let the ingest catch up (its /stats set the applied knobs)
+                if c.queue.empty():
+                    break
+                await asyncio.sleep(0.01)
+            m = self.model
+            m.applied = replace(m.applied, load=before.load, rate=before.rate)
+            if m.applied.slots != before.slots:
+                m.edit(slots=before.slots)
+                m.log(f"the server stays at slots {m.applied.slots}: a returns to {before.slots}")

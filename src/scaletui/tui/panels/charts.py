@@ -45,6 +45,7 @@ class Chart(PlotextPlot):
         yticks: tuple[list[float], list[str]] | None = None,
         xlim: tuple[float, float] | None = None,
         ylim: tuple[float, float] | None = None,
+        texts: list[tuple[str, float, float, str]] | None = None,
     ) -> None:
         plt = self.plt
         plt.clear_figure()
@@ -57,6 +58,8 @@ class Chart(PlotextPlot):
                 plt.scatter(list(s.xs), list(s.ys), label=label, color=s.color, marker="o")
             else:
                 plt.plot(list(s.xs), list(s.ys), label=label, color=s.color, marker=marker)
+        for text, x, y, color in texts or ():
+            plt.text(f" {text}", x, y, color=color)
         plt.title(title)
         plt.xlabel(xlabel)
         plt.ylabel(ylabel)
@@ -137,25 +140,38 @@ class RooflineChart(Chart):
 
 
 class SweepChart(Chart):
-    """Latency vs throughput across a sweep: measured points against predicted."""
+    """Latency vs throughput across a sweep: measured points (cyan, labelled s4 / 2qps) against
+    the prediction for the same knobs (magenta), each a line through its markers."""
 
     def show(self, v: View) -> None:
-        meas = [(p.tok_s, p.tpot_ms) for p in v.sweep if p.tok_s and p.tpot_ms]
-        pred = [(p.pred_tok_s, p.pred_tpot_ms) for p in v.sweep if p.pred_tok_s and p.pred_tpot_ms]
+        meas = sorted((p.tok_s, p.tpot_ms, p.label) for p in v.sweep if p.tok_s and p.tpot_ms)
+        pred = sorted(
+            (p.pred_tok_s, p.pred_tpot_ms, p.label)
+            for p in v.sweep
+            if p.pred_tok_s and p.pred_tpot_ms
+        )
         if not meas and not pred:
             self.draw([], title="no sweep yet: ^p → sweep slots 1,2,4,8 (or qps 1,2,4)")
             return
-        meas.sort()
-        pred.sort()
+        # log-log: on a small CPU model the roofline is often 10-100x off, and both must show
+        series = []
+        for name, points, color in (("measured", meas, "cyan"), ("predicted", pred, "magenta")):
+            xs = tuple(_log(x) for x, _, _ in points)
+            ys = tuple(_log(y) for _, y, _ in points)
+            series += [Series(name, xs, ys, color), Series("", xs, ys, color, scatter=True)]
+        all_x = [_log(x) for x, _, _ in meas + pred]
+        all_y = [_log(y) for _, y, _ in meas + pred]
+        x_lo, x_hi = math.floor(min(all_x)), math.ceil(max(all_x) + 1e-9)
+        y_lo, y_hi = math.floor(min(all_y)), math.ceil(max(all_y) + 1e-9)
         self.draw(
-            [
-                Series("measured", tuple(x for x, _ in meas), tuple(y for _, y in meas), "cyan"),
-                Series(
-                    "predicted", tuple(x for x, _ in pred), tuple(y for _, y in pred), "magenta"
-                ),
-            ],
-            xlabel="output tok/s",
+            series,
+            xlabel="output tok/s (log)",
             ylabel="TPOT p50 ms",
+            texts=[(label, _log(x), _log(y), "cyan") for x, y, label in meas],
+            xticks=_decade_ticks(x_lo, x_hi, self.size.width - 8, 8),
+            yticks=_decade_ticks(y_lo, y_hi, self.size.height - 4, 2),
+            xlim=(x_lo, x_hi),
+            ylim=(y_lo, y_hi),
         )
 
 

@@ -23,7 +23,10 @@ prediction is for **pending** knobs not yet applied (`a` applies them).
 - **decode step** one generate step for all slots (/stats generate per-token mean). Roofline:
   KV load time + max(weight load time, matmul time).
 - **output tok/s** generated tokens per second over all chips (mean of the last 5 windows).
-- **mem/chip** weights + KV cache bytes per device (predicted: weights / tp, KV / chips).
+- **mem/chip** weights + KV cache bytes per device (predicted: weights / tp, plus KV for
+  every slot at the server's max_seq_len, / chips).
+- **predicted on** the hardware spec: `local` is this host, measured by `scaletui calibrate`
+  (run once at start when missing); otherwise a built-in spec, named in the KPI panel.
 - **slots** the decode batch size (KV-cache slots). **tp** tensor parallelism (shards heads and
   d_ff; weights per chip ÷ tp). **dp** data parallelism (shards slots). **mode** interleaved
   (prefill and decode share devices) or disaggregated (prefill on its own devices).
@@ -33,8 +36,9 @@ prediction is for **pending** knobs not yet applied (`a` applies them).
   ○ measured (cyan) FLOP/s per chip at the decode step's intensity.
 - **efficiency** measured tok/s ÷ predicted tok/s for a run.
 - **queue** requests waiting at the server; **KV** tokens held ÷ (slots × max_seq_len).
-- **sweep** runs the load at a list of slot counts or rates; the Sweep tab plots TPOT vs tok/s,
-  measured against predicted.
+- **sweep** runs the load at a list of slot counts or rates; the Sweep tab plots TPOT vs tok/s
+  (log-log), measured against predicted. Open-loop rates are predicted at the batch that carries
+  the offered load.
 """
 
 

@@ -12,6 +12,7 @@ PHASE_STYLE = {
     "sweeping": "bold green",
     "done": "green",
     "idle": "cyan",
+    "calibrating": "yellow",
     "starting": "yellow",
     "reconfiguring": "bold yellow",
     "error": "bold red",
@@ -22,7 +23,9 @@ PHASE_STYLE = {
 class StatusBar(Static):
     def show(self, v: View) -> None:
         server_style = "green" if v.server in ("serving", "attached") else "bold red"
-        if v.server in ("starting", "compiling", "reconfiguring", "connecting"):
+        if v.server in ("starting", "compiling", "reconfiguring", "connecting") or (
+            v.server.startswith("calibrating")
+        ):
             server_style = "yellow"
         used = "?" if v.slots_used is None else v.slots_used
         text = Text.assemble(

@@ -1,0 +1,98 @@
+"""This host, as the TUI's children see it: the default number of virtual JAX CPU devices, and
+running `scaletui calibrate --quick` as a child (own process group, bounded in time) to get the
+`local` hardware spec predictions for "this machine" need. No events here: the controller
+reports what these return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+MAX_DEFAULT_HOST_DEVICES = 8
+ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/kfd", "/dev/vfio/[0-9]*")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def default_host_devices() -> int | None:
+    """Virtual JAX CPU devices for the embedded server when the user named none: one per usable
+    core, at most 8, on a host where JAX will run on the CPU, so that the tp/dp knobs have devices
+    to shard over. None where JAX_PLATFORMS or a device node says an accelerator will be used
+    (the XLA flag only affects the CPU platform, so a wrong guess costs nothing)."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+    if platforms:
+        if platforms.split(",")[0].strip() != "cpu":
+            return None
+    elif any(glob.glob(pattern) for pattern in ACCELERATOR_DEVICES):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_DEFAULT_HOST_DEVICES, cores or 1))
+
+
+def is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host in LOOPBACK or host.startswith("127.")
+
+
+def calibrate_env(host_devices: int | None) -> dict[str, str]:
+    """The environment for calibrate: the server's virtual device count (so the all-reduce is
+    measured over the same devices), no preallocation (an attached server may hold the memory)."""
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    if host_devices:
+        flag = f"--xla_force_host_platform_device_count={host_devices}"
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
+    return env
+
+
+async def run_calibrate(
+    cmd: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    timeout: float,
+    started: Callable[[asyncio.subprocess.Process], None],
+    local_exists: Callable[[], bool],
+) -> tuple[str | None, str]:
+    """Run calibrate (stderr to `log_path`); `started(proc)` lets the caller track its process
+    group. Returns (None, summary of the spec) on success, else (why it failed, "")."""
+    with log_path.open("ab") as log:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                env=env,
+            )
+        except OSError as exc:
+            return f"cannot start {cmd[0]}: {exc}", ""
+    started(proc)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        return f"no result after {timeout:.0f} s", ""
+    if proc.returncode != 0 or not local_exists():
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-2:]
+        return f"exit code {proc.returncode}: {' | '.join(tail)}", ""
+    return None, spec_summary(out)
+
+
+def spec_summary(yaml_text: bytes | str) -> str:
+    """'25.0 GB/s, 120 GFLOP/s f32' from calibrate's YAML, or '' when it lacks them."""
+    try:
+        got = yaml.safe_load(yaml_text) or {}
+        return f"{got['hbm_bw'] / 1e9:.1f} GB/s, {got['flops_per_s']['f32'] / 1e9:.0f} GFLOP/s f32"
+    except (yaml.YAMLError, KeyError, TypeError):
+        return ""
