@@ -1,0 +1,153 @@
+"""Continuous-batching gain of `scaletui serve` beside the roofline's prediction.
+
+Starts the real engine server in-process (default model `small`, dummy weights), saturates it
+with a closed loop of streaming requests (2 x slots in flight, ignore_eos, fixed lengths) at
+1 slot and then at 8 slots (switched live through POST /admin/config), and prints measured
+output tokens/s and TPOT beside the roofline's decode tokens/s and step time for the same
+batch and context. Hardware: the `local` spec from `scaletui calibrate`, else a short inline
+probe (bench/decode_roofline.py's). `--json` prints one JSON object.
+
+    python bench/serving.py --model small --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+import aiohttp  # noqa: E402
+import orjson  # noqa: E402
+
+from scaletui import roofline  # noqa: E402
+from scaletui.serve.api import ApiSettings, create_app  # noqa: E402
+from scaletui.serve.cli import real_engine_factory  # noqa: E402
+from scaletui.serve.config import ServeConfig  # noqa: E402
+from scaletui.serve.scheduler import Scheduler  # noqa: E402
+from scaletui.serve.testing import serve_in_thread  # noqa: E402
+from scaletui.serve.tokenizer import load_tokenizer  # noqa: E402
+from scaletui.specs import SpecError, load_hardware, load_model  # noqa: E402
+
+
+async def saturate(
+    url: str, concurrency: int, warmup: float, seconds: float, prompt_len: int, out: int
+) -> dict:
+    """Closed loop: `concurrency` streams always in flight for warmup + seconds.
+
+    Throughput counts the tokens that arrive inside the measured window (steady state, no
+    edge effects from requests cut off at either end); TPOT comes from requests that ended.
+    """
+    prompt = list(range(1, prompt_len + 1))
+    body = {"prompt": prompt, "max_tokens": out, "ignore_eos": True, "temperature": 0,
+            "stream": True}  # fmt: skip
+    arrivals: list[float] = []
+    tpots: list[float] = []
+    t0 = time.perf_counter()
+    t_begin, t_end = t0 + warmup, t0 + warmup + seconds
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.perf_counter() < t_end:
+            times = []
+            async with session.post(url + "/v1/completions", json=body) as resp:
+                async for line in resp.content:
+                    if line.startswith(b"data: {"):
+                        times.append(time.perf_counter())
+            arrivals.extend(times)
+            if len(times) > 1 and times[-1] <= t_end:
+                tpots.append((times[-1] - times[0]) / (len(times) - 1))
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+        tasks = [asyncio.create_task(worker(session)) for _ in range(concurrency)]
+        await asyncio.sleep(t_end - time.perf_counter())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    counted = sum(t_begin <= t <= t_end for t in arrivals)
+    return {
+        "output_tokens_per_s": counted / seconds,
+        "requests": len(tpots),
+        "tpot_ms": 1e3 * statistics.median(tpots) if tpots else None,
+    }
+
+
+def hardware(name: str):
+    try:
+        return load_hardware(name), name
+    except SpecError:
+        sys.path.insert(0, os.path.dirname(__file__))
+        from decode_roofline import probe_hardware
+
+        return probe_hardware(), "inline probe (run `scaletui calibrate` for a better one)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="small")
+    p.add_argument("--hardware", default="local")
+    p.add_argument("--seconds", type=float, default=20.0, help="measured window per config")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--max-seq-len", type=int, default=256)
+    p.add_argument("--decode-steps", type=int, default=4)
+    p.add_argument("--slots", type=int, nargs=2, default=(1, 8), metavar=("LOW", "HIGH"))
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    model = load_model(args.model)
+    tok = load_tokenizer(None, model.vocab_size)
+    low, high = args.slots
+    config = ServeConfig(model, slots=low, max_seq_len=args.max_seq_len,
+                         decode_steps=args.decode_steps, max_prefill_bucket=64)  # fmt: skip
+    sched = Scheduler(config, real_engine_factory(tok))
+    app = create_app(sched, tok, ApiSettings(log_interval_s=0))
+    hw, hw_name = hardware(args.hardware)
+    context = args.prompt_len + args.output_len // 2
+    rows = {}
+    with serve_in_thread(app) as url:
+        while sched.state != "serving":
+            if sched.state == "failed":
+                raise SystemExit(f"server failed: {sched.error}")
+            time.sleep(0.2)
+        for slots in (low, high):
+            if sched.config.slots != slots:
+                sched.reconfigure({"slots": slots})
+            measured = asyncio.run(
+                saturate(url, 2 * slots, 5.0, args.seconds, args.prompt_len, args.output_len)
+            )
+            window = sched.metrics.window(args.seconds)["step_times_ms"]
+            measured["generate_step_ms"] = window["generate"]["mean"]
+            measured["prefill_step_ms"] = window["prefill"]["mean"]
+            est = roofline.estimate(model, hw, batch=slots, context=context,
+                                    prompt_len=args.prompt_len, weight_bytes=4, kv_bytes=4,
+                                    compute_dtype="f32")  # fmt: skip
+            rows[slots] = {**measured, "roofline_tokens_per_s": est.decode_tokens_per_s,
+                           "roofline_step_ms": est.decode_step_s * 1e3,
+                           "compile_s": sched.compile["seconds"]}  # fmt: skip
+    lo, hi = rows[low], rows[high]
+    result = {
+        "model": model.name, "hardware": hw_name, "context": context, "rows": rows,
+        "measured_gain": hi["output_tokens_per_s"] / lo["output_tokens_per_s"],
+        "roofline_gain": hi["roofline_tokens_per_s"] / lo["roofline_tokens_per_s"],
+    }  # fmt: skip
+    if args.json:
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    print(f"model {model.name}, hardware {hw_name}, prompt {args.prompt_len}, "
+          f"output {args.output_len}, decode_steps {args.decode_steps}")  # fmt: skip
+    print(f"{'slots':>5} {'out tok/s':>10} {'roofline':>10} {'TPOT ms':>8} {'roof step ms':>12}"
+          f" {'gen call ms':>11} {'prefill ms':>10}")  # fmt: skip
+    for slots, r in rows.items():
+        print(f"{slots:>5} {r['output_tokens_per_s']:>10.1f} {r['roofline_tokens_per_s']:>10.1f} "
+              f"{r['tpot_ms'] or float('nan'):>8.2f} {r['roofline_step_ms']:>12.2f} "
+              f"{r['generate_step_ms']:>11.2f} {r['prefill_step_ms']:>10.2f}")  # fmt: skip
+    print(f"gain {high}/{low} slots: measured {result['measured_gain']:.2f}x, "
+          f"roofline {result['roofline_gain']:.2f}x")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

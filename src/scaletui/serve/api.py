@@ -1,0 +1,412 @@
+"""The aiohttp app: OpenAI completions and chat (SSE streaming or not), /v1/models, /health,
+/metrics, /stats and GET|POST /admin/config, over a `Scheduler` and a `Tokenizer`.
+
+Handlers are linear: validate (4xx, OpenAI error shape), submit (429 / 503 + Retry-After),
+then turn the request's token events into text, one SSE chunk per token. A client that goes
+away is cancelled so its slot frees before the next decode step. Nothing a client sends can
+produce a 5xx or stop the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from scaletui.serve.config import RECONFIGURABLE
+from scaletui.serve.scheduler import Busy, Overloaded, Request, Scheduler, Unavailable
+from scaletui.serve.stats import build_stats
+from scaletui.serve.tokenizer import Tokenizer
+from scaletui.serve.validate import (
+    ApiError,
+    Generation,
+    chat_prompt,
+    check_model,
+    completion_prompt,
+    generation,
+    parse_json,
+)
+
+log = logging.getLogger("scaletui.serve")
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """HTTP-side options (the engines' shape lives in ServeConfig)."""
+
+    host: str = "127.0.0.1"  # /admin/* needs admin_token on any non-loopback bind
+    admin_token: str | None = None
+    max_body_bytes: int = 4 * 2**20  # beyond it: 413
+    drain_timeout_s: float = 60.0  # reconfigure aborts requests still running after this
+    log_interval_s: float = 10.0  # one summary line per interval on stderr; 0 = off
+    start_engines: bool = True  # build + compile the engines on app start-up
+
+
+SCHEDULER = web.AppKey("scheduler", Scheduler)
+TOKENIZER = web.AppKey("tokenizer", Tokenizer)
+SETTINGS = web.AppKey("settings", ApiSettings)
+
+
+def _json(body: object, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
+    )
+
+
+def _error(e: ApiError, headers: dict | None = None) -> web.Response:
+    return _json(e.body(), e.status, headers)
+
+
+@web.middleware
+async def errors(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return _error(e, {"Retry-After": "1"} if e.status in (429, 503) else None)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        path = f"{request.method} {request.path}"
+        if e.status == 404:
+            return _error(ApiError(404, f"unknown route {path}", code="not_found"))
+        if e.status == 405:
+            allow = e.headers.get("Allow", "")
+            msg = f"method {request.method} is not allowed on {request.path}; allowed: {allow}"
+            return _error(ApiError(405, msg, code="method_not_allowed"), {"Allow": allow})
+        if e.status == 413:
+            limit = request.app[SETTINGS].max_body_bytes
+            msg = f"request body is larger than the limit of {limit} bytes"
+            return _error(ApiError(413, msg, code="request_too_large"))
+        return _error(ApiError(e.status, e.reason or str(e)))
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception as e:  # a bug: answer, log, keep serving
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        msg = f"internal error: {type(e).__name__}: {e}"
+        return _error(ApiError(500, msg, type="server_error"))
+
+
+# -- generation --------------------------------------------------------------------------------
+
+
+class TextStream:
+    """Token ids -> text pieces; holds back partial UTF-8 and text that may begin a stop string."""
+
+    def __init__(self, tok: Tokenizer, stop: tuple[str, ...]) -> None:
+        self.decoder, self.stop = tok.decoder(), stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.text, self.sent, self.tokens, self.stopped = "", 0, 0, False
+
+    def push(self, token_id: int) -> str:
+        self.tokens += 1
+        start = max(0, self.sent - self.hold)
+        self.text += self.decoder.push(token_id)
+        if self.stop:
+            hits = [i for s in self.stop if (i := self.text.find(s, start)) >= 0]
+            if hits:
+                self.text, self.stopped = self.text[: min(hits)], True
+                return self._take(len(self.text))
+        return self._take(len(self.text) - self.hold)
+
+    def flush(self) -> str:
+        if not self.stopped:
+            self.text += self.decoder.flush()
+        return self._take(len(self.text))
+
+    def _take(self, end: int) -> str:
+        piece = self.text[self.sent : max(self.sent, end)]
+        self.sent += len(piece)
+        return piece
+
+
+async def _events(
+    request: web.Request, req: Request
+) -> AsyncIterator[tuple[list[int], str | None]]:
+    """The request's token bursts; raises ConnectionResetError when the client went away."""
+    while True:
+        if req.events.empty():
+            try:
+                async with asyncio.timeout(0.5):
+                    event = await req.events.get()
+            except TimeoutError:
+                if request.transport is None or request.transport.is_closing():
+                    raise ConnectionResetError("client disconnected") from None
+                continue
+        else:
+            event = req.events.get_nowait()
+        if event[0] == "error":
+            status = 503 if event[1].startswith("aborted") else 500
+            raise ApiError(status, event[1], type="server_error", code="aborted")
+        yield event[1], event[2]
+        if event[2]:
+            return
+
+
+def _usage(req: Request, completion: int) -> dict:
+    prompt = len(req.prompt)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
+
+
+class _Shape:
+    """OpenAI object names and per-choice fields for completions vs chat."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat, self.model = chat, model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def chunk(
+        self, piece: str | None, finish: str | None, usage: dict | None, first: bool = False
+    ) -> bytes:
+        if piece is None:
+            choices = []
+        elif self.chat:
+            delta = {"content": piece} if piece or not finish else {}
+            if first:
+                delta = {"role": "assistant", "content": piece}
+            choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        else:
+            choices = [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}]
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}  # fmt: skip
+        if usage is not None:
+            body["usage"] = usage
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def full(self, text: str, finish: str, usage: dict) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": finish}  # fmt: skip
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": usage}  # fmt: skip
+
+
+async def _run(request: web.Request, chat: bool) -> web.StreamResponse:
+    sched, tok = request.app[SCHEDULER], request.app[TOKENIZER]
+    body = parse_json(await request.read())
+    check_model(body, sched.config.model.name)
+    if chat:
+        prompt = chat_prompt(body, tok)
+    else:
+        prompt = completion_prompt(body, tok, sched.config.model.vocab_size)
+    gen = generation(body, prompt, sched.config.max_seq_len, chat)
+    req = Request(prompt, gen.params, asyncio.get_running_loop())
+    try:
+        sched.submit(req)
+    except Overloaded as e:
+        raise ApiError(429, f"server overloaded: {e}; retry later", type="rate_limit_error",
+                       code="rate_limit_exceeded") from e  # fmt: skip
+    except Unavailable as e:
+        raise ApiError(503, f"server not ready ({e}); retry later", type="server_error",
+                       code="unavailable") from e  # fmt: skip
+    text = TextStream(tok, gen.stop)
+    shape = _Shape(chat, sched.config.model.name)
+    try:
+        if gen.stream:
+            return await _stream(request, req, gen, text, shape)
+        finish = "length"
+        async for ids, reason in _events(request, req):
+            for t in ids:
+                text.push(t)
+                if text.stopped:
+                    break
+            if text.stopped:
+                sched.cancel(req, "stop")
+                finish = "stop"
+                break
+            finish = reason or finish
+        text.flush()
+        return _json(shape.full(text.text, finish, _usage(req, text.tokens)))
+    finally:
+        if not req.finished:
+            sched.cancel(req, "abort")
+
+
+async def _stream(
+    request: web.Request, req: Request, gen: Generation, text: TextStream, shape: _Shape
+) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})  # fmt: skip
+    await resp.prepare(request)
+    usage_each = gen.continuous_usage
+    try:
+        if shape.chat:
+            await resp.write(shape.chunk("", None, _usage(req, 0) if usage_each else None, True))
+        async for ids, finish in _events(request, req):
+            frames = []
+            for i, t in enumerate(ids):
+                piece = text.push(t)
+                last = i == len(ids) - 1 or text.stopped
+                end = "stop" if text.stopped else (finish if last else None)
+                if end:
+                    piece += text.flush()
+                usage = _usage(req, text.tokens) if usage_each else None
+                frames.append(shape.chunk(piece, end, usage))
+                if text.stopped:
+                    break
+            if not ids and finish:  # ended without a new token (stop string / cancel race)
+                frames.append(shape.chunk(text.flush(), finish, None))
+            await resp.write(b"".join(frames))
+            if text.stopped:
+                request.app[SCHEDULER].cancel(req, "stop")
+                break
+        if gen.include_usage:
+            await resp.write(shape.chunk(None, None, _usage(req, text.tokens)))
+        await resp.write(b"data: [DONE]\n\n")
+    except ApiError as e:  # the server aborted the request mid-stream
+        with contextlib.suppress(ConnectionResetError):
+            await resp.write(b"data: " + orjson.dumps(e.body()) + b"\n\ndata: [DONE]\n\n")
+    except ConnectionResetError:
+        request.app[SCHEDULER].cancel(req, "abort")
+    return resp
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _run(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _run(request, chat=True)
+
+
+# -- service routes ----------------------------------------------------------------------------
+
+
+async def models(request: web.Request) -> web.Response:
+    c = request.app[SCHEDULER].config
+    card = {"id": c.model.name, "object": "model", "created": 0, "owned_by": "scaletui",
+            "root": c.model.name, "max_model_len": c.max_seq_len}  # fmt: skip
+    return _json({"object": "list", "data": [card]})
+
+
+async def health(request: web.Request) -> web.Response:
+    sched = request.app[SCHEDULER]
+    if sched.state == "serving":
+        return _json({"status": "ok"})
+    if sched.state == "failed":
+        return _json({"status": "failed", "error": sched.error}, 500)
+    return _json({"status": sched.state}, 503, {"Retry-After": "5"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    sched = request.app[SCHEDULER]
+    sched.update_gauges()
+    kind = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    return web.Response(body=sched.metrics.exposition(), headers=kind)
+
+
+async def stats(request: web.Request) -> web.Response:
+    return _json(build_stats(request.app[SCHEDULER]))
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _check_admin(request: web.Request) -> None:
+    s = request.app[SETTINGS]
+    if s.admin_token is None:
+        if _loopback(s.host):
+            return
+        raise ApiError(403, f"/admin is disabled on the non-loopback bind {s.host}; start the "
+                       "server with --admin-token", code="forbidden")  # fmt: skip
+    if request.headers.get("Authorization") != f"Bearer {s.admin_token}":
+        raise ApiError(401, "/admin needs 'Authorization: Bearer <admin token>'",
+                       code="unauthorized", type="authentication_error")  # fmt: skip
+
+
+async def admin_config(request: web.Request) -> web.Response:
+    _check_admin(request)
+    sched = request.app[SCHEDULER]
+    if request.method == "GET":
+        return _json({"config": sched.config.public()})
+    body = parse_json(await request.read())
+    unknown = sorted(set(body) - set(RECONFIGURABLE))
+    if unknown:
+        raise ApiError(400, f"unknown config key(s) {unknown}; reconfigurable: "
+                       f"{list(RECONFIGURABLE)}", unknown[0])  # fmt: skip
+    for key, value in body.items():
+        want = str if key == "mode" else int
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ApiError(400, f"'{key}' must be {'a string' if want is str else 'an integer'},"
+                           f" got {value!r}", key)  # fmt: skip
+    try:
+        result = await asyncio.to_thread(
+            sched.reconfigure, body, request.app[SETTINGS].drain_timeout_s
+        )
+    except Busy as e:
+        raise ApiError(409, str(e), code="conflict") from e
+    except ValueError as e:
+        raise ApiError(400, f"invalid configuration {body}: {e}", code="invalid_config") from e
+    return _json(result)
+
+
+# -- app -----------------------------------------------------------------------------------------
+
+
+def _summary_line(sched: Scheduler, window_s: float) -> str:
+    now = sched.update_gauges()
+    w = sched.metrics.window(window_s)["throughput"]
+    return (
+        f"{sched.state}: running {now['running']} reqs, waiting {now['waiting']} reqs, "
+        f"slots {now['slots_used']}/{now['slots_total']}, "
+        f"KV {100 * now['kv_cache_usage_perc']:.1f}%, "
+        f"prompt {w['prompt_tokens_per_s']:.1f} tok/s, "
+        f"generation {w['generation_tokens_per_s']:.1f} tok/s"
+    )
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    sched, settings = app[SCHEDULER], app[SETTINGS]
+    tasks = []
+    if settings.start_engines:  # a daemon thread: SIGTERM mid-compile need not wait for it
+        threading.Thread(target=sched.start, name="scaletui-start", daemon=True).start()
+
+    async def stat_logger() -> None:
+        while True:
+            await asyncio.sleep(settings.log_interval_s)
+            log.info("%s", _summary_line(sched, settings.log_interval_s))
+
+    if settings.log_interval_s > 0:
+        tasks.append(asyncio.create_task(stat_logger()))
+    yield
+    for t in tasks:
+        t.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
+    await asyncio.to_thread(sched.shutdown)
+
+
+def create_app(
+    sched: Scheduler, tok: Tokenizer, settings: ApiSettings | None = None
+) -> web.Application:
+    settings = settings or ApiSettings()
+    app = web.Application(middlewares=[errors], client_max_size=settings.max_body_bytes)
+    app[SCHEDULER], app[TOKENIZER], app[SETTINGS] = sched, tok, settings
+    app.cleanup_ctx.append(_lifecycle)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/stats", stats)
+    app.router.add_route("GET", "/admin/config", admin_config)
+    app.router.add_route("POST", "/admin/config", admin_config)
+    return app

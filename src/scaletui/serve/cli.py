@@ -1,0 +1,174 @@
+"""`scaletui serve`: flags -> ServeConfig -> engines -> scheduler -> aiohttp, until SIGTERM/SIGINT.
+
+Prints one start-up line with the URL on stdout; logs a summary per interval (running,
+waiting, slots, tokens/s) to stderr, as vLLM's stat logger does. JAX is imported only when the
+real engine is built, after `--host-devices` has set XLA's host device count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+from aiohttp import web
+
+from scaletui.serve.api import ApiSettings, create_app
+from scaletui.serve.config import DTYPES, MODES, ServeConfig
+from scaletui.serve.engine_api import Engine
+from scaletui.serve.scheduler import Scheduler
+from scaletui.serve.tokenizer import Tokenizer, load_tokenizer
+from scaletui.specs import SpecError, load_model
+
+log = logging.getLogger("scaletui.serve")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scaletui serve", description=__doc__.splitlines()[0])
+    a = p.add_argument
+    a("--model", required=True, help="model spec: a name (tiny, small, llama3-8b) or a YAML path")
+    a("--weights", help="HF safetensors dir/file (default: seeded dummy weights)")
+    a("--tokenizer", help="HF tokenizer.json (default: the byte tokenizer)")
+    a("--slots", type=int, default=8, help="concurrent sequences in the decode batch")
+    a("--max-seq-len", type=int, help="KV length per slot (default: min(1024, model's))")
+    a("--decode-steps", type=int, default=4, help="decode steps per host sync")
+    a("--tp", type=int, default=1, help="tensor parallelism (the 'model' mesh axis)")
+    a("--dp", type=int, default=1, help="data parallelism over slots (the 'data' mesh axis)")
+    a("--mode", choices=MODES, default="interleaved", help="prefill and generate placement")
+    a("--prefill-devices", type=int, default=0, help="disaggregated: prefill devices (0 = half)")
+    a("--dtype", choices=DTYPES, default="f32", help="weights, activations and KV cache dtype")
+    a("--seed", type=int, default=0, help="dummy-weight seed")
+    a("--host", default="127.0.0.1", help="bind address (non-loopback: /admin needs a token)")
+    a("--port", type=int, default=8000, help="TCP port (0 = any free port)")
+    a("--max-waiting", type=int, default=256, help="waiting requests beyond which: 429")
+    a("--max-waiting-tokens", type=int, default=262144, help="waiting prompt tokens: 429 beyond")
+    a("--admin-token", help="bearer token for /admin/* (required on non-loopback binds)")
+    a("--drain-timeout", type=float, default=60.0, help="reconfigure: abort requests after (s)")
+    a("--log-interval", type=float, default=10.0, help="seconds between summary lines (0 = off)")
+    a("--host-devices", type=int, help="JAX CPU: number of virtual host devices (XLA flag)")
+    a("--fake", action="store_true", help="serve the hand-computable FakeEngine (tests, demos)")
+    a("--fake-step-ms", type=float, default=2.0, help="--fake: milliseconds per decode step")
+    return p
+
+
+def engine_factory(args: argparse.Namespace, tok: Tokenizer) -> Callable:
+    """config -> (prefill, generate) engines, real or fake; never sampling past the tokenizer.
+
+    The returned callable has a `validate(config)` attribute that raises ValueError for a
+    sharding the devices cannot hold, so a bad reconfiguration fails before draining.
+    """
+    if args.fake:
+        from scaletui.serve.fake_engine import build_fake_engines
+
+        step = args.fake_step_ms / 1e3
+
+        def fake(c: ServeConfig) -> tuple[Engine, Engine]:
+            return build_fake_engines(
+                c, vocab_limit=tok.vocab_size, eos_id=tok.eos_id, step_s=step, prefill_s=step
+            )
+
+        return fake
+    return real_engine_factory(tok)
+
+
+def real_engine_factory(tok: Tokenizer) -> Callable:
+    """The JAX engine's `build_engines`, told the tokenizer's vocabulary and EOS."""
+    from scaletui.serve import sharding
+    from scaletui.serve.engine import build_engines
+
+    accepted = inspect.signature(build_engines).parameters
+    extra = {k: v for k, v in (("vocab_size", tok.vocab_size), ("vocab_limit", tok.vocab_size),
+                               ("eos_id", tok.eos_id)) if k in accepted}  # fmt: skip
+
+    def build(c: ServeConfig) -> tuple[Engine, Engine]:
+        return build_engines(c, **extra)
+
+    def validate(c: ServeConfig) -> None:
+        import jax
+
+        devices = jax.devices()
+        pre, gen = sharding.split_devices(devices, c.mode, c.prefill_devices)
+        if c.mode == "disaggregated" and len(pre) % c.tp:
+            raise ValueError(f"prefill devices ({len(pre)}) must be a multiple of tp={c.tp}")
+        sharding.validate(c.model, tp=c.tp, dp=c.dp, n_devices=len(gen))
+
+    build.validate = validate
+    return build
+
+
+async def _serve(app: web.Application, host: str, port: int, banner: str) -> None:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1] if port == 0 else port  # noqa: SLF001
+    print(f"scaletui serve: http://{host}:{bound}/v1  {banner}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down")
+        await runner.cleanup()
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    if args.host_devices:
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_force_host_platform_device_count={args.host_devices}".strip()
+        )
+    try:
+        model = load_model(args.model)
+        config = ServeConfig(
+            model=model,
+            slots=args.slots,
+            max_seq_len=args.max_seq_len or min(1024, model.max_seq_len),
+            decode_steps=args.decode_steps,
+            tp=args.tp,
+            dp=args.dp,
+            mode=args.mode,
+            prefill_devices=args.prefill_devices,
+            dtype=args.dtype,
+            weights=args.weights,
+            tokenizer=args.tokenizer,
+            seed=args.seed,
+            max_waiting=args.max_waiting,
+            max_waiting_tokens=args.max_waiting_tokens,
+        )
+        tok = load_tokenizer(args.tokenizer, model.vocab_size)
+        factory = engine_factory(args, tok)
+    except (SpecError, ValueError, ImportError) as e:
+        print(f"scaletui serve: error: {e}", file=sys.stderr)
+        return 2
+    settings = ApiSettings(
+        host=args.host,
+        admin_token=args.admin_token,
+        drain_timeout_s=args.drain_timeout,
+        log_interval_s=args.log_interval,
+    )
+    sched = Scheduler(config, factory)
+    app = create_app(sched, tok, settings)
+    banner = (
+        f"model {model.name}{' (fake engine)' if args.fake else ''}, slots {config.slots}, "
+        f"tp {config.tp}, dp {config.dp}, {config.mode}"
+    )
+    asyncio.run(_serve(app, args.host, args.port, banner))
+    if sched.state in ("starting", "compiling", "reconfiguring"):
+        # XLA is compiling on a worker thread; tearing the interpreter down under it aborts
+        log.info("stopped while %s; exiting without waiting for the compile", sched.state)
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(0)
+    return 0

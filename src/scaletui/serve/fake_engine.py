@@ -1,0 +1,146 @@
+"""An Engine with outputs computable by hand, for scheduler/API tests and `scaletui serve --fake`.
+
+Prefill's first token is (last prompt token + 1) % vocab_size; each decode step emits
+(previous token + 1) % vocab_size. With the byte tokenizer the prompt "a" continues "bcd...",
+and a sequence reaches EOS (257) after byte 255 and BOS 256. `step_s` / `prefill_s` sleep to
+mimic compute, so timing behaviour (continuous batching, disconnects) is observable.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scaletui.serve.config import ServeConfig
+from scaletui.serve.engine_api import Prefix, SamplingParams, StepOutput
+
+
+@dataclass
+class FakeState:
+    """Per-slot host arrays: the decode state the scheduler passes back."""
+
+    active: np.ndarray  # bool [B]
+    last: np.ndarray  # int32 [B]
+    lengths: np.ndarray  # int32 [B]
+    generated: np.ndarray  # int32 [B] tokens produced so far (the prefill one included)
+    params: list[SamplingParams | None] = field(default_factory=list)
+
+
+class FakeEngine:
+    """Implements `engine_api.Engine` on the host; `slots` and `max_seq_len` as configured."""
+
+    def __init__(
+        self,
+        slots: int,
+        max_seq_len: int,
+        vocab_size: int,
+        eos_id: int,
+        step_s: float = 0.0,
+        prefill_s: float = 0.0,
+        warmup_s: float = 0.0,
+        name: str = "fake",
+    ) -> None:
+        self.slots, self.max_seq_len = slots, max_seq_len
+        self.vocab_size, self.eos_id = vocab_size, eos_id
+        self.step_s, self.prefill_s, self.warmup_s = step_s, prefill_s, warmup_s
+        self.name = name
+        self.weight_bytes = 0
+        self.kv_cache_bytes = 0
+        self._compiles = 0
+
+    def warmup(self) -> float:
+        t0 = time.perf_counter()
+        time.sleep(self.warmup_s)
+        self._compiles += 2
+        return time.perf_counter() - t0
+
+    def compile_count(self) -> int:
+        return self._compiles
+
+    def init_decode_state(self) -> FakeState:
+        b = self.slots
+        return FakeState(
+            np.zeros(b, bool),
+            np.zeros(b, np.int32),
+            np.zeros(b, np.int32),
+            np.zeros(b, np.int32),
+            [None] * b,
+        )
+
+    def prefill(self, tokens: list[int], params: SamplingParams) -> Prefix:
+        assert 0 < len(tokens) < self.max_seq_len, len(tokens)
+        time.sleep(self.prefill_s)
+        first = (tokens[-1] + 1) % self.vocab_size
+        done = params.max_tokens <= 1 or self._is_eos(first, 1, params)
+        return Prefix(list(tokens), len(tokens), first, params, done)
+
+    def transfer(self, prefix: Prefix, to: object) -> Prefix:
+        p = prefix
+        return Prefix(list(p.kv), p.length, p.first_token, p.params, p.done)
+
+    def insert(self, state: FakeState, prefix: Prefix, slot: int) -> FakeState:
+        assert not state.active[slot], f"slot {slot} is busy"
+        state.active[slot] = True
+        state.last[slot] = prefix.first_token
+        state.lengths[slot] = prefix.length
+        state.generated[slot] = 1
+        state.params[slot] = prefix.params
+        return state
+
+    def release(self, state: FakeState, slot: int) -> FakeState:
+        state.active[slot] = False
+        state.params[slot] = None
+        return state
+
+    def generate(self, state: FakeState, steps: int) -> tuple[FakeState, StepOutput]:
+        time.sleep(self.step_s * steps)
+        b = self.slots
+        tokens = np.zeros((steps, b), np.int32)
+        valid = np.zeros((steps, b), bool)
+        done = np.zeros((steps, b), bool)
+        for s in range(steps):
+            for slot in np.flatnonzero(state.active):
+                params = state.params[slot]
+                token = (int(state.last[slot]) + 1) % self.vocab_size
+                state.lengths[slot] += 1  # the previous token's KV is now in the cache
+                state.generated[slot] += 1
+                state.last[slot] = token
+                n = int(state.generated[slot])
+                finished = (
+                    n >= params.max_tokens
+                    or self._is_eos(token, n, params)
+                    or state.lengths[slot] >= self.max_seq_len
+                )
+                tokens[s, slot], valid[s, slot], done[s, slot] = token, True, finished
+                if finished:
+                    state.active[slot] = False
+        return state, StepOutput(tokens, valid, done, state.lengths.copy())
+
+    def _is_eos(self, token: int, generated: int, params: SamplingParams) -> bool:
+        return token == self.eos_id and not params.ignore_eos and generated >= params.min_tokens
+
+
+def build_fake_engines(
+    config: ServeConfig,
+    devices: object = None,
+    *,
+    vocab_limit: int | None = None,
+    eos_id: int = 257,
+    step_s: float = 0.002,
+    prefill_s: float = 0.002,
+    warmup_s: float = 0.0,
+) -> tuple[FakeEngine, FakeEngine]:
+    """Same shape as `engine.build_engines`: one engine twice when interleaved, else two."""
+    vocab = vocab_limit or config.model.vocab_size
+
+    def make(name: str) -> FakeEngine:
+        return FakeEngine(
+            config.slots, config.max_seq_len, vocab, eos_id, step_s, prefill_s, warmup_s, name
+        )
+
+    if config.mode == "interleaved":
+        engine = make("fake")
+        return engine, engine
+    return make("fake-prefill"), make("fake-generate")

@@ -1,0 +1,131 @@
+"""The per-slot KV cache and the slot vectors that ride with it (the engine's decode state).
+
+Layout: the issue's [L, slots, S_max, K, H], split by layer and into chunks of C positions, each
+chunk its own buffer: per layer {"k": [slots, K, H, C+1] x n, "v": [slots, K, C+1, H] x n}
+(column C is a scratch slot for decode's unconditional in-place writes). A decode
+bucket is a number of leading chunks, so attention reads them in place (a slice of one big
+buffer would be copied on CPU), and K is stored transposed so q.k is a plain matmul. Sharded
+slots over 'data' and K over 'model' when tp divides K. Beside it, per slot: `lengths` (tokens
+in the cache), `tokens` (the next input token), `active`, `generated` (tokens produced, the
+prefill one included) and the request's sampling/stop parameters. `insert` writes a prefix's
+K/V into one slot's row.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh
+
+from scaletui.serve import sharding
+from scaletui.specs import ModelSpec
+
+K_AXES = ("slots", "kv_heads", "head_dim", "seq")  # [B, K, H, C]
+V_AXES = ("slots", "kv_heads", "seq", "head_dim")  # [B, K, C, H]
+PREFIX_AXES = ("seq", "kv_heads", "head_dim")
+# slot vectors: name -> dtype
+SLOT_FIELDS = {
+    "lengths": jnp.int32,
+    "tokens": jnp.int32,
+    "active": jnp.bool_,
+    "generated": jnp.int32,
+    "temperature": jnp.float32,
+    "top_k": jnp.int32,
+    "top_p": jnp.float32,
+    "seed": jnp.int32,
+    "max_tokens": jnp.int32,
+    "min_tokens": jnp.int32,
+    "ignore_eos": jnp.bool_,
+}
+# insert() packs a request's integer and float fields into two small arrays, in this order
+INT_FIELDS = ("slot", "lengths", "tokens", "active", "top_k", "seed", "max_tokens", "min_tokens")
+INT_FIELDS += ("ignore_eos",)
+FLOAT_FIELDS = ("temperature", "top_p")
+
+
+def kv_bytes_per_token(m: ModelSpec, itemsize: int) -> int:
+    return 2 * m.n_layers * m.n_kv_heads * m.head_dim * itemsize
+
+
+def state_shardings(m: ModelSpec, mesh: Mesh, slots: int, chunk: int, n_chunks: int) -> dict:
+    k, h = m.n_kv_heads, m.head_dim
+    ks = sharding.named(mesh, K_AXES, (slots, k, h, chunk + 1))
+    vs = sharding.named(mesh, V_AXES, (slots, k, chunk + 1, h))
+    vec = sharding.named(mesh, ("slots",), (slots,))
+    out: dict = {"cache": [{"k": [ks] * n_chunks, "v": [vs] * n_chunks} for _ in range(m.n_layers)]}
+    out.update({name: vec for name in SLOT_FIELDS})
+    return out
+
+
+def prefix_shardings(m: ModelSpec, mesh: Mesh, length: int) -> list:
+    s = sharding.named(mesh, PREFIX_AXES, (length, m.n_kv_heads, m.head_dim))
+    return [(s, s) for _ in range(m.n_layers)]
+
+
+def empty_state(m: ModelSpec, slots: int, chunk: int, n_chunks: int, dtype: jnp.dtype) -> dict:
+    """Zero cache, every slot inactive (a pure function: jit it with out_shardings)."""
+    k, h = m.n_kv_heads, m.head_dim
+    state: dict = {
+        "cache": [
+            {
+                "k": [jnp.zeros((slots, k, h, chunk + 1), dtype) for _ in range(n_chunks)],
+                "v": [jnp.zeros((slots, k, chunk + 1, h), dtype) for _ in range(n_chunks)],
+            }
+            for _ in range(m.n_layers)
+        ]
+    }
+    state.update({name: jnp.zeros((slots,), dt) for name, dt in SLOT_FIELDS.items()})
+    state["top_p"] = jnp.ones((slots,), jnp.float32)
+    return state
+
+
+def insert(state: dict, kv: list, ints: jax.Array, floats: jax.Array) -> dict:
+    """Write prefix K/V (per layer (k, v) [T, K, H]) into row `ints[0]`; set its fields."""
+    fields = dict(zip(INT_FIELDS, ints, strict=True))
+    fields.update(zip(FLOAT_FIELDS, floats, strict=True))
+    slot = fields.pop("slot")
+    cache = []
+    for layer, (pk, pv) in zip(state["cache"], kv, strict=True):
+        ks, vs = list(layer["k"]), list(layer["v"])
+        c = vs[0].shape[2] - 1  # the last column of a chunk is decode's scratch
+        for i in range(len(ks)):
+            lo, hi = i * c, min((i + 1) * c, pk.shape[0])
+            if lo >= hi:
+                break
+            kpart = jnp.transpose(pk[lo:hi], (1, 2, 0))[None].astype(ks[i].dtype)  # [1,K,H,c]
+            vpart = jnp.transpose(pv[lo:hi], (1, 0, 2))[None].astype(vs[i].dtype)  # [1,K,c,H]
+            ks[i] = lax.dynamic_update_slice(ks[i], kpart, (slot, 0, 0, 0))
+            vs[i] = lax.dynamic_update_slice(vs[i], vpart, (slot, 0, 0, 0))
+        cache.append({"k": ks, "v": vs})
+    new = dict(state, cache=cache)
+    for name, value in fields.items():
+        new[name] = state[name].at[slot].set(value.astype(state[name].dtype))
+    new["generated"] = state["generated"].at[slot].set(1)
+    return new
+
+
+def release(state: dict, slot: jax.Array) -> dict:
+    return dict(state, active=state["active"].at[slot].set(False))
+
+
+def pack_insert_args(
+    slot: int, length: int, first: int, active: bool, params: object
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host-side packing of one insert's scalars (params: engine_api.SamplingParams)."""
+    ints = np.array(
+        [
+            slot,
+            length,
+            first,
+            active,
+            params.top_k,
+            params.seed % 2**31,
+            params.max_tokens,
+            params.min_tokens,
+            params.ignore_eos,
+        ],
+        np.int32,
+    )
+    return ints, np.array([params.temperature, params.top_p], np.float32)

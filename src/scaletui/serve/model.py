@@ -1,0 +1,197 @@
+"""LLaMA-3 forward as pure functions over a params pytree (RMSNorm, RoPE, GQA, SwiGLU).
+
+Params (see `weights.param_axes`): `embed` [V, D], optional `lm_head` [V, D] (untied), `norm`
+[D], and `layers`, a list of dicts with `attn_norm` [D], `wq` [D, N, H], `wk`/`wv` [D, K, H],
+`wo` [N, H, D], `mlp_norm` [D], `w_gate`/`w_up` [D, F], `w_down` [F, D]. RoPE uses the
+rotate-half convention of HF checkpoints. Three entry points: `forward` (full causal sequence,
+the reference), `prefill` (one prompt chunk, returning its K/V) and `decode` (one token per
+slot against a slot cache, attending over a static bucket of the cache only).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from scaletui.specs import ModelSpec
+
+NEG = -1e30  # finite "minus infinity": fully masked rows stay NaN-free
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    y = xf * lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin tables [..., H] for integer positions [...] (halves repeated: rotate-half)."""
+    inv = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    ang = positions.astype(jnp.float32)[..., None] * inv
+    ang = jnp.concatenate([ang, ang], axis=-1)
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [..., heads, H]; cos/sin [..., H] broadcast over the heads axis."""
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    c, s = cos[..., None, :], sin[..., None, :]
+    return (x.astype(jnp.float32) * c + rot.astype(jnp.float32) * s).astype(x.dtype)
+
+
+def mlp(p: dict, h: jax.Array) -> jax.Array:
+    gate = jnp.einsum("...D,DF->...F", h, p["w_gate"])
+    up = jnp.einsum("...D,DF->...F", h, p["w_up"])
+    return jnp.einsum("...F,FD->...D", jax.nn.silu(gate) * up, p["w_down"])
+
+
+def logits_of(params: dict, x: jax.Array, m: ModelSpec) -> jax.Array:
+    """Final norm and output projection: x [..., D] -> f32 logits [..., V]."""
+    h = rms_norm(x, params["norm"], m.norm_eps)
+    table = params.get("lm_head", params["embed"])  # [V, D]
+    return jnp.einsum("...D,VD->...V", h, table, preferred_element_type=jnp.float32)
+
+
+def _qkv(p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array) -> tuple[jax.Array, ...]:
+    q = apply_rope(jnp.einsum("...D,DNH->...NH", h, p["wq"]), cos, sin)
+    k = apply_rope(jnp.einsum("...D,DKH->...KH", h, p["wk"]), cos, sin)
+    v = jnp.einsum("...D,DKH->...KH", h, p["wv"])
+    return q, k, v
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """q [B, T, N, H], k/v [B, S, K, H], mask [B, T, S] -> [B, T, N, H]."""
+    b, t, n, hd = q.shape
+    kh = k.shape[2]
+    qg = q.reshape(b, t, kh, n // kh, hd)
+    s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
+    s = jnp.where(mask[:, None, None], s * hd**-0.5, NEG)
+    pr = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    o = jnp.einsum("BKGTS,BSKH->BTKGH", pr, v)
+    return o.reshape(b, t, n, hd)
+
+
+def forward(params: dict, tokens: jax.Array, m: ModelSpec) -> jax.Array:
+    """Reference: tokens [B, T] -> logits [B, T, V], causal over the whole sequence."""
+    t = tokens.shape[1]
+    x = params["embed"][tokens]  # [B, T, D]
+    cos, sin = rope(jnp.arange(t), m.head_dim, m.rope_theta)
+    mask = jnp.tril(jnp.ones((t, t), bool))[None]
+    for p in params["layers"]:
+        q, k, v = _qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin)
+        x = x + jnp.einsum("BTNH,NHD->BTD", _attend(q, k, v, mask), p["wo"])
+        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps))
+    return logits_of(params, x, m)
+
+
+def prefill(
+    params: dict,
+    tokens: jax.Array,
+    true_len: jax.Array,
+    m: ModelSpec,
+    start: jax.Array | int = 0,
+    prior: list[tuple[jax.Array, jax.Array]] | None = None,
+) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
+    """One prompt chunk. tokens [T] at positions start..start+T-1; true_len = prompt length.
+
+    Without `prior` the chunk is the whole prompt: returns (logits [V] at position true_len-1,
+    per-layer (k, v) [T, K, H]). With `prior` (per-layer (k, v) [S, K, H] holding the earlier
+    chunks at 0..start-1), the chunk's K/V are written into it at `start` and attention reads
+    the whole buffer; returns the updated buffer.
+    """
+    t = tokens.shape[0]
+    pos = start + jnp.arange(t)
+    x = params["embed"][tokens][None]  # [1, T, D]
+    cos, sin = rope(pos, m.head_dim, m.rope_theta)
+    kv_out = []
+    for i, p in enumerate(params["layers"]):
+        q, k, v = _qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin)
+        if prior is None:
+            keys, vals = k[0], v[0]  # [T, K, H]
+            kpos = pos
+        else:
+            keys = lax.dynamic_update_slice(prior[i][0], k[0], (start, 0, 0))
+            vals = lax.dynamic_update_slice(prior[i][1], v[0], (start, 0, 0))
+            kpos = jnp.arange(keys.shape[0])
+        kv_out.append((keys, vals))
+        mask = (kpos[None, :] <= pos[:, None])[None]  # [1, T, S]
+        o = _attend(q, keys[None], vals[None], mask)
+        x = x + jnp.einsum("BTNH,NHD->BTD", o, p["wo"])
+        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps))
+    last = jnp.clip(true_len - 1 - start, 0, t - 1)
+    h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
+    return logits_of(params, h, m), kv_out
+
+
+def _write_chunk(
+    kc: jax.Array, vc: jax.Array, k: jax.Array, v: jax.Array, local: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Write k, v [B, K, H] at per-slot `local` index of kc [B, K, H, C+1] and vc [B, K, C+1, H].
+
+    A slot whose index falls outside this chunk writes to the scratch column C, which attention
+    masks, so the scatter is always in bounds and unconditional: XLA does it in place (with an
+    out-of-bounds "drop" it added a select that copied the whole chunk every step).
+    """
+    c = vc.shape[2] - 1
+    idx = jnp.where((local >= 0) & (local < c), local, c)
+    rows = jnp.arange(k.shape[0])
+    kw = {"mode": "promise_in_bounds", "unique_indices": True}
+    kc = kc.at[rows, :, :, idx].set(k.astype(kc.dtype), **kw)
+    vc = vc.at[rows, :, idx].set(v.astype(vc.dtype), **kw)
+    return kc, vc
+
+
+def decode(
+    params: dict,
+    cache: list[dict],
+    tokens: jax.Array,
+    positions: jax.Array,
+    n_live: int,
+    m: ModelSpec,
+    n_rows: int | None = None,
+) -> tuple[jax.Array, list[dict]]:
+    """One token per slot. tokens, positions [B]; returns (logits [R, V], updated cache).
+
+    cache: per layer {"k": chunks [B, K, H, C+1], "v": chunks [B, K, C+1, H]} (kv_cache). The
+    token's K/V are written at its position, then attention reads only the first `n_live`
+    chunks (the bucket), each as its own buffer: no slice copies, no work past the bucket.
+    Needs positions < n_live * C. Only the first R = n_rows slots run the matmuls (the cache
+    may carry spare rows: XLA CPU's batch-1 GEMV is far faster than a batch-2 matmul).
+    """
+    b = tokens.shape[0]
+    r = n_rows or b
+    c = cache[0]["v"][0].shape[2] - 1  # positions per chunk; column c is scratch
+    x = params["embed"][tokens[:r]]  # [R, D]
+    cos, sin = rope(positions[:r], m.head_dim, m.rope_theta)
+    pad = lambda a: jnp.pad(a, [(0, b - r)] + [(0, 0)] * (a.ndim - 1)) if b > r else a
+    col = jnp.arange(n_live * (c + 1))
+    kpos = (col // (c + 1)) * c + col % (c + 1)  # position held by each column read
+    mask = ((col % (c + 1) < c)[None] & (kpos[None] <= positions[:, None]))[:, None, None]
+    out = []
+    for layer, p in zip(cache, params["layers"], strict=True):
+        q, k, v = map(pad, _qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin))
+        ks, vs = list(layer["k"]), list(layer["v"])
+        for i in range(n_live):  # each slot's K/V go to the chunk holding its position
+            ks[i], vs[i] = _write_chunk(ks[i], vs[i], k, v, positions - i * c)
+        out.append({"k": ks, "v": vs})
+        n, kh, hd = q.shape[1], k.shape[1], q.shape[2]
+        qg = q.reshape(b, kh, n // kh, hd)  # [B, K, G, H]
+        s = jnp.concatenate(
+            [
+                jnp.einsum("BKGH,BKHS->BKGS", qg, kc, preferred_element_type=jnp.float32)
+                for kc in ks[:n_live]
+            ],
+            axis=-1,
+        )  # [B, K, G, S]
+        pr = jax.nn.softmax(jnp.where(mask, s * hd**-0.5, NEG), axis=-1).astype(q.dtype)
+        w = c + 1
+        o = sum(
+            jnp.einsum("BKGS,BKSH->BKGH", pr[..., i * w : (i + 1) * w], vs[i])
+            for i in range(n_live)
+        )
+        wo = p["wo"].reshape(n * hd, -1)  # 2-D, so XLA does not re-lay out the weight per step
+        x = x + jnp.einsum("BE,ED->BD", o.reshape(b, n * hd)[:r], wo)
+        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps))
+    return logits_of(params, x, m), out

@@ -1,0 +1,67 @@
+"""Token sampling per slot: greedy, temperature, top-k, top-p, seeded, inside the jitted step.
+
+Each row has its own parameters. The PRNG key of a row is derived from (seed, position of the
+token being sampled), so a request draws the same tokens whatever slot or batch it lands in.
+Ids at or above `vocab_limit` (beyond what the tokenizer can decode) are never produced. The
+full-vocab sort that top-k/top-p need runs only when some row asks for it (`lax.cond`), so an
+all-greedy batch pays one argmax.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+NEG = -1e30
+
+
+def row_key(seed: jax.Array, position: jax.Array) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(seed), position)
+
+
+def filter_top_k_top_p(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Mask [B, V] logits outside each row's top-k set, then outside its top-p nucleus.
+
+    top_k [B] (0 = off), top_p [B] (1 = off). The nucleus is the smallest prefix of the sorted
+    distribution (after top-k) whose mass reaches top_p; it always keeps the best token.
+    """
+    v = logits.shape[-1]
+    desc = -jnp.sort(-logits, axis=-1)  # [B, V] largest first
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
+    kth = jnp.take_along_axis(desc, (k - 1)[:, None], axis=-1)  # [B, 1]
+    desc = jnp.where(desc >= kth, desc, NEG)
+    probs = jax.nn.softmax(desc, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly before each sorted token
+    n_keep = jnp.maximum(jnp.sum(before < top_p[:, None], axis=-1), 1)
+    pth = jnp.take_along_axis(desc, (n_keep - 1)[:, None], axis=-1)
+    pth = jnp.where(top_p[:, None] >= 1.0, NEG, pth)  # off: no rounding-off of the tail
+    return jnp.where(logits >= jnp.maximum(kth, pth), logits, NEG)
+
+
+def sample(
+    logits: jax.Array,
+    seed: jax.Array,
+    position: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    vocab_limit: jax.Array | int,
+) -> jax.Array:
+    """logits [B, V] (f32) -> tokens [B] int32; every other argument is per row [B] or scalar."""
+    logits = logits.astype(jnp.float32)
+    ids = jnp.arange(logits.shape[-1])
+    logits = jnp.where(ids[None, :] < vocab_limit, logits, NEG)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    hot = temperature > 0
+
+    def stochastic(x: jax.Array) -> jax.Array:
+        x = x / jnp.where(hot, temperature, 1.0)[:, None]
+        narrow = jnp.any(hot & ((top_k > 0) | (top_p < 1.0)))
+        x = lax.cond(narrow, filter_top_k_top_p, lambda y, _k, _p: y, x, top_k, top_p)
+        keys = jax.vmap(row_key)(seed, position)
+        drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, x)
+        return drawn.astype(jnp.int32)
+
+    drawn = lax.cond(jnp.any(hot), stochastic, lambda x: greedy, logits)
+    return jnp.where(hot, drawn, greedy)

@@ -1,0 +1,94 @@
+"""Test helpers: a FakeEngine server on aiohttp's test client, and an SSE frame reader.
+
+For this package's tests and for clients' tests (loadgen) that need a server with
+hand-computable outputs and no JAX.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import orjson
+from aiohttp.test_utils import TestClient, TestServer
+
+from scaletui.serve.api import ApiSettings, create_app
+from scaletui.serve.config import ServeConfig
+from scaletui.serve.fake_engine import build_fake_engines
+from scaletui.serve.scheduler import Scheduler
+from scaletui.serve.tokenizer import load_tokenizer
+from scaletui.specs import load_model
+
+
+@contextlib.asynccontextmanager
+async def fake_server(
+    step_s: float = 0.002, warmup_s: float = 0.0, settings: ApiSettings | None = None, **config
+):
+    """(client, scheduler) for a FakeEngine server on tiny with the byte tokenizer."""
+    config.setdefault("max_seq_len", 128)
+    cfg = ServeConfig(load_model("tiny"), **config)
+    tok = load_tokenizer(None, cfg.model.vocab_size)
+
+    def factory(c: ServeConfig):
+        return build_fake_engines(
+            c, vocab_limit=tok.vocab_size, eos_id=tok.eos_id, step_s=step_s, prefill_s=step_s,
+            warmup_s=warmup_s,
+        )  # fmt: skip
+
+    sched = Scheduler(cfg, factory)
+    app = create_app(sched, tok, settings or ApiSettings(log_interval_s=0))
+    async with TestClient(TestServer(app)) as client:
+        for _ in range(500):
+            if (await client.get("/health")).status == 200:
+                break
+            await asyncio.sleep(0.01)
+        yield client, sched
+
+
+async def sse(resp) -> list[dict]:
+    """Every `data:` payload of an SSE response, [DONE] as the string itself."""
+    frames = []
+    async for line in resp.content:
+        line = line.strip()
+        if line.startswith(b"data: "):
+            data = line[6:]
+            frames.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+    return frames
+
+
+@contextlib.contextmanager
+def serve_in_thread(app, host: str = "127.0.0.1"):
+    """Run `app` on a real socket (a free port) in a background thread; yields the base URL."""
+    import threading
+
+    from aiohttp import web
+
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    state: dict = {}
+
+    async def start() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, 0)
+        await site.start()
+        state["runner"] = runner
+        state["port"] = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        ready.set()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        loop.run_forever()
+        loop.run_until_complete(state["runner"].cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=run, name="scaletui-test-server", daemon=True)
+    thread.start()
+    if not ready.wait(60):
+        raise RuntimeError("test server did not start")
+    try:
+        yield f"http://{host}:{state['port']}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(60)

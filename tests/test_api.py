@@ -1,0 +1,141 @@
+"""OpenAI API over the FakeEngine: texts computable by hand, SSE, usage, stops, every bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaletui.serve.api import ApiSettings
+from scaletui.serve.testing import fake_server, sse
+
+
+async def test_completion_text_and_usage() -> None:
+    async with fake_server() as (client, _):
+        r = await client.post(
+            "/v1/completions",
+            json={"model": "tiny", "prompt": "abc", "max_tokens": 5, "temperature": 0},
+        )
+        body = await r.json()
+        assert r.status == 200, body
+        # BOS + a b c: the fake engine continues with the next bytes
+        assert body["choices"][0]["text"] == "defgh"
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 5, "total_tokens": 9}
+        r = await client.post("/v1/completions", json={"prompt": [97, 98], "max_tokens": 2})
+        assert (await r.json())["choices"][0]["text"] == "cd"  # token-id prompts, no BOS
+
+
+async def test_stream_chunks_carry_one_token_and_running_usage() -> None:
+    async with fake_server() as (client, _):
+        options = {"include_usage": True, "continuous_usage_stats": True}
+        body = {"prompt": "k", "max_tokens": 6, "stream": True, "stream_options": options}
+        frames = await sse(await client.post("/v1/completions", json=body))
+        assert frames[-1] == "[DONE]"
+        final = frames[-2]
+        assert final["choices"] == [] and final["usage"]["completion_tokens"] == 6
+        chunks = frames[:-2]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == "lmnopq"
+        assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 4, 5, 6]
+        assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 5 + ["length"]
+
+
+async def test_stop_strings_truncate_stream_and_non_stream_alike() -> None:
+    async with fake_server() as (client, _):
+        body = {"prompt": "a", "max_tokens": 20, "stop": ["fg", "zz"]}
+        full = await (await client.post("/v1/completions", json=body)).json()
+        assert full["choices"][0] == {"index": 0, "text": "bcde", "logprobs": None,
+                                      "finish_reason": "stop"}  # fmt: skip
+        assert full["usage"]["completion_tokens"] == 6  # b..g: the token that completed "fg"
+        frames = await sse(await client.post("/v1/completions", json=body | {"stream": True}))
+        chunks = [f for f in frames if f != "[DONE]"]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == "bcde"
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_chat_stream_matches_non_stream() -> None:
+    async with fake_server() as (client, _):
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 5, "temperature": 0}  # fmt: skip
+        full = await (await client.post("/v1/chat/completions", json=body)).json()
+        message = full["choices"][0]["message"]
+        assert message["role"] == "assistant" and len(message["content"]) == 5
+        assert full["object"] == "chat.completion" and full["usage"]["completion_tokens"] == 5
+        frames = await sse(await client.post("/v1/chat/completions", json=body | {"stream": True}))
+        assert frames[0]["choices"][0]["delta"]["role"] == "assistant"
+        text = "".join(f["choices"][0]["delta"].get("content", "") for f in frames[:-1])
+        assert text == message["content"] and frames[-1] == "[DONE]"
+
+
+async def test_models_health_and_harmless_fields() -> None:
+    async with fake_server() as (client, _):
+        models = await (await client.get("/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == ["tiny"]
+        assert (await client.get("/health")).status == 200
+        body = {"prompt": "x", "max_tokens": 2, "user": "u", "logprobs": None, "stop": None,
+                "repetition_penalty": 1.0, "presence_penalty": 0, "n": 1, "best_of": None,
+                "stream_options": None, "echo": False, "seed": 3}  # fmt: skip
+        r = await client.post("/v1/completions", json=body)
+        assert r.status == 200, await r.text()
+
+
+BAD = [
+    ({"prompt": "x", "max_tokens": "10"}, 400, "max_tokens", "must be an integer"),
+    ({"prompt": "x", "temperature": "hot"}, 400, "temperature", "must be a number"),
+    ({"prompt": "x", "stream": "yes"}, 400, "stream", "must be a boolean"),
+    ({"prompt": 12}, 400, "prompt", "must be a string"),
+    ({"max_tokens": 3}, 400, "prompt", "'prompt' is required"),
+    ({"prompt": ""}, 400, "prompt", "must not be empty"),
+    ({"prompt": []}, 400, "prompt", "must not be empty"),
+    ({"prompt": [1, 99999]}, 400, "prompt", "[0, 512)"),
+    ({"prompt": ["a", "b"]}, 400, "prompt", "batched prompts (2)"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens", ">= 1, got 0"),
+    ({"prompt": "x", "max_tokens": -5}, 400, "max_tokens", ">= 1, got -5"),
+    ({"prompt": "x", "max_tokens": 500}, 400, "max_tokens", "only 126 tokens of context"),
+    ({"prompt": "y" * 300}, 400, "prompt",
+     "301 tokens, but the model's context (max_seq_len) is 128"),
+    ({"prompt": "x", "temperature": -0.1}, 400, "temperature", ">= 0"),
+    ({"prompt": "x", "top_p": 0}, 400, "top_p", "(0, 1]"),
+    ({"prompt": "x", "top_p": 1.5}, 400, "top_p", "(0, 1]"),
+    ({"prompt": "x", "n": 2}, 400, "n", "not supported"),
+    ({"prompt": "x", "logprobs": 3}, 400, "logprobs", "not supported"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
+    ({"prompt": "x", "model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "status", "param", "text"), BAD)
+async def test_bad_completion_inputs_get_4xx_naming_the_field(body, status, param, text) -> None:
+    async with fake_server() as (client, sched):
+        r = await client.post("/v1/completions", json=body)
+        err = (await r.json())["error"]
+        assert r.status == status and err["param"] == param and text in err["message"], err
+        assert set(err) == {"message", "type", "param", "code"}
+        ok = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert ok.status == 200  # still serving
+
+
+async def test_bad_chat_and_transport_errors() -> None:
+    settings = ApiSettings(log_interval_s=0, max_body_bytes=1000)
+    async with fake_server(settings=settings) as (client, _):
+        cases = [
+            ("/v1/chat/completions", {}, 400, "'messages' is required"),
+            ("/v1/chat/completions", {"messages": []}, 400, "non-empty array"),
+            ("/v1/chat/completions", {"messages": [{"role": "bot", "content": "x"}]}, 400,
+             "messages[0].role"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400,
+             "messages[0].content"),
+        ]  # fmt: skip
+        for path, body, status, text in cases:
+            r = await client.post(path, json=body)
+            assert r.status == status and text in (await r.json())["error"]["message"]
+        r = await client.post("/v1/completions", data=b"{not json")
+        assert r.status == 400 and "not valid JSON" in (await r.json())["error"]["message"]
+        r = await client.post("/v1/completions", data=b"[1, 2]")
+        assert r.status == 400 and "JSON object" in (await r.json())["error"]["message"]
+        r = await client.post("/v1/completions", json={"prompt": "x" * 5000})
+        assert r.status == 413 and "1000 bytes" in (await r.json())["error"]["message"]
+        r = await client.get("/v1/nothing")
+        assert r.status == 404 and "unknown route" in (await r.json())["error"]["message"]
+        r = await client.get("/v1/completions")
+        assert r.status == 405 and "POST" in (await r.json())["error"]["message"]
+        r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert r.status == 200

@@ -1,0 +1,146 @@
+"""The real `tiny` JAX engine over a real socket with the official openai client, then live
+reconfiguration (tp 1->2, slots 4->8, interleaved->disaggregated) with requests in flight:
+none hang, and greedy outputs equal the pre-reconfigure ones.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+engine = pytest.importorskip("scaletui.serve.engine")
+if not hasattr(engine, "build_engines"):
+    pytest.skip("the JAX engine (build_engines) is not available", allow_module_level=True)
+
+from openai import OpenAI  # noqa: E402
+
+from scaletui.serve.api import ApiSettings, create_app  # noqa: E402
+from scaletui.serve.cli import real_engine_factory  # noqa: E402
+from scaletui.serve.config import ServeConfig  # noqa: E402
+from scaletui.serve.scheduler import Scheduler  # noqa: E402
+from scaletui.serve.testing import serve_in_thread  # noqa: E402
+from scaletui.serve.tokenizer import load_tokenizer  # noqa: E402
+from scaletui.specs import load_model  # noqa: E402
+
+PROMPTS = ["The quick brown fox", "hello", "Once upon a time there", "JAX", "é日本", "x" * 30]
+
+
+@pytest.fixture(scope="module")
+def server():
+    tok = load_tokenizer(None, 512)
+    config = ServeConfig(
+        load_model("tiny"), slots=4, max_seq_len=64, decode_steps=4, min_prefill_bucket=32
+    )
+    sched = Scheduler(config, real_engine_factory(tok))
+    app = create_app(sched, tok, ApiSettings(log_interval_s=0, drain_timeout_s=120))
+    with serve_in_thread(app) as url:
+        deadline = time.monotonic() + 240
+        while sched.state != "serving" and time.monotonic() < deadline:
+            assert sched.state != "failed", sched.error
+            time.sleep(0.1)
+        yield url, sched
+
+
+def client(url: str) -> OpenAI:
+    return OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def greedy(url: str, prompt: str, n: int = 12) -> str:
+    out = client(url).completions.create(
+        model="tiny", prompt=prompt, max_tokens=n, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert out.usage.completion_tokens == n
+    return out.choices[0].text
+
+
+def test_openai_client_completions_and_chat(server) -> None:
+    url, _ = server
+    c = client(url)
+    full = c.completions.create(model="tiny", prompt="hello", max_tokens=10, temperature=0)
+    text, usage = full.choices[0].text, full.usage
+    assert usage.prompt_tokens == 6 and 1 <= usage.completion_tokens <= 10
+    assert full.choices[0].finish_reason in ("stop", "length")
+    chunks = list(
+        c.completions.create(
+            model="tiny", prompt="hello", max_tokens=10, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+        )
+    )  # fmt: skip
+    token_chunks = [ch for ch in chunks if ch.choices]
+    assert "".join(ch.choices[0].text for ch in token_chunks) == text  # greedy: same text
+    assert chunks[-1].usage.completion_tokens == len(token_chunks) == usage.completion_tokens
+    assert [ch.usage.completion_tokens for ch in token_chunks] == list(
+        range(1, len(token_chunks) + 1)
+    )
+    messages = [{"role": "user", "content": "hi"}]
+    chat = c.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
+    assert chat.choices[0].message.role == "assistant"
+    stream = list(
+        c.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+    assert streamed == chat.choices[0].message.content
+    assert stream[-1].usage.completion_tokens == chat.usage.completion_tokens
+    with pytest.raises(Exception, match="400") as bad:
+        c.completions.create(model="tiny", prompt="x", max_tokens=0)
+    assert "max_tokens" in str(bad.value)
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        url + "/admin/config", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"tp": 2}, {"slots": 8}, {"mode": "disaggregated"}],
+    ids=["tp1-2", "slots4-8", "interleaved-disaggregated"],
+)
+def test_reconfigure_in_flight_keeps_greedy_outputs(server, change) -> None:
+    url, sched = server
+    reference = getattr(test_reconfigure_in_flight_keeps_greedy_outputs, "reference", None)
+    if reference is None:
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            reference = list(pool.map(lambda p: greedy(url, p, 24), PROMPTS))
+        test_reconfigure_in_flight_keeps_greedy_outputs.reference = reference
+    finished = sched.counts["finished"]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        inflight = [pool.submit(greedy, url, p, 24) for p in PROMPTS]
+        deadline = time.monotonic() + 60
+        while sched.in_flight + sched.counts["finished"] - finished < len(PROMPTS):
+            assert time.monotonic() < deadline, "requests were not admitted"
+            time.sleep(0.002)
+        result = _post(url, change)
+        drained = [f.result(timeout=300) for f in inflight]  # none hang
+    assert all(result["config"][k] == v for k, v in change.items())
+    assert result["aborted"] == 0 and result["compile_s"] > 0
+    assert drained == reference
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        assert list(pool.map(lambda p: greedy(url, p, 24), PROMPTS)) == reference
+
+
+def test_stats_after_disaggregation_reports_meshes_memory_and_transfer(server) -> None:
+    url, sched = server
+    if sched.config.mode != "disaggregated":
+        pytest.skip("runs after the interleaved -> disaggregated reconfiguration")
+    greedy(url, "stats", 8)
+    with urllib.request.urlopen(url + "/stats", timeout=30) as resp:
+        stats = json.loads(resp.read())
+    prefill, generate = stats["mesh"]["prefill"]["devices"], stats["mesh"]["generate"]["devices"]
+    assert prefill and generate and not set(prefill) & set(generate)
+    assert stats["mesh"]["generate"]["model"] == 2 and stats["backend"] == "cpu"
+    assert stats["memory"]["weight_bytes"] > 0 and stats["memory"]["kv_cache_bytes"] > 0
+    assert stats["step_times_ms"]["transfer"]["count"] >= 1
+    assert stats["slots"]["total"] == 8 and stats["compile"]["state"] == "done"
+    assert len(stats["devices"]) == 8

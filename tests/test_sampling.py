@@ -1,0 +1,70 @@
+"""Sampling: greedy, vocab limit, top-k/top-p sets, per-request seeds."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scaletui.serve import sampling
+
+B, V = 64, 50
+
+
+def _draw(logits, *, temperature=1.0, top_k=0, top_p=1.0, seed=None, position=None, limit=V):
+    f = jax.jit(sampling.sample)
+    seeds = jnp.arange(B) if seed is None else jnp.full((B,), seed)
+    pos = jnp.zeros(B, jnp.int32) if position is None else jnp.full((B,), position)
+    return np.asarray(
+        f(
+            logits,
+            seeds,
+            pos,
+            jnp.full((B,), temperature),
+            jnp.full((B,), top_k),
+            jnp.full((B,), top_p),
+            limit,
+        )
+    )
+
+
+def _logits(seed=0):
+    row = jax.random.normal(jax.random.key(seed), (V,)) * 2.0
+    return jnp.tile(row, (B, 1)), np.asarray(row)
+
+
+def test_greedy_is_argmax_and_respects_vocab_limit():
+    logits, row = _logits()
+    assert set(_draw(logits, temperature=0.0)) == {int(row.argmax())}
+    limit = int(row.argmax())  # the best id is now out of range
+    expected = int(row[:limit].argmax())
+    assert set(_draw(logits, temperature=0.0, limit=limit)) == {expected}
+    assert _draw(logits, limit=limit).max() < limit
+
+
+def test_top_k_never_samples_outside_the_k_best():
+    logits, row = _logits(1)
+    allowed = set(np.argsort(-row)[:3].tolist())
+    drawn = _draw(logits, top_k=3)
+    assert set(drawn.tolist()) <= allowed
+    assert len(set(drawn.tolist())) > 1  # it does sample, not just argmax
+
+
+def test_top_p_never_samples_outside_the_nucleus():
+    logits, row = _logits(2)
+    probs = np.exp(row - row.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs)
+    n = int(np.searchsorted(np.cumsum(probs[order]), 0.5) + 1)
+    drawn = _draw(logits, top_p=0.5)
+    assert set(drawn.tolist()) <= set(order[:n].tolist())
+    both = _draw(logits, top_k=2, top_p=0.99)
+    assert set(both.tolist()) <= set(order[:2].tolist())
+
+
+def test_same_seed_same_token_different_seeds_vary():
+    logits, _ = _logits(3)
+    same = _draw(logits, temperature=1.5, seed=7, position=11)
+    assert len(set(same.tolist())) == 1  # every row: same (seed, position), same token
+    varied = _draw(logits, temperature=1.5)  # seeds 0..63
+    assert len(set(varied.tolist())) > 3
