@@ -24,8 +24,9 @@ async def test_completion_text_and_usage() -> None:
         assert (await r.json())["choices"][0]["text"] == "cd"  # token-id prompts, no BOS
 
 
-async def test_stream_chunks_carry_one_token_and_running_usage() -> None:
-    async with fake_server() as (client, _):
+async def test_stream_chunks_carry_each_burst_with_running_usage() -> None:
+    # decode_steps 3: token 1 from prefill, then bursts of 3 and 2 (one host sync each)
+    async with fake_server(decode_steps=3) as (client, _):
         options = {"include_usage": True, "continuous_usage_stats": True}
         body = {"prompt": "k", "max_tokens": 6, "stream": True, "stream_options": options}
         frames = await sse(await client.post("/v1/completions", json=body))
@@ -33,9 +34,9 @@ async def test_stream_chunks_carry_one_token_and_running_usage() -> None:
         final = frames[-2]
         assert final["choices"] == [] and final["usage"]["completion_tokens"] == 6
         chunks = frames[:-2]
-        assert "".join(c["choices"][0]["text"] for c in chunks) == "lmnopq"
-        assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 4, 5, 6]
-        assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 5 + ["length"]
+        assert [c["choices"][0]["text"] for c in chunks] == ["l", "mno", "pq"]
+        assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 4, 6]
+        assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "length"]
 
 
 async def test_stop_strings_truncate_stream_and_non_stream_alike() -> None:

@@ -73,10 +73,11 @@ def test_openai_client_completions_and_chat(server) -> None:
     )  # fmt: skip
     token_chunks = [ch for ch in chunks if ch.choices]
     assert "".join(ch.choices[0].text for ch in token_chunks) == text  # greedy: same text
-    assert chunks[-1].usage.completion_tokens == len(token_chunks) == usage.completion_tokens
-    assert [ch.usage.completion_tokens for ch in token_chunks] == list(
-        range(1, len(token_chunks) + 1)
-    )
+    assert chunks[-1].usage.completion_tokens == usage.completion_tokens
+    running = [ch.usage.completion_tokens for ch in token_chunks]  # one chunk per host sync
+    assert running[0] == 1 and running[-1] == usage.completion_tokens
+    assert all(b > a for a, b in zip(running, running[1:], strict=False))
+    assert len(token_chunks) < usage.completion_tokens or usage.completion_tokens <= 2
     messages = [{"role": "user", "content": "hi"}]
     chat = c.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0)
     assert chat.choices[0].message.role == "assistant"

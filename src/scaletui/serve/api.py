@@ -247,20 +247,20 @@ async def _stream(
         if shape.chat:
             await resp.write(shape.chunk("", None, _usage(req, 0) if usage_each else None, True))
         async for ids, finish in _events(request, req):
-            frames = []
-            for i, t in enumerate(ids):
-                piece = text.push(t)
-                last = i == len(ids) - 1 or text.stopped
-                end = "stop" if text.stopped else (finish if last else None)
-                if end:
-                    piece += text.flush()
-                usage = _usage(req, text.tokens) if usage_each else None
-                frames.append(shape.chunk(piece, end, usage))
+            # One SSE event per burst (the decode_steps tokens of one host sync): the tokens
+            # arrive together, and the usage delta tells a client how many the event carries,
+            # so per-token latency is the burst's gap spread over its tokens, not 0, 0, 0, gap.
+            pieces = []
+            for t in ids:
+                pieces.append(text.push(t))
                 if text.stopped:
                     break
-            if not ids and finish:  # ended without a new token (stop string / cancel race)
-                frames.append(shape.chunk(text.flush(), finish, None))
-            await resp.write(b"".join(frames))
+            end = "stop" if text.stopped else finish
+            if end:
+                pieces.append(text.flush())
+            usage = _usage(req, text.tokens) if usage_each and ids else None
+            if ids or end:
+                await resp.write(shape.chunk("".join(pieces), end, usage))
             if text.stopped:
                 request.app[SCHEDULER].cancel(req, "stop")
                 break
