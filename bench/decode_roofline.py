@@ -7,6 +7,11 @@ slot at the stated context, and prints measured vs predicted step time, achieved
 FLOP/s and efficiency = predicted / measured; then prefill time vs prediction for a few prompt
 lengths. `--json` prints one JSON object instead.
 
+Beside each decode step it times a weights-only floor: the same weights and projections (q/k/v,
+o, SwiGLU MLP, norms, tied lm head, argmax) in the same `fori_loop`, with attention replaced by
+a shape-preserving stand-in and no KV cache. It is what XLA's matmuls alone cost at that batch,
+so predicted / floor bounds the efficiency any attention or cache design could reach.
+
     python bench/decode_roofline.py --model small --context 448 --slots 16
 """
 
@@ -21,8 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orjson
+from jax import lax
 
 from scaletui import roofline
+from scaletui.serve import model as llama
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine import build_engines
 from scaletui.serve.engine_api import SamplingParams
@@ -90,6 +97,38 @@ def _estimate(model, hw, *, batch: int, context: int, prompt_len: int = 16):
     )
 
 
+def weights_floor(params: dict, m, batch: int, steps: int, calls: int, repeats: int) -> float:
+    """Seconds per decode step of the weights-only stand-in (see the module docstring)."""
+
+    def run(params, tok, n):
+        def step(_, tok):
+            x = params["embed"][tok]  # [B, D]
+            for p in params["layers"]:
+                h = llama.rms_norm(x, p["attn_norm"], m.norm_eps)
+                q = jnp.einsum("BD,DNH->BNH", h, p["wq"])
+                kv = jnp.einsum("BD,DKH->BKH", h, p["wk"]) + jnp.einsum("BD,DKH->BKH", h, p["wv"])
+                o = q + jnp.repeat(kv, q.shape[1] // kv.shape[1], axis=1)  # attention stand-in
+                wo = p["wo"].reshape(-1, m.d_model)
+                x = x + jnp.einsum("BE,ED->BD", o.reshape(o.shape[0], -1), wo)
+                x = x + llama.mlp(p, llama.rms_norm(x, p["mlp_norm"], m.norm_eps))
+            return jnp.argmax(llama.logits_of(params, x, m), axis=-1).astype(jnp.int32)
+
+        return lax.fori_loop(0, n, step, tok)
+
+    fn = jax.jit(run)
+    tok, n = jnp.arange(batch, dtype=jnp.int32), jnp.int32(steps)
+    jax.block_until_ready(fn(params, tok, n))
+    medians = []
+    for _ in range(repeats):
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(params, tok, n))
+            times.append((time.perf_counter() - t0) / steps)
+        medians.append(statistics.median(times))
+    return min(medians)
+
+
 def bench_decode(args, model, hw, host_params) -> list[dict]:
     rows = []
     rng = np.random.default_rng(0)
@@ -122,6 +161,7 @@ def bench_decode(args, model, hw, host_params) -> list[dict]:
                 times.append((time.perf_counter() - t0) / args.steps)
             medians.append(statistics.median(times))
         step = min(medians)
+        floor = weights_floor(eng.params, model, batch, args.steps, args.calls, args.repeats)
         ctx = args.context + args.steps * (1 + args.calls / 2)  # mean live context measured
         est = _estimate(model, hw, batch=batch, context=int(ctx))
         kv_read = batch * est.kv_bytes_per_token * ctx
@@ -137,6 +177,8 @@ def bench_decode(args, model, hw, host_params) -> list[dict]:
                 "gflop_per_s": est.flops_per_token * batch / step / 1e9,
                 "tokens_per_s": batch / step,
                 "efficiency": est.decode_step_s / step,
+                "floor_ms": floor * 1e3,
+                "floor_efficiency": est.decode_step_s / floor,
             }
         )
         batch *= 2
@@ -208,13 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'batch':>5} {'ctx':>5} {'bucket':>6} {'measured':>9} {'predicted':>9} {'GB/s':>6} "
-        f"{'GFLOP/s':>8} {'tok/s':>7} {'eff':>5}  bound"
+        f"{'GFLOP/s':>8} {'tok/s':>7} {'eff':>5} {'floor':>8} {'f.eff':>5}  bound"
     )
     for r in decode:
         print(
             f"{r['batch']:>5} {r['context']:>5} {r['bucket']:>6} {r['measured_ms']:>7.2f}ms "
             f"{r['predicted_ms']:>7.2f}ms {r['gb_per_s']:>6.1f} {r['gflop_per_s']:>8.1f} "
-            f"{r['tokens_per_s']:>7.0f} {r['efficiency']:>5.2f}  {r['bound']}"
+            f"{r['tokens_per_s']:>7.0f} {r['efficiency']:>5.2f} {r['floor_ms']:>6.2f}ms "
+            f"{r['floor_efficiency']:>5.2f}  {r['bound']}"
         )
     if prefill:
         print(f"\n{'prompt':>6} {'measured':>9} {'predicted':>9} {'GFLOP/s':>8} {'eff':>5}")
