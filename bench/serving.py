@@ -44,22 +44,29 @@ async def saturate(
     """
     prompt = list(range(1, prompt_len + 1))
     body = {"prompt": prompt, "max_tokens": out, "ignore_eos": True, "temperature": 0,
-            "stream": True}  # fmt: skip
-    arrivals: list[float] = []
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
+    arrivals: list[tuple[float, int]] = []  # (arrival time, tokens the chunk carries)
     tpots: list[float] = []
     t0 = time.perf_counter()
     t_begin, t_end = t0 + warmup, t0 + warmup + seconds
 
     async def worker(session: aiohttp.ClientSession) -> None:
+        # A chunk carries one host sync's tokens: count them from the running usage.
         while time.perf_counter() < t_end:
-            times = []
+            chunks, seen = [], 0
             async with session.post(url + "/v1/completions", json=body) as resp:
                 async for line in resp.content:
                     if line.startswith(b"data: {"):
-                        times.append(time.perf_counter())
-            arrivals.extend(times)
-            if len(times) > 1 and times[-1] <= t_end:
-                tpots.append((times[-1] - times[0]) / (len(times) - 1))
+                        t = time.perf_counter()
+                        frame = orjson.loads(line[6:])
+                        total = frame["usage"]["completion_tokens"]
+                        if frame["choices"] and total > seen:
+                            chunks.append((t, total - seen))
+                            seen = total
+            arrivals.extend(chunks)
+            if seen > 1 and chunks[-1][0] <= t_end:
+                tpots.append((chunks[-1][0] - chunks[0][0]) / (seen - 1))
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         tasks = [asyncio.create_task(worker(session)) for _ in range(concurrency)]
@@ -67,7 +74,7 @@ async def saturate(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    counted = sum(t_begin <= t <= t_end for t in arrivals)
+    counted = sum(n for t, n in arrivals if t_begin <= t <= t_end)
     return {
         "output_tokens_per_s": counted / seconds,
         "requests": len(tpots),
