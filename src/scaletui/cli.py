@@ -15,8 +15,9 @@ SUBCOMMANDS = {
     "tui": ("scaletui.tui.app", "the interactive lab bench (default)"),
 }
 
-USAGE = "usage: scaletui [serve|roofline|calibrate|tui] [options]   (scaletui SUBCOMMAND -h)\n\n" + (
-    "\n".join(f"  {name:<10} {help}" for name, (_, help) in SUBCOMMANDS.items())
+USAGE = (
+    "usage: scaletui [serve|roofline|calibrate|tui] [options]   (scaletui SUBCOMMAND -h)\n\n"
+    + ("\n".join(f"  {name:<10} {help}" for name, (_, help) in SUBCOMMANDS.items()))
 )
 
 
