@@ -140,3 +140,47 @@ async def test_bad_chat_and_transport_errors() -> None:
         assert r.status == 405 and "POST" in (await r.json())["error"]["message"]
         r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert r.status == 200
+
+
+async def test_input_the_engine_refuses_fails_that_request_only() -> None:
+    async with fake_server() as (client, sched):
+        real = sched.engines[0].prefill
+
+        def picky(tokens, params):
+            if tokens == [99]:
+                raise ValueError("token 99 is not allowed here")
+            return real(tokens, params)
+
+        sched.engines[0].prefill = picky
+        r = await client.post("/v1/completions", json={"prompt": [99], "max_tokens": 2})
+        err = (await r.json())["error"]
+        assert r.status == 400 and "token 99 is not allowed" in err["message"], err
+        ok = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
+        assert ok.status == 200 and (await ok.json())["choices"][0]["text"] == "bc"
+        assert sched.state == "serving" and sched.counts["aborted"] == 1
+
+
+def test_huge_top_k_means_off_and_packs_into_the_engine_int32() -> None:
+    from scaletui.serve.kv_cache import pack_insert_args
+    from scaletui.serve.validate import generation
+
+    params = generation({"top_k": 10**12}, [1, 2], 128, chat=False).params
+    assert params.top_k == 2**31 - 1
+    ints, _ = pack_insert_args(0, 2, 3, True, params)  # used to raise OverflowError
+    assert int(ints[4]) == 2**31 - 1
+
+
+def test_text_stream_keeps_only_the_unsent_tail_and_cuts_at_a_stop_string() -> None:
+    from scaletui.serve.api import TextStream
+    from scaletui.serve.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(None, 512)
+    text = TextStream(tok, ("STOP", "xyz"))
+    body = "é" * 3000 + "abcST"  # 2-byte UTF-8: the decoder holds half characters back
+    sent = [text.push(t) for t in tok.encode(body)]
+    assert len(text.tail) <= 3 and not text.stopped  # never the whole text
+    for t in tok.encode("OP and more"):
+        sent.append(text.push(t))
+        if text.stopped:  # as the handlers do
+            break
+    assert text.stopped and "".join(sent) == text.text == "é" * 3000 + "abc"

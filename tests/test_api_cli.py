@@ -46,3 +46,16 @@ def test_bad_flags_exit_2_naming_the_problem(capsys) -> None:
     assert "no-such-model" in capsys.readouterr().err
     assert main(["--model", "tiny", "--fake", "--slots", "3", "--dp", "2"]) == 2
     assert "slots (3) must be a multiple of dp (2)" in capsys.readouterr().err
+    assert main(["--model", "tiny", "--fake", "--max-waiting", "0"]) == 2  # it would 429 all
+    assert "max_waiting and max_waiting_tokens must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_taken_port_exits_2_naming_it(capsys) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["--model", "tiny", "--fake", "--port", str(port), "--log-interval", "0"]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

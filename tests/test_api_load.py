@@ -96,6 +96,53 @@ async def test_overload_gets_429_while_admitted_requests_complete() -> None:
         assert values["scaletui:request_success_total"] == len(admitted)
 
 
+async def test_waiting_token_bound_gets_429_with_retry_after() -> None:
+    async with fake_server(slots=1, step_s=0.01, max_waiting_tokens=8) as (client, sched):
+        body = {"max_tokens": 100, "ignore_eos": True}
+
+        async def wait_for(key: str, value: int) -> None:
+            for _ in range(3000):
+                if sched.counts_now()[key] == value:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"{key} never reached {value}: {sched.counts_now()}")
+
+        holder = asyncio.create_task(client.post("/v1/completions", json={"prompt": [1], **body}))
+        await wait_for("slots_used", 1)
+        queued = asyncio.create_task(
+            client.post("/v1/completions", json={"prompt": [2] * 6, **body})
+        )
+        await wait_for("waiting", 1)
+        r = await client.post("/v1/completions", json={"prompt": [3] * 3, **body})  # 6 + 3 > 8
+        error = (await r.json())["error"]
+        assert r.status == 429 and r.headers["Retry-After"] == "1"
+        assert error["code"] == "rate_limit_exceeded" and "6 prompt tokens" in error["message"]
+        r = await client.post("/v1/completions", json={"prompt": [3] * 2, "max_tokens": 1})
+        assert r.status == 200  # 6 + 2 fits: admitted, and served once the slot frees
+        assert sched.counts["rejected"] == 1
+        for task in (holder, queued):
+            (await task).close()
+
+
+async def test_reconfigure_recovers_a_failed_server() -> None:
+    async with fake_server(slots=2) as (client, sched):
+
+        def broken(state, steps):
+            raise RuntimeError("device lost")
+
+        sched.engines[1].generate = broken  # the worker dies on its next decode call
+        r = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 4})
+        assert r.status == 500 and "device lost" in (await r.json())["error"]["message"]
+        assert (await client.get("/health")).status == 500
+        r = await client.post("/admin/config", json={"slots": 4})
+        assert r.status == 200 and (await r.json())["config"]["slots"] == 4
+        assert (await client.get("/health")).status == 200
+        stats = await (await client.get("/stats")).json()
+        assert stats["state"] == "serving" and stats["error"] is None
+        ok = await client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2})
+        assert (await ok.json())["choices"][0]["text"] == "bc"
+
+
 async def test_metrics_parse_and_match_requests_sent() -> None:
     async with fake_server(slots=4) as (client, _):
         usages = []

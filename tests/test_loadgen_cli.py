@@ -153,3 +153,40 @@ def test_jsonl_to_stdout_stays_pure_json(capsys):
     lines = [orjson.loads(x) for x in captured.out.splitlines()]
     assert lines[0]["type"] == "start" and lines[-1]["type"] == "summary"
     assert "Serving Benchmark Result" in captured.err  # the table moved to stderr
+
+
+def test_odd_or_silent_model_list_is_one_line(capsys, monkeypatch):
+    import scaletui.loadgen.cli as cli
+
+    async def odd(session, url, timeout=5.0):
+        return {"object": "list", "data": [{"object": "model"}]}  # no "id"
+
+    async def silent(session, url, timeout=5.0):
+        raise TimeoutError
+
+    argv = ["--url", "http://127.0.0.1:9", "--qps", "5", "--num-requests", "1"]
+    monkeypatch.setattr(cli, "get_json", odd)
+    assert main(argv) == 2
+    one_error_line(capsys, "no model list at /v1/models")
+    monkeypatch.setattr(cli, "get_json", silent)
+    assert main(argv) == 2
+    one_error_line(capsys, "no answer from /v1/models")
+
+
+def test_embedded_server_that_failed_is_reported_at_once(tmp_path):
+    script = tmp_path / "failed_server.py"
+    script.write_text(
+        "import http.server, sys\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        '        body = b\'{"status": "failed", "error": "out of device memory"}\'\n'
+        "        self.send_response(500)\n"
+        "        self.send_header('Content-Length', str(len(body)))\n"
+        "        self.end_headers()\n"
+        "        self.wfile.write(body)\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+    )
+    failed = EmbeddedServer(f"{{python}} {script} {{port}}", timeout=60, verbose=False)
+    with pytest.raises(RuntimeError, match="failed: .*out of device memory"), failed:
+        pass  # at once, not "not healthy after 60 s"
+    assert failed.proc.poll() is not None

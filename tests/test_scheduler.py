@@ -163,6 +163,45 @@ async def test_dead_worker_fails_pending_requests() -> None:
     assert sched.state == "failed" and "device lost" in sched.error
     with pytest.raises(Unavailable, match="device lost"):
         sched.submit(request([1]))
+    assert sched.counts["aborted"] == 4 and sched.counts_now()["running"] == 0
+
+
+async def test_reconfigure_from_failed_rebuilds_and_serves() -> None:
+    broken = {"on": True}
+
+    class Flaky(FakeEngine):
+        def generate(self, state, steps):
+            if broken["on"]:
+                raise RuntimeError("device lost")
+            return super().generate(state, steps)
+
+    config = ServeConfig(load_model("tiny"), max_seq_len=128, slots=2)
+    sched = Scheduler(config, lambda c: (Flaky(c.slots, 128, 259, EOS),) * 2)
+    sched.start()
+    try:
+        dead = request([1], max_tokens=5)
+        sched.submit(dead)
+        assert (await collect(dead))[1].startswith("error: worker died")
+        assert sched.state == "failed"
+        broken["on"] = False
+        result = await asyncio.to_thread(sched.reconfigure, {"slots": 4})
+        assert result["config"]["slots"] == 4 and sched.state == "serving"
+        assert sched.error is None
+        again = request([7], max_tokens=3)
+        sched.submit(again)
+        assert await collect(again) == ([8, 9, 10], "length")
+    finally:
+        sched.shutdown()
+
+
+async def test_prompt_over_the_token_bound_is_admitted_into_an_empty_queue() -> None:
+    config = ServeConfig(load_model("tiny"), max_seq_len=128, max_waiting_tokens=10)
+    sched = Scheduler(config, lambda c: build_fake_engines(c))
+    sched.state = "serving"  # no workers: everything stays waiting
+    loop = asyncio.get_running_loop()
+    sched.submit(Request([1] * 12, SamplingParams(), loop))  # alone: it can never fit otherwise
+    with pytest.raises(Overloaded, match="prompt tokens"):
+        sched.submit(Request([1], SamplingParams(), loop))
 
 
 async def test_reconfigure_drains_then_serves_new_shape() -> None:

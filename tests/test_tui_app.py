@@ -464,3 +464,13 @@ async def test_breakpoints_and_too_small_message():
         assert app.screen.has_class("-too-narrow") and app.screen.has_class("-too-short")
         assert app.query_one("#too-small").display
         assert "need at least 80x24" in str(app.query_one("#too-small").content)
+
+
+async def test_a_malformed_record_is_shown_and_the_app_keeps_ingesting():
+    bad = Record(0.0, "stats", {**STATS, "model": {"name": "other"}})  # no model fields
+    app = make_app()
+    app.source = ReplaySource([bad, *RECORDS])
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        assert any("ignored a bad 'stats' record" in e.text for e in app.model.events)
+        assert app.query_one("#runs").row_count == 2  # everything after it was ingested

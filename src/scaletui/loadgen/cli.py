@@ -114,10 +114,11 @@ def workload_from(args: argparse.Namespace) -> Workload:
 async def _model(session: aiohttp.ClientSession, url: str) -> str:
     models = await get_json(session, url.rstrip("/") + "/v1/models", timeout=15)
     data = models.get("data") if isinstance(models, dict) else None
-    if not data:
+    first = data[0] if isinstance(data, list) and data else None
+    if not isinstance(first, dict) or not isinstance(first.get("id"), str):
         raise UserError(f"{url} has no model list at /v1/models; is it an OpenAI server? "
                         "(give --model)")  # fmt: skip
-    return data[0]["id"]
+    return first["id"]
 
 
 class Progress:
@@ -172,6 +173,8 @@ async def run(args: argparse.Namespace, url: str) -> int:
                 model = args.model or await _model(session, url)
             except aiohttp.ClientError as exc:
                 raise UserError(f"cannot reach {url}: {exc}") from None
+            except TimeoutError:  # an OSError: it would print as a bare "loadgen: error:"
+                raise UserError(f"cannot reach {url}: no answer from /v1/models") from None
             num = args.num_requests if args.num_requests or args.duration else 200
             cfg = RunConfig(
                 url=url, model=model, api=args.api, num_requests=num, duration=args.duration,

@@ -77,6 +77,10 @@ class EmbeddedServer:
                     if resp.status == 200:
                         self._say(f"loadgen: server ready after {time.monotonic() - start:.1f} s")
                         return
+            except urllib.error.HTTPError as exc:
+                if exc.code == 500:  # /health says the server failed (its engines did not start)
+                    body = exc.read().decode(errors="replace")[:300]
+                    raise RuntimeError(f"embedded server failed: {body}") from None
             except (urllib.error.URLError, OSError):
                 pass
             now = time.monotonic()

@@ -2,7 +2,7 @@
 /metrics, /stats and GET|POST /admin/config, over a `Scheduler` and a `Tokenizer`.
 
 Handlers are linear: validate (4xx, OpenAI error shape), submit (429 / 503 + Retry-After),
-then turn the request's token events into text, one SSE chunk per token. A client that goes
+then turn the request's token events into text, one SSE chunk per host sync. A client that goes
 away is cancelled so its slot frees before the next decode step. Nothing a client sends can
 produce a 5xx or stop the server.
 """
@@ -99,32 +99,42 @@ async def errors(request: web.Request, handler) -> web.StreamResponse:
 
 
 class TextStream:
-    """Token ids -> text pieces; holds back partial UTF-8 and text that may begin a stop string."""
+    """Token ids -> text pieces; holds back partial UTF-8 and text that may begin a stop string.
+
+    Only the unsent tail is kept and searched (at most the hold-back plus one token's text), so
+    a long generation costs O(tokens), not O(tokens * text length).
+    """
 
     def __init__(self, tok: Tokenizer, stop: tuple[str, ...]) -> None:
         self.decoder, self.stop = tok.decoder(), stop
         self.hold = max((len(s) for s in stop), default=1) - 1
-        self.text, self.sent, self.tokens, self.stopped = "", 0, 0, False
+        self.tail, self.pieces, self.tokens, self.stopped = "", [], 0, False
+
+    @property
+    def text(self) -> str:
+        """All text so far: what was sent plus what is held back."""
+        return "".join(self.pieces) + self.tail
 
     def push(self, token_id: int) -> str:
         self.tokens += 1
-        start = max(0, self.sent - self.hold)
-        self.text += self.decoder.push(token_id)
-        if self.stop:
-            hits = [i for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        self.tail += self.decoder.push(token_id)
+        if self.stop:  # a stop string can only start in the unsent tail
+            hits = [i for s in self.stop if (i := self.tail.find(s)) >= 0]
             if hits:
-                self.text, self.stopped = self.text[: min(hits)], True
-                return self._take(len(self.text))
-        return self._take(len(self.text) - self.hold)
+                self.tail, self.stopped = self.tail[: min(hits)], True
+                return self._take(len(self.tail))
+        return self._take(len(self.tail) - self.hold)
 
     def flush(self) -> str:
         if not self.stopped:
-            self.text += self.decoder.flush()
-        return self._take(len(self.text))
+            self.tail += self.decoder.flush()
+        return self._take(len(self.tail))
 
     def _take(self, end: int) -> str:
-        piece = self.text[self.sent : max(self.sent, end)]
-        self.sent += len(piece)
+        piece = self.tail[: max(0, end)]
+        if piece:
+            self.tail = self.tail[len(piece) :]
+            self.pieces.append(piece)
         return piece
 
 
@@ -144,6 +154,8 @@ async def _events(
         else:
             event = req.events.get_nowait()
         if event[0] == "error":
+            if event[1].startswith("rejected"):  # the engine refused this request's input
+                raise ApiError(400, event[1], code="invalid_request")
             status = 503 if event[1].startswith("aborted") else 500
             raise ApiError(status, event[1], type="server_error", code="aborted")
         yield event[1], event[2]

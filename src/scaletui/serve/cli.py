@@ -13,6 +13,7 @@ import inspect
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -114,12 +115,18 @@ def default_dtype(fake: bool) -> str:
     return "f32" if jax.default_backend() == "cpu" else "bf16"
 
 
-async def _serve(app: web.Application, host: str, port: int, banner: str) -> None:
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before the engines start, so a taken port fails at once, not after a compile."""
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    return socket.create_server((host, port), family=info[0][0])
+
+
+async def _serve(app: web.Application, sock: socket.socket, host: str, banner: str) -> None:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.SockSite(runner, sock)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1] if port == 0 else port  # noqa: SLF001
+    bound = sock.getsockname()[1]
     print(f"scaletui serve: http://{host}:{bound}/v1  {banner}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -165,6 +172,12 @@ def main(argv: list[str]) -> int:
     except (SpecError, ValueError, ImportError) as e:
         print(f"scaletui serve: error: {e}", file=sys.stderr)
         return 2
+    try:
+        sock = _listen(args.host, args.port)
+    except OSError as e:  # the port is taken, or the address is not this host's
+        print(f"scaletui serve: error: cannot listen on {args.host}:{args.port}: {e}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     settings = ApiSettings(
         host=args.host,
         admin_token=args.admin_token,
@@ -177,7 +190,7 @@ def main(argv: list[str]) -> int:
         f"model {model.name}{' (fake engine)' if args.fake else ''}, slots {config.slots}, "
         f"tp {config.tp}, dp {config.dp}, {config.mode}"
     )
-    asyncio.run(_serve(app, args.host, args.port, banner))
+    asyncio.run(_serve(app, sock, args.host, banner))
     if sched.state in ("starting", "compiling", "reconfiguring"):
         # XLA is compiling on a worker thread; tearing the interpreter down under it aborts
         log.info("stopped while %s; exiting without waiting for the compile", sched.state)

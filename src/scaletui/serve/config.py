@@ -52,6 +52,11 @@ class ServeConfig:
                 f"max_seq_len must be in [2, {self.model.max_seq_len}] for model "
                 f"{self.model.name}, got {self.max_seq_len}"
             )
+        if self.max_waiting < 1 or self.max_waiting_tokens < 1:  # 0 would refuse every request
+            raise ValueError(
+                f"max_waiting and max_waiting_tokens must be >= 1, got {self.max_waiting} and "
+                f"{self.max_waiting_tokens}"
+            )
         if self.slots % self.dp:
             raise ValueError(f"slots ({self.slots}) must be a multiple of dp ({self.dp})")
 

@@ -17,6 +17,7 @@
 6. `reconfigure` stops admitting (`Unavailable`, HTTP 503), drains in-flight requests (aborting
    them past a timeout), rebuilds the engines, compiles every bucket and resumes.
 A worker that dies logs, sets state "failed" and fails every pending request; nothing hangs.
+A reconfigure from "failed" rebuilds the engines and resumes serving.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class Scheduler:
                 threading.Thread(target=self._guard, args=(fn,), name=f"scaletui-{n}", daemon=True)
                 for n, fn in targets
             ]
-            self.state = "serving"
+            self.state, self.error = "serving", None
             for t in self._threads:
                 t.start()
 
@@ -179,9 +180,10 @@ class Scheduler:
             if self.state != "serving":
                 raise Unavailable(self.error if self.state == "failed" else self.state)
             c = self.config
-            if (
-                len(self._waiting) >= c.max_waiting
-                or self._waiting_tokens + len(req.prompt) > c.max_waiting_tokens
+            # The token bound applies to a non-empty queue only: a single prompt longer than
+            # max_waiting_tokens would otherwise get 429 (retry later) forever.
+            if len(self._waiting) >= c.max_waiting or (
+                self._waiting and self._waiting_tokens + len(req.prompt) > c.max_waiting_tokens
             ):
                 self.counts["rejected"] += 1
                 self.metrics.rejected.inc()
@@ -223,7 +225,15 @@ class Scheduler:
         """Prefill and stream the first token; None when the request already ended."""
         req.t_scheduled = time.perf_counter()
         self.metrics.queue.observe(req.t_scheduled - req.t_arrival)
-        prefix = engine.prefill(req.prompt, req.params)
+        try:
+            prefix = engine.prefill(req.prompt, req.params)
+        except ValueError as e:  # this request's input, not the device: fail it alone
+            log.warning("request %d rejected by the engine: %s", req.id, e)
+            with self._cv:
+                self._prefilling.discard(req)
+                self._finish(req, "error", notify=False)
+                self._post(req, ("error", f"rejected: {e}"))
+            return None
         now = time.perf_counter()
         self.metrics.record_step("prefill", now - req.t_scheduled, len(req.prompt))
         self.metrics.generation_tokens.inc()
@@ -355,9 +365,9 @@ class Scheduler:
             req.t_last = now
             req.generated += len(ids)
             req.last_token = ids[-1]
-        self._post(req, ("tokens", ids, finish))
-        if finish:
+        if finish:  # counted before the client can see the last event
             self._finish(req, finish, notify=False)
+        self._post(req, ("tokens", ids, finish))
 
     def _finish(self, req: Request, reason: str, notify: bool = True) -> None:
         if req.finished:
@@ -389,10 +399,14 @@ class Scheduler:
             pending = list(self._inflight)
             self._waiting.clear()
             self._waiting_tokens = 0
+            self._prefilling.clear()
             self._slots = [None] * len(self._slots)
+            self._kv_lengths = [0] * len(self._kv_lengths)
             for req in pending:
                 if not req.finished:
                     req.finished = True
+                    self.counts["aborted"] += 1
+                    self.metrics.aborted.inc()
                     self._post(req, ("error", message))
             self._inflight.clear()
             self._cv.notify_all()
@@ -436,7 +450,7 @@ class Scheduler:
         with self._cv:
             if self._reconfiguring:
                 raise Busy("a reconfiguration is already under way")
-            if self.state != "serving":
+            if self.state not in ("serving", "failed"):  # from "failed": rebuild and recover
                 raise Busy(f"the server is {self.state}; try again when it is serving")
             new = self.config.updated(**changes)  # ValueError names the value
             check = getattr(self.factory, "validate", None)

@@ -211,7 +211,7 @@ def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> G
     _unsupported(body, "repetition_penalty", (1, 1.0), "penalties are not implemented")
     params = SamplingParams(
         temperature=temperature,
-        top_k=max(0, top_k),
+        top_k=min(max(0, top_k), 2**31 - 1),  # any k >= vocab means off; the engine packs int32
         top_p=top_p,
         seed=seed if seed is not None else random.getrandbits(31),
         max_tokens=max_tokens,

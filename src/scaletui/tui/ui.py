@@ -179,7 +179,13 @@ class ScaleTUI(App):
     @work(group="ingest")
     async def ingest(self) -> None:
         async for rec in self.source:
-            self.model.add(rec)
+            try:
+                self.model.add(rec)
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                # a malformed record (another server's /stats, a hand-edited replay) is shown,
+                # not allowed to end the ingest worker and with it the app
+                self.model.log(f"ignored a bad {rec.kind!r} record: {exc}", "error")
+                continue
             if self.recorder is not None:
                 self.recorder.write(rec)
 
