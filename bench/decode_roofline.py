@@ -7,10 +7,14 @@ slot at the stated context, and prints measured vs predicted step time, achieved
 FLOP/s and efficiency = predicted / measured; then prefill time vs prediction for a few prompt
 lengths. `--json` prints one JSON object instead.
 
+The engine runs with `--kernels` (default auto: the native CPU kernels of `serve/native` where
+they build, as the server does). When that is native, the same step is also timed on XLA's own
+ops in the same run (`xla`, and the speedup `x`; `--no-baseline` skips it).
+
 Beside each decode step it times a weights-only floor: the same weights and projections (q/k/v,
-o, SwiGLU MLP, norms, tied lm head, argmax) in the same `fori_loop`, with attention replaced by
-a shape-preserving stand-in and no KV cache. It is what XLA's matmuls alone cost at that batch,
-so predicted / floor bounds the efficiency any attention or cache design could reach.
+o, SwiGLU MLP, norms, lm head, argmax) through the same kernels in the same `fori_loop`, with
+attention replaced by a shape-preserving stand-in and no KV cache. It is what the matmuls alone
+cost at that batch, so predicted / floor bounds what any attention or cache design could reach.
 
     python bench/decode_roofline.py --model small --context 448 --slots 16
 """
@@ -101,16 +105,15 @@ def weights_floor(params: dict, m, batch: int, steps: int, calls: int, repeats: 
     """Seconds per decode step of the weights-only stand-in (see the module docstring)."""
 
     def run(params, tok, n):
-        def step(_, tok):
+        def step(i, tok):
             x = params["embed"][tok]  # [B, D]
+            cos, sin = llama.rope(jnp.full(tok.shape, i), m.head_dim, m.rope_theta)
             for p in params["layers"]:
                 h = llama.rms_norm(x, p["attn_norm"], m.norm_eps)
-                q = jnp.einsum("BD,DNH->BNH", h, p["wq"])
-                kv = jnp.einsum("BD,DKH->BKH", h, p["wk"]) + jnp.einsum("BD,DKH->BKH", h, p["wv"])
-                o = q + jnp.repeat(kv, q.shape[1] // kv.shape[1], axis=1)  # attention stand-in
-                wo = p["wo"].reshape(-1, m.d_model)
-                x = x + jnp.einsum("BE,ED->BD", o.reshape(o.shape[0], -1), wo)
-                x = x + llama.mlp(p, llama.rms_norm(x, p["mlp_norm"], m.norm_eps))
+                q, k, v = llama.qkv_proj(p, h, cos, sin, m)
+                o = q + jnp.repeat(k + v, q.shape[1] // k.shape[1], axis=1)  # attention stand-in
+                x = x + llama.out_proj(p, o, m)
+                x = x + llama.mlp(p, llama.rms_norm(x, p["mlp_norm"], m.norm_eps), m)
             return jnp.argmax(llama.logits_of(params, x, m), axis=-1).astype(jnp.int32)
 
         return lax.fori_loop(0, n, step, tok)
@@ -129,39 +132,48 @@ def weights_floor(params: dict, m, batch: int, steps: int, calls: int, repeats: 
     return min(medians)
 
 
-def bench_decode(args, model, hw, host_params) -> list[dict]:
-    rows = []
+def time_decode_step(args, model, host_params, batch: int, kernels: str) -> tuple[float, object]:
+    """(seconds per decode step, engine): best over repeats of the median generate call."""
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, model.vocab_size, args.context)]
     params = SamplingParams(max_tokens=args.max_seq_len, ignore_eos=True)
+    cfg = ServeConfig(
+        model=model,
+        slots=batch,
+        max_seq_len=args.max_seq_len,
+        decode_steps=args.steps,
+        dtype=args.dtype,
+        kernels=kernels,
+    )
+    eng, _ = build_engines(cfg, jax.devices()[:1], host_params=host_params)
+    prefix = eng.prefill(prompt, params)
+    for b in eng.decode_buckets:  # every bucket the timed calls can reach: no compile inside
+        if b > args.context:
+            eng._generate_exe(b)
+    medians = []
+    for _ in range(args.repeats):
+        state = eng.init_decode_state()
+        for slot in range(batch):
+            state = eng.insert(state, prefix, slot)
+        state, _ = eng.generate(state, args.steps)  # compiles the bucket on first use
+        times = []
+        for _ in range(args.calls):
+            t0 = time.perf_counter()
+            state, _ = eng.generate(state, args.steps)
+            times.append((time.perf_counter() - t0) / args.steps)
+        medians.append(statistics.median(times))
+    return min(medians), eng
+
+
+def bench_decode(args, model, hw, host_params) -> list[dict]:
+    rows = []
     batch = 1
     while batch <= args.slots:
-        cfg = ServeConfig(
-            model=model,
-            slots=batch,
-            max_seq_len=args.max_seq_len,
-            decode_steps=args.steps,
-            dtype=args.dtype,
-        )
-        eng, _ = build_engines(cfg, jax.devices()[:1], host_params=host_params)
-        prefix = eng.prefill(prompt, params)
-        for b in eng.decode_buckets:  # every bucket the timed calls can reach: no compile inside
-            if b > args.context:
-                eng._generate_exe(b)
-        medians = []
-        for _ in range(args.repeats):
-            state = eng.init_decode_state()
-            for slot in range(batch):
-                state = eng.insert(state, prefix, slot)
-            state, _ = eng.generate(state, args.steps)  # compiles the bucket on first use
-            times = []
-            for _ in range(args.calls):
-                t0 = time.perf_counter()
-                state, _ = eng.generate(state, args.steps)
-                times.append((time.perf_counter() - t0) / args.steps)
-            medians.append(statistics.median(times))
-        step = min(medians)
+        step, eng = time_decode_step(args, model, host_params, batch, args.kernels)
         floor = weights_floor(eng.params, model, batch, args.steps, args.calls, args.repeats)
+        baseline = None
+        if eng.native and args.baseline:  # the same step on XLA's own ops, in the same run
+            baseline, _ = time_decode_step(args, model, host_params, batch, "xla")
         ctx = args.context + args.steps * (1 + args.calls / 2)  # mean live context measured
         est = _estimate(model, hw, batch=batch, context=int(ctx))
         kv_read = batch * est.kv_bytes_per_token * ctx
@@ -170,6 +182,7 @@ def bench_decode(args, model, hw, host_params) -> list[dict]:
                 "batch": batch,
                 "context": int(ctx),
                 "bucket": eng.last_step_stats["bucket"],
+                "kernels": "native" if eng.native else "xla",
                 "measured_ms": step * 1e3,
                 "predicted_ms": est.decode_step_s * 1e3,
                 "bound": est.decode_bound,
@@ -179,6 +192,8 @@ def bench_decode(args, model, hw, host_params) -> list[dict]:
                 "efficiency": est.decode_step_s / step,
                 "floor_ms": floor * 1e3,
                 "floor_efficiency": est.decode_step_s / floor,
+                "xla_ms": baseline * 1e3 if baseline else None,
+                "speedup_vs_xla": baseline / step if baseline else None,
             }
         )
         batch *= 2
@@ -186,7 +201,9 @@ def bench_decode(args, model, hw, host_params) -> list[dict]:
 
 
 def bench_prefill(args, model, hw, host_params) -> list[dict]:
-    cfg = ServeConfig(model=model, slots=1, max_seq_len=args.max_seq_len, dtype=args.dtype)
+    cfg = ServeConfig(
+        model=model, slots=1, max_seq_len=args.max_seq_len, dtype=args.dtype, kernels=args.kernels
+    )
     eng, _ = build_engines(cfg, jax.devices()[:1], host_params=host_params)
     rng = np.random.default_rng(1)
     rows = []
@@ -212,6 +229,14 @@ def bench_prefill(args, model, hw, host_params) -> list[dict]:
     return rows
 
 
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}ms"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="small")
@@ -224,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="best median of this many repeats")
     p.add_argument("--prompt-lens", type=int, nargs="*", default=[64, 256, 512])
     p.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    p.add_argument("--kernels", default="auto", choices=["auto", "native", "xla"])
+    p.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="skip timing the XLA-ops engine beside the native one",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     model = load_model(args.model)
@@ -240,24 +272,28 @@ def main(argv: list[str] | None = None) -> int:
         "device": jax.devices()[0].device_kind,
         "dtype": args.dtype,
         "steps": args.steps,
+        "kernels": decode[0]["kernels"] if decode else args.kernels,
     }
     if args.json:
         print(orjson.dumps({"meta": meta, "decode": decode, "prefill": prefill}).decode())
         return 0
     print(
         f"{model.name} on {hw_name} ({meta['device']}): {hw.hbm_bw / 1e9:.1f} GB/s, "
-        f"{hw.flops('f32') / 1e9:.0f} GFLOP/s f32; {args.steps} steps per generate call"
+        f"{hw.flops('f32') / 1e9:.0f} GFLOP/s f32; {args.steps} steps per generate call; "
+        f"{meta['kernels']} kernels"
     )
     print(
         f"{'batch':>5} {'ctx':>5} {'bucket':>6} {'measured':>9} {'predicted':>9} {'GB/s':>6} "
-        f"{'GFLOP/s':>8} {'tok/s':>7} {'eff':>5} {'floor':>8} {'f.eff':>5}  bound"
+        f"{'GFLOP/s':>8} {'tok/s':>7} {'eff':>5} {'floor':>8} {'f.eff':>5} {'xla':>8} "
+        f"{'x':>5}  bound"
     )
     for r in decode:
         print(
             f"{r['batch']:>5} {r['context']:>5} {r['bucket']:>6} {r['measured_ms']:>7.2f}ms "
             f"{r['predicted_ms']:>7.2f}ms {r['gb_per_s']:>6.1f} {r['gflop_per_s']:>8.1f} "
             f"{r['tokens_per_s']:>7.0f} {r['efficiency']:>5.2f} {r['floor_ms']:>6.2f}ms "
-            f"{r['floor_efficiency']:>5.2f}  {r['bound']}"
+            f"{r['floor_efficiency']:>5.2f} {_ms(r['xla_ms']):>8} {_x(r['speedup_vs_xla']):>5}  "
+            f"{r['bound']}"
         )
     if prefill:
         print(f"\n{'prompt':>6} {'measured':>9} {'predicted':>9} {'GFLOP/s':>8} {'eff':>5}")

@@ -186,7 +186,7 @@ async def test_stats_snapshot_shape() -> None:
         gen = stats["step_times_ms"]["generate"]
         assert gen["count"] >= 2 and gen["per_token_mean"] <= gen["mean"]
         assert stats["throughput"]["generation_tokens_per_s"] > 0
-        assert set(stats["mesh"]["generate"]) == {"data", "model", "devices"}
+        assert set(stats["mesh"]["generate"]) == {"data", "model", "devices", "kernels"}
 
 
 async def test_admin_reconfigure_409_503_and_validation() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from scaletui.tui import views
 from scaletui.tui.knobs import Knobs, check_mesh, step_pow2
 from scaletui.tui.model import MetricsModel
 from scaletui.tui.replay import Record, Recorder, ReplaySource, parse_line, read_replay
@@ -139,3 +140,11 @@ def test_cli_rejects_bad_flags_with_a_clear_message(capsys, tmp_path):
     assert "--refresh must be in [0.25, 5]" in capsys.readouterr().err
     assert main(["--slots", "6", "--dp", "4"]) == 2
     assert "multiple of dp" in capsys.readouterr().err
+
+
+def test_backend_label_names_native_kernels():
+    native = {"backend": "cpu", "mesh": {"generate": {"kernels": "native"}}}
+    assert views._backend_label(native) == "cpu+native"
+    xla = {"backend": "gpu", "mesh": {"generate": {"kernels": "xla"}}}
+    assert views._backend_label(xla) == "gpu"
+    assert views._backend_label({}) == "?"

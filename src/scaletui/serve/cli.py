@@ -20,7 +20,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from scaletui.serve.api import ApiSettings, create_app
-from scaletui.serve.config import DTYPES, MODES, ServeConfig
+from scaletui.serve.config import DTYPES, KERNELS, MODES, ServeConfig
 from scaletui.serve.engine_api import Engine
 from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.tokenizer import Tokenizer, load_tokenizer
@@ -46,6 +46,12 @@ def parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=DTYPES,
         help="weights, activations, KV cache (default: f32 on CPU, else bf16)",
+    )
+    a(
+        "--kernels",
+        choices=KERNELS,
+        default="auto",
+        help="native CPU kernels (unsharded f32 on CPU; auto: where they build) or XLA ops",
     )
     a("--seed", type=int, default=0, help="dummy-weight seed")
     a("--host", default="127.0.0.1", help="bind address (non-loopback: /admin needs a token)")
@@ -161,6 +167,7 @@ def main(argv: list[str]) -> int:
             mode=args.mode,
             prefill_devices=args.prefill_devices,
             dtype=args.dtype or default_dtype(args.fake),
+            kernels=args.kernels,
             weights=args.weights,
             tokenizer=args.tokenizer,
             seed=args.seed,

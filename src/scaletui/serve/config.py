@@ -8,6 +8,7 @@ from scaletui.specs import ModelSpec
 
 MODES = ("interleaved", "disaggregated")
 DTYPES = ("f32", "bf16")
+KERNELS = ("auto", "native", "xla")
 # Keys POST /admin/config may change (live reconfiguration); anything else is rejected.
 RECONFIGURABLE = ("slots", "tp", "dp", "mode", "prefill_devices", "decode_steps")
 
@@ -25,6 +26,7 @@ class ServeConfig:
     mode: str = "interleaved"  # interleaved | disaggregated prefill/generate device sets
     prefill_devices: int = 0  # disaggregated: devices for prefill (0 = half of them)
     dtype: str = "f32"  # weights, activations and KV cache; f32 on CPU, bf16 on GPU/TPU
+    kernels: str = "auto"  # native CPU kernels (serve/native) where usable, else XLA ops
     min_prefill_bucket: int = 16  # smallest power-of-two prompt bucket
     max_prefill_bucket: int = 0  # largest bucket (0 = max_seq_len); longer prompts are chunked
     weights: str | None = None  # HF safetensors dir/file; None = seeded dummy weights
@@ -45,6 +47,8 @@ class ServeConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {KERNELS}, got {self.kernels!r}")
         if self.prefill_devices < 0:
             raise ValueError(f"prefill_devices must be >= 0, got {self.prefill_devices}")
         if not 2 <= self.max_seq_len <= self.model.max_seq_len:
@@ -92,6 +96,7 @@ class ServeConfig:
             "mode": self.mode,
             "prefill_devices": self.prefill_devices,
             "dtype": self.dtype,
+            "kernels": self.kernels,
             "prefill_buckets": list(self.prefill_buckets),
             "weights": self.weights or "dummy",
             "tokenizer": self.tokenizer or "byte",

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from scaletui.serve import kv_cache, model, sampling, sharding, weights
+from scaletui.serve import kv_cache, model, native, sampling, sharding, weights
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import Prefix, SamplingParams, StepOutput
 
@@ -74,7 +74,14 @@ class JaxEngine:
         self.devices = list(devices)
         self.mesh = sharding.make_mesh(self.devices, dp, tp)
         self.dtype = JNP_DTYPES[config.dtype]
-        self.params = weights.place(host_params, m, self.mesh)
+        why_not = native_unusable(config, self.devices, dp=dp, tp=tp)
+        if config.kernels == "native" and why_not:
+            raise ValueError(f"kernels='native' is not usable here: {why_not}")
+        self.native = config.kernels != "xla" and why_not is None
+        if self.native:  # fused, packed weights for the native dense kernel
+            self.params = jax.device_put(native.pack_params(host_params), self.mesh.devices.flat[0])
+        else:
+            self.params = weights.place(host_params, m, self.mesh)
         buckets = tuple(b for b in config.prefill_buckets if b <= self.max_seq_len)
         self.prefill_buckets = buckets or (self.max_seq_len,)
         self.chunk = self.prefill_buckets[-1]
@@ -228,6 +235,7 @@ class JaxEngine:
             max_steps=self.config.decode_steps,
             max_len=self.max_seq_len,
             slots=self.slots,
+            native=self.native,
         )
         args = (
             self.params,
@@ -401,7 +409,17 @@ def _zeros_prefix(*, n_layers: int, shape: tuple[int, ...], dtype) -> list:
 
 
 def _generate_fn(
-    params, state, n_steps, consts, *, m, n_live: int, max_steps: int, max_len: int, slots: int
+    params,
+    state,
+    n_steps,
+    consts,
+    *,
+    m,
+    n_live: int,
+    max_steps: int,
+    max_len: int,
+    slots: int,
+    native: bool,
 ):
     """Up to max_steps decode steps (n_steps of them run) -> (state, packed int32 array).
 
@@ -413,7 +431,9 @@ def _generate_fn(
         st, out = carry
         active = st["active"]
         pos = jnp.where(active, st["lengths"], 0)
-        logits, cache = model.decode(params, st["cache"], st["tokens"], pos, n_live, m, slots)
+        logits, cache = model.decode(
+            params, st["cache"], st["tokens"], pos, n_live, m, slots, native=native
+        )
         live = lambda a: a[:slots]
         tok = sampling.sample(
             logits,
@@ -443,6 +463,22 @@ def _generate_fn(
     out = jnp.zeros((max_steps, 3, state["lengths"].shape[0]), jnp.int32)
     state, out = lax.fori_loop(0, n_steps, step, (state, out))
     return state, jnp.concatenate([out.reshape(max_steps * 3, -1), state["lengths"][None]])
+
+
+def native_unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | None:
+    """Why the native CPU kernels cannot run this engine, or None when they can."""
+    m = config.model
+    if any(d.platform != "cpu" for d in devices):
+        return "they are CPU kernels and the devices are " + devices[0].platform
+    if tp * dp != 1:
+        return f"they run unsharded (tp=1, dp=1), got tp={tp} dp={dp}"
+    if config.dtype != "f32":
+        return f"they compute in f32, got dtype={config.dtype}"
+    if m.head_dim % 16 or m.head_dim > 256:
+        return f"they need head_dim a multiple of 16 up to 256, got {m.head_dim}"
+    if m.n_heads // m.n_kv_heads > 8:
+        return f"they take at most 8 query heads per KV head, got {m.n_heads // m.n_kv_heads}"
+    return native.unavailable_reason()
 
 
 def build_engines(

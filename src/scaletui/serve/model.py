@@ -6,6 +6,10 @@ Params (see `weights.param_axes`): `embed` [V, D], optional `lm_head` [V, D] (un
 rotate-half convention of HF checkpoints. Three entry points: `forward` (full causal sequence,
 the reference), `prefill` (one prompt chunk, returning its K/V) and `decode` (one token per
 slot against a slot cache, attending over a static bucket of the cache only).
+
+The same functions take the native layout (`native.pack_params`: fused, packed projections,
+told apart by a layer's `wqkv`): matmuls then run the native dense kernel, and `decode` with
+`native=True` runs the native attention kernel, which writes the step's K/V in place.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from scaletui.serve import native as native_ops
 from scaletui.specs import ModelSpec
 
 NEG = -1e30  # finite "minus infinity": fully masked rows stay NaN-free
@@ -41,7 +46,14 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x.astype(jnp.float32) * c + rot.astype(jnp.float32) * s).astype(x.dtype)
 
 
-def mlp(p: dict, h: jax.Array) -> jax.Array:
+def is_native(params: dict) -> bool:
+    return "wqkv" in params["layers"][0]
+
+
+def mlp(p: dict, h: jax.Array, m: ModelSpec) -> jax.Array:
+    if "w_gateup" in p:
+        gate, up = jnp.split(native_ops.dense(h, p["w_gateup"], 2 * m.d_ff), 2, axis=-1)
+        return native_ops.dense(jax.nn.silu(gate) * up, p["w_down"], m.d_model)
     gate = jnp.einsum("...D,DF->...F", h, p["w_gate"])
     up = jnp.einsum("...D,DF->...F", h, p["w_up"])
     return jnp.einsum("...F,FD->...D", jax.nn.silu(gate) * up, p["w_down"])
@@ -50,15 +62,31 @@ def mlp(p: dict, h: jax.Array) -> jax.Array:
 def logits_of(params: dict, x: jax.Array, m: ModelSpec) -> jax.Array:
     """Final norm and output projection: x [..., D] -> f32 logits [..., V]."""
     h = rms_norm(x, params["norm"], m.norm_eps)
+    if is_native(params):
+        return native_ops.dense(h, params["lm_head"], m.vocab_size)
     table = params.get("lm_head", params["embed"])  # [V, D]
     return jnp.einsum("...D,VD->...V", h, table, preferred_element_type=jnp.float32)
 
 
-def _qkv(p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array) -> tuple[jax.Array, ...]:
+def qkv_proj(p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array, m: ModelSpec) -> tuple:
+    if "wqkv" in p:
+        n, k, hd = m.n_heads, m.n_kv_heads, m.head_dim
+        y = native_ops.dense(h, p["wqkv"], (n + 2 * k) * hd).astype(h.dtype)
+        q, k, v = jnp.split(y.reshape(*y.shape[:-1], n + 2 * k, hd), [n, n + k], axis=-2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
     q = apply_rope(jnp.einsum("...D,DNH->...NH", h, p["wq"]), cos, sin)
     k = apply_rope(jnp.einsum("...D,DKH->...KH", h, p["wk"]), cos, sin)
     v = jnp.einsum("...D,DKH->...KH", h, p["wv"])
     return q, k, v
+
+
+def out_proj(p: dict, o: jax.Array, m: ModelSpec) -> jax.Array:
+    """Attention output o [..., N, H] -> [..., D]."""
+    flat = o.reshape(*o.shape[:-2], -1)
+    if "wqkv" in p:
+        return native_ops.dense(flat, p["wo"], m.d_model).astype(o.dtype)
+    wo = p["wo"].reshape(flat.shape[-1], -1)  # 2-D, so XLA does not re-lay out the weight
+    return jnp.einsum("...E,ED->...D", flat, wo)
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -80,9 +108,9 @@ def forward(params: dict, tokens: jax.Array, m: ModelSpec) -> jax.Array:
     cos, sin = rope(jnp.arange(t), m.head_dim, m.rope_theta)
     mask = jnp.tril(jnp.ones((t, t), bool))[None]
     for p in params["layers"]:
-        q, k, v = _qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin)
-        x = x + jnp.einsum("BTNH,NHD->BTD", _attend(q, k, v, mask), p["wo"])
-        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps))
+        q, k, v = qkv_proj(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        x = x + out_proj(p, _attend(q, k, v, mask), m)
+        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
     return logits_of(params, x, m)
 
 
@@ -107,7 +135,7 @@ def prefill(
     cos, sin = rope(pos, m.head_dim, m.rope_theta)
     kv_out = []
     for i, p in enumerate(params["layers"]):
-        q, k, v = _qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin)
+        q, k, v = qkv_proj(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
         if prior is None:
             keys, vals = k[0], v[0]  # [T, K, H]
             kpos = pos
@@ -117,9 +145,8 @@ def prefill(
             kpos = jnp.arange(keys.shape[0])
         kv_out.append((keys, vals))
         mask = (kpos[None, :] <= pos[:, None])[None]  # [1, T, S]
-        o = _attend(q, keys[None], vals[None], mask)
-        x = x + jnp.einsum("BTNH,NHD->BTD", o, p["wo"])
-        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps))
+        x = x + out_proj(p, _attend(q, keys[None], vals[None], mask), m)
+        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
     last = jnp.clip(true_len - 1 - start, 0, t - 1)
     h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
     return logits_of(params, h, m), kv_out
@@ -151,6 +178,7 @@ def decode(
     n_live: int,
     m: ModelSpec,
     n_rows: int | None = None,
+    native: bool = False,
 ) -> tuple[jax.Array, list[dict]]:
     """One token per slot. tokens, positions [B]; returns (logits [R, V], updated cache).
 
@@ -159,39 +187,59 @@ def decode(
     chunks (the bucket), each as its own buffer: no slice copies, no work past the bucket.
     Needs positions < n_live * C. Only the first R = n_rows slots run the matmuls (the cache
     may carry spare rows: XLA CPU's batch-1 GEMV is far faster than a batch-2 matmul).
+    `native`: write and attend with the native kernel (exactly each slot's live positions).
     """
     b = tokens.shape[0]
     r = n_rows or b
-    c = cache[0]["v"][0].shape[2] - 1  # positions per chunk; column c is scratch
     x = params["embed"][tokens[:r]]  # [R, D]
     cos, sin = rope(positions[:r], m.head_dim, m.rope_theta)
-    pad = lambda a: jnp.pad(a, [(0, b - r)] + [(0, 0)] * (a.ndim - 1)) if b > r else a
+    out = []
+    for layer, p in zip(cache, params["layers"], strict=True):
+        q, k, v = qkv_proj(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        ks, vs = list(layer["k"]), list(layer["v"])
+        if native:
+            o, ks[:n_live], vs[:n_live] = native_ops.decode_attention(
+                q, k, v, positions, ks[:n_live], vs[:n_live]
+            )
+        else:
+            o = _chunk_attention(q, k, v, positions, ks, vs, n_live)[:r]
+        out.append({"k": ks, "v": vs})
+        x = x + out_proj(p, o, m)
+        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+    return logits_of(params, x, m), out
+
+
+def _chunk_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    positions: jax.Array,
+    ks: list[jax.Array],
+    vs: list[jax.Array],
+    n_live: int,
+) -> jax.Array:
+    """XLA decode attention: q [R, N, H], k/v [R, K, H]; writes into ks/vs (lists, in place)."""
+    b = positions.shape[0]
+    pad = lambda a: jnp.pad(a, [(0, b - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+    q, k, v = pad(q), pad(k), pad(v)
+    c = vs[0].shape[2] - 1  # positions per chunk; column c is scratch
     col = jnp.arange(n_live * (c + 1))
     kpos = (col // (c + 1)) * c + col % (c + 1)  # position held by each column read
     mask = ((col % (c + 1) < c)[None] & (kpos[None] <= positions[:, None]))[:, None, None]
-    out = []
-    for layer, p in zip(cache, params["layers"], strict=True):
-        q, k, v = map(pad, _qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin))
-        ks, vs = list(layer["k"]), list(layer["v"])
-        for i in range(n_live):  # each slot's K/V go to the chunk holding its position
-            ks[i], vs[i] = _write_chunk(ks[i], vs[i], k, v, positions - i * c)
-        out.append({"k": ks, "v": vs})
-        n, kh, hd = q.shape[1], k.shape[1], q.shape[2]
-        qg = q.reshape(b, kh, n // kh, hd)  # [B, K, G, H]
-        s = jnp.concatenate(
-            [
-                jnp.einsum("BKGH,BKHS->BKGS", qg, kc, preferred_element_type=jnp.float32)
-                for kc in ks[:n_live]
-            ],
-            axis=-1,
-        )  # [B, K, G, S]
-        pr = jax.nn.softmax(jnp.where(mask, s * hd**-0.5, NEG), axis=-1).astype(q.dtype)
-        w = c + 1
-        o = sum(
-            jnp.einsum("BKGS,BKSH->BKGH", pr[..., i * w : (i + 1) * w], vs[i])
-            for i in range(n_live)
-        )
-        wo = p["wo"].reshape(n * hd, -1)  # 2-D, so XLA does not re-lay out the weight per step
-        x = x + jnp.einsum("BE,ED->BD", o.reshape(b, n * hd)[:r], wo)
-        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps))
-    return logits_of(params, x, m), out
+    for i in range(n_live):  # each slot's K/V go to the chunk holding its position
+        ks[i], vs[i] = _write_chunk(ks[i], vs[i], k, v, positions - i * c)
+    n, kh, hd = q.shape[1], k.shape[1], q.shape[2]
+    qg = q.reshape(b, kh, n // kh, hd)  # [B, K, G, H]
+    s = jnp.concatenate(
+        [
+            jnp.einsum("BKGH,BKHS->BKGS", qg, kc, preferred_element_type=jnp.float32)
+            for kc in ks[:n_live]
+        ],
+        axis=-1,
+    )  # [B, K, G, S]
+    pr = jax.nn.softmax(jnp.where(mask, s * hd**-0.5, NEG), axis=-1).astype(q.dtype)
+    w = c + 1
+    o = sum(
+        jnp.einsum("BKGS,BKSH->BKGH", pr[..., i * w : (i + 1) * w], vs[i]) for i in range(n_live)
+    )
+    return o.reshape(b, n, hd)

@@ -44,8 +44,10 @@ def _mesh(engine: object, tp: int, dp: int, first: int) -> dict:
             "data": int(shape.get("data", 1)),
             "model": int(shape.get("model", 1)),
             "devices": [int(d.id) for d in mesh.devices.flat],
+            "kernels": "native" if getattr(engine, "native", False) else "xla",
         }
-    return {"data": dp, "model": tp, "devices": list(range(first, first + tp * dp))}
+    devices = list(range(first, first + tp * dp))
+    return {"data": dp, "model": tp, "devices": devices, "kernels": "none"}  # no JAX engine
 
 
 def _bytes(engine: object, key: str) -> int | None:

@@ -171,7 +171,7 @@ def build_view(m: MetricsModel) -> View:
         phase=m.phase,
         server=m.server,
         url=m.url,
-        backend=str(m.stats.get("backend") or "?"),
+        backend=_backend_label(m.stats),
         n_devices=m.n_devices,
         model=m.model_name,
         applied=m.applied,
@@ -204,3 +204,10 @@ def build_view(m: MetricsModel) -> View:
         runs=tuple(m.runs),
         sweep=tuple(m.sweep),
     )
+
+
+def _backend_label(stats: dict) -> str:
+    """`cpu`, or `cpu+native` when the generate engine runs the native CPU kernels."""
+    backend = str(stats.get("backend") or "?")
+    generate = (stats.get("mesh") or {}).get("generate") or {}
+    return backend + "+native" if generate.get("kernels") == "native" else backend

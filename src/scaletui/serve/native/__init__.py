@@ -1,0 +1,191 @@
+"""Native CPU kernels (`kernels.cc`) for decode: packed-panel dense and slot-cache attention.
+
+The C++ source ships with the package and is compiled on first use with the host's C++
+compiler against the XLA FFI headers of the installed jaxlib (`-O3 -march=native`), cached under
+`$XDG_CACHE_HOME/scaletui/kernels/` keyed by source, jaxlib version and CPU, then registered as
+XLA FFI targets. `available()` says whether that worked (and `unavailable_reason()` why not);
+the engine falls back to plain XLA ops when it did not, so a host without a compiler still
+serves, only slower.
+
+Weights for `dense` are packed once on the host: W [D, N] -> panels [N/64, D, 64].
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PANEL = 64
+SOURCE = Path(__file__).with_name("kernels.cc")
+DENSE = "scaletui_dense_f32"
+ATTENTION = "scaletui_decode_attention_f32"
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "scaletui" / "kernels"
+
+
+def _cpu_id() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        flags = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + flags
+
+
+def _compile() -> Path:
+    import jaxlib
+
+    src = SOURCE.read_bytes()
+    extra = os.environ.get("SCALETUI_CXXFLAGS", "")
+    key = hashlib.sha256(src + jaxlib.__version__.encode() + _cpu_id().encode() + extra.encode())
+    key = key.hexdigest()[:16]
+    out = _cache_dir() / f"kernels-{key}.so"
+    if out.exists():
+        return out
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++/c++, or $CXX) on PATH")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
+    cmd += os.environ.get("SCALETUI_CXXFLAGS", "").split()
+    cmd += ["-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+        os.unlink(tmp)
+        raise RuntimeError(f"compiling {SOURCE.name} failed: {proc.stderr.strip()[-2000:]}")
+    os.replace(tmp, out)  # atomic: concurrent first uses each compile, one file wins
+    return out
+
+
+@functools.cache
+def _load() -> str | None:
+    """Compile (once per host), load and register the kernels; the failure reason or None."""
+    if os.environ.get("SCALETUI_NATIVE_KERNELS", "1") == "0":
+        return "disabled by SCALETUI_NATIVE_KERNELS=0"
+    try:
+        lib = ctypes.cdll.LoadLibrary(str(_compile()))
+        symbols = {DENSE: "ScaletuiDenseF32", ATTENTION: "ScaletuiDecodeAttentionF32"}
+        for name, symbol in symbols.items():
+            capsule = jax.ffi.pycapsule(getattr(lib, symbol))
+            jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+    except (OSError, RuntimeError, AttributeError) as e:
+        return str(e)
+    return None
+
+
+def available() -> bool:
+    return _load() is None
+
+
+def unavailable_reason() -> str | None:
+    return _load()
+
+
+def _require() -> None:
+    reason = _load()
+    if reason is not None:
+        raise RuntimeError(f"native kernels unavailable: {reason}")
+
+
+# --- weights ----------------------------------------------------------------------------------
+
+
+def pack(w: np.ndarray) -> np.ndarray:
+    """W [D, N] -> panels [ceil(N/64), D, 64], contiguous; columns past N are zero."""
+    w = np.asarray(w, np.float32)
+    d, n = w.shape
+    pad = -n % PANEL
+    if pad:
+        w = np.concatenate([w, np.zeros((d, pad), np.float32)], axis=1)
+    return np.ascontiguousarray(w.reshape(d, -1, PANEL).transpose(1, 0, 2))
+
+
+def unpack(panels: np.ndarray, n: int | None = None) -> np.ndarray:
+    p, d, _ = panels.shape
+    return np.asarray(panels).transpose(1, 0, 2).reshape(d, p * PANEL)[:, :n]
+
+
+def pack_params(params: dict) -> dict:
+    """Model params (weights.py names) -> the native layout: fused, packed projections.
+
+    Per layer `wqkv` = [wq | wk | wv] as [D, (N + 2K) H], `wo` as [N H, D], `w_gateup` =
+    [w_gate | w_up] as [D, 2F], `w_down`; `lm_head` packed from the output table ([V, D], the
+    embedding when tied) transposed. `embed` (the token gather) and the norms stay as they are.
+    Each packed entry is panels [ceil(N/64), D, 64]; its width N is the model's (see `dense`).
+    """
+    flat = lambda w: np.asarray(w, np.float32).reshape(w.shape[0], -1)
+    layers = []
+    for p in params["layers"]:
+        qkv = np.concatenate([flat(p["wq"]), flat(p["wk"]), flat(p["wv"])], axis=1)
+        wo = np.asarray(p["wo"], np.float32).reshape(-1, p["wo"].shape[-1])
+        gateup = np.concatenate([flat(p["w_gate"]), flat(p["w_up"])], axis=1)
+        layers.append(
+            {
+                "attn_norm": np.asarray(p["attn_norm"]),
+                "mlp_norm": np.asarray(p["mlp_norm"]),
+                "wqkv": pack(qkv),
+                "wo": pack(wo),
+                "w_gateup": pack(gateup),
+                "w_down": pack(flat(p["w_down"])),
+            }
+        )
+    table = np.asarray(params.get("lm_head", params["embed"]), np.float32)
+    return {
+        "embed": np.asarray(params["embed"]),
+        "norm": np.asarray(params["norm"]),
+        "lm_head": pack(table.T),
+        "layers": layers,
+    }
+
+
+# --- ops (usable inside jit) -----------------------------------------------------------------
+
+
+def dense(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
+    """x [..., D] f32 @ W [D, n] packed as panels [ceil(n/64), D, 64] -> [..., n]."""
+    _require()
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], panels.shape[0] * PANEL), jnp.float32)
+    y = jax.ffi.ffi_call(DENSE, out)(x.astype(jnp.float32), panels)
+    return y if y.shape[-1] == n else y[..., :n]
+
+
+def decode_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    positions: jax.Array,
+    k_chunks: list[jax.Array],
+    v_chunks: list[jax.Array],
+) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
+    """One decode step for rows R = q.shape[0]: q [R, N, H], k/v [R, K, H], positions [>= R].
+
+    Writes row r's k/v at positions[r] of the chunk cache (k chunks [B, K, H, C+1], v chunks
+    [B, K, C+1, H], B >= R, updated in place) and attends over positions 0..positions[r].
+    Returns (out [R, N, H], k_chunks, v_chunks).
+    """
+    _require()
+    n = len(k_chunks)
+    chunks = [*k_chunks, *v_chunks]
+    shapes = [jax.ShapeDtypeStruct(q.shape, jnp.float32)]
+    shapes += [jax.ShapeDtypeStruct(c.shape, c.dtype) for c in chunks]
+    aliases = {4 + i: 1 + i for i in range(2 * n)}
+    res = jax.ffi.ffi_call(ATTENTION, shapes, input_output_aliases=aliases)(
+        q, k, v, positions.astype(jnp.int32), *chunks
+    )
+    return res[0], list(res[1 : 1 + n]), list(res[1 + n :])

@@ -1,0 +1,170 @@
+"""Native CPU kernels (serve/native): each against numpy, and the model/engine paths they swap."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scaletui.serve import kv_cache, model, native, weights
+from scaletui.serve.config import ServeConfig
+from scaletui.serve.engine import build_engines, native_unusable
+from scaletui.serve.engine_api import SamplingParams
+from scaletui.specs import load_model
+
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason=f"native kernels unavailable: {native.unavailable_reason()}"
+)
+
+
+def _rand(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 16, 100])
+@pytest.mark.parametrize(("d", "n"), [(64, 64), (100, 200), (512, 1024)])
+def test_dense_matches_numpy(m, d, n):
+    rng = np.random.default_rng(m * 1000 + n)
+    x, w = _rand(rng, m, d), _rand(rng, d, n)
+    y = jax.jit(native.dense, static_argnums=2)(jnp.asarray(x), jnp.asarray(native.pack(w)), n)
+    assert y.shape == (m, n)
+    np.testing.assert_allclose(np.asarray(y), x @ w, rtol=1e-4, atol=1e-4 * np.sqrt(d))
+
+
+def test_dense_keeps_leading_axes_and_pack_round_trips():
+    rng = np.random.default_rng(1)
+    x, w = _rand(rng, 1, 9, 48), _rand(rng, 48, 70)  # 70: the last panel is zero-padded
+    panels = native.pack(w)
+    assert panels.shape == (2, 48, 64)
+    np.testing.assert_array_equal(native.unpack(panels, 70), w)
+    y = native.dense(jnp.asarray(x), jnp.asarray(panels), 70)
+    np.testing.assert_allclose(np.asarray(y), x @ w, rtol=1e-4, atol=1e-4)
+
+
+def _reference_attention(q, k, v, positions, kc, vc):
+    """numpy: write row r's k/v at positions[r], attend over 0..positions[r]; R = len(q)."""
+    kc, vc = [c.copy() for c in kc], [c.copy() for c in vc]
+    c = vc[0].shape[2] - 1
+    rows, n, hd = q.shape
+    kh = k.shape[1]
+    out = np.zeros_like(q)
+    for r in range(rows):
+        p = positions[r]
+        kc[p // c][r, :, :, p % c] = k[r]
+        vc[p // c][r, :, p % c, :] = v[r]
+        keys = np.concatenate([ch[r, :, :, :c] for ch in kc], axis=-1)[..., : p + 1]  # [K,H,S]
+        vals = np.concatenate([ch[r, :, :c, :] for ch in vc], axis=-2)[:, : p + 1]  # [K,S,H]
+        for head in range(n):
+            g = head // (n // kh)
+            s = q[r, head] @ keys[g] / np.sqrt(hd)
+            e = np.exp(s - s.max())
+            out[r, head] = (e / e.sum()) @ vals[g]
+    return out, kc, vc
+
+
+@pytest.mark.parametrize(("groups", "hd", "chunk"), [(1, 16, 8), (2, 64, 16), (4, 32, 128)])
+def test_decode_attention_matches_numpy(groups, hd, chunk):
+    rng = np.random.default_rng(groups)
+    b, rows, kh, n_live = 4, 3, 2, 3  # row 3 is a spare row the kernel must not touch
+    kc = [_rand(rng, b, kh, hd, chunk + 1) for _ in range(n_live)]
+    vc = [_rand(rng, b, kh, chunk + 1, hd) for _ in range(n_live)]
+    q, k, v = _rand(rng, rows, kh * groups, hd), _rand(rng, rows, kh, hd), _rand(rng, rows, kh, hd)
+    positions = np.array([0, chunk - 1, 2 * chunk + 3, 5], np.int32)  # within, edge, 3rd chunk
+    want, want_k, want_v = _reference_attention(q, k, v, positions, kc, vc)
+    fn = jax.jit(native.decode_attention)
+    out, got_k, got_v = fn(*map(jnp.asarray, (q, k, v, positions)), kc, vc)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-5)
+    for got, ref in zip(got_k + got_v, want_k + want_v, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), ref)  # only the written columns moved
+
+
+def _tiny_cache(m, rows, chunk, n_chunks, seed):
+    rng = np.random.default_rng(seed)
+    k, h = m.n_kv_heads, m.head_dim
+    return [
+        {
+            "k": [jnp.asarray(_rand(rng, rows, k, h, chunk + 1)) for _ in range(n_chunks)],
+            "v": [jnp.asarray(_rand(rng, rows, k, chunk + 1, h)) for _ in range(n_chunks)],
+        }
+        for _ in range(m.n_layers)
+    ]
+
+
+def test_model_decode_and_prefill_native_equal_xla():
+    m = load_model("tiny")
+    host = weights.dummy_params(m, 0)
+    xla_params, native_params = jax.device_put(host), jax.device_put(native.pack_params(host))
+    tokens = jnp.array([5, 77, 300, 0], jnp.int32)
+    positions = jnp.array([3, 9, 30, 0], jnp.int32)
+    cache = _tiny_cache(m, rows=4, chunk=16, n_chunks=4, seed=0)
+    want, want_cache = model.decode(xla_params, cache, tokens, positions, 2, m, n_rows=3)
+    got, got_cache = model.decode(native_params, cache, tokens, positions, 2, m, 3, native=True)
+    assert got.shape == want.shape == (3, m.vocab_size)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    for got_layer, want_layer in zip(got_cache, want_cache, strict=True):  # scratch column aside
+        for a, b in zip(got_layer["k"], want_layer["k"], strict=True):
+            close(a[:3, ..., :16], b[:3, ..., :16])
+        for a, b in zip(got_layer["v"], want_layer["v"], strict=True):
+            close(a[:3, :, :16], b[:3, :, :16])
+    prompt = jnp.arange(12, dtype=jnp.int32) * 7
+    (lw, kvw), (lg, kvg) = (model.prefill(p, prompt, 12, m) for p in (xla_params, native_params))
+    np.testing.assert_allclose(np.asarray(lg), np.asarray(lw), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(kvg[1][0]), np.asarray(kvw[1][0]), rtol=1e-4, atol=1e-5)
+
+
+def _greedy_run(kernels: str) -> tuple[list[list[int]], bool]:
+    m = load_model("tiny")
+    cfg = ServeConfig(model=m, slots=3, max_seq_len=64, decode_steps=4, kernels=kernels)
+    eng, _ = build_engines(cfg, jax.devices()[:1])
+    state = eng.init_decode_state()
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    out = []
+    for slot, prompt in enumerate([[1, 2, 3], list(range(40, 75)), [9] * 17]):
+        prefix = eng.prefill(prompt, params)
+        out.append([prefix.first_token])
+        state = eng.insert(state, prefix, slot)
+    for _ in range(5):
+        state, step = eng.generate(state, 4)
+        for s in range(4):
+            for slot in range(3):
+                if step.valid[s, slot]:
+                    out[slot].append(int(step.tokens[s, slot]))
+    return out, eng.native
+
+
+def test_engine_native_tokens_equal_xla():
+    native_out, used_native = _greedy_run("native")
+    xla_out, used_xla = _greedy_run("xla")
+    assert used_native and not used_xla
+    assert native_out == xla_out
+    assert all(len(t) == 20 for t in native_out)
+
+
+def test_native_refused_where_it_cannot_run(monkeypatch):
+    m = load_model("tiny")
+    cfg = ServeConfig(model=m, slots=2, max_seq_len=64, tp=2, kernels="native")
+    with pytest.raises(ValueError, match="tp=2"):
+        build_engines(cfg, jax.devices()[:2])
+    bf16 = ServeConfig(model=m, slots=2, max_seq_len=64, dtype="bf16")
+    assert "dtype=bf16" in native_unusable(bf16, jax.devices()[:1], dp=1, tp=1)
+    # auto falls back to XLA ops when the kernels cannot be built, and still serves
+    monkeypatch.setattr(native, "unavailable_reason", lambda: "no C++ compiler")
+    eng, _ = build_engines(ServeConfig(model=m, slots=2, max_seq_len=64), jax.devices()[:1])
+    assert not eng.native and "wq" in eng.params["layers"][0]
+    assert eng.prefill([1, 2, 3], SamplingParams(max_tokens=2)).first_token >= 0
+
+
+def test_compile_failure_names_the_compiler_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(RuntimeError, match="compiling kernels.cc failed"):
+        native._compile()
+    assert not list((tmp_path / "scaletui" / "kernels").glob("*.so"))
+
+
+def test_kv_layout_is_what_the_kernel_reads():
+    # the kernel hard-codes the chunk layout kv_cache documents: k [B,K,H,C+1], v [B,K,C+1,H]
+    assert kv_cache.K_AXES == ("slots", "kv_heads", "head_dim", "seq")
+    assert kv_cache.V_AXES == ("slots", "kv_heads", "seq", "head_dim")
