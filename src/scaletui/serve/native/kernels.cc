@@ -184,17 +184,26 @@ struct AttnShape {
   int64_t n_chunks;                                 // live chunks passed in
 };
 
+// Prefetches (into L2) the first 8 KiB of the block read after this one, `i` of `n` steps
+// through the current block: each chunk is its own buffer, so nothing else runs ahead into it.
+inline void prefetch_next(const float* next, int64_t i, int64_t n) {
+  if (next == nullptr) return;
+  for (int64_t line = i * 128 / n; line < (i + 1) * 128 / n; ++line)
+    __builtin_prefetch(next + line * kLanes, 0, 2);
+}
+
 // scores[g, p] = q[g] . K[:, p] for p < len of one chunk, K^T stored [H, w] (row stride w).
-// 64 positions per pass keep 4 * G independent accumulators in flight; the tail is scalar so
-// no load reads past position len - 1 of a row.
+// PB vectors of positions per pass keep G * PB independent accumulators in flight; the tail is
+// scalar so no load reads past position len - 1 of a row.
 template <int G>
 void chunk_scores(const float* kt, int64_t w, int64_t hd, int64_t len, const float* q,
-                  float* scores, int64_t stride) {
+                  float* scores, int64_t stride, const float* next) {
   constexpr int PB = G <= 2 ? 8 : G <= 4 ? 4 : 2;  // vectors of positions per pass
   int64_t p0 = 0;
   for (; p0 + PB * kLanes <= len; p0 += PB * kLanes) {
     vf acc[G][PB] = {};
     for (int64_t h = 0; h < hd; ++h) {
+      if (p0 == 0) prefetch_next(next, h, hd);
       const float* row = kt + h * w + p0;
       vf kv[PB];
       for (int j = 0; j < PB; ++j) {
@@ -229,9 +238,10 @@ void chunk_scores(const float* kt, int64_t w, int64_t hd, int64_t len, const flo
 // out[g] += sum_p probs[g, p] * V[p] over one chunk's len rows, V stored [w, H].
 template <int G>
 void chunk_values(const float* vp, int64_t hd, int64_t len, const float* probs, int64_t stride,
-                  vf (*acc)[kMaxHeadDim / kLanes]) {
+                  vf (*acc)[kMaxHeadDim / kLanes], const float* next) {
   const int64_t nv = hd / kLanes;
   for (int64_t p = 0; p < len; ++p) {
+    prefetch_next(next, p, len);
     vf pr[G];
     for (int g = 0; g < G; ++g) pr[g] = splat(probs[g * stride + p]);
     for (int64_t j = 0; j < nv; ++j) {
@@ -264,9 +274,11 @@ void attend_one(const AttnShape& s, int64_t b, int64_t kh, int32_t pos, const fl
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* qh = q + (b * s.kv_heads + kh) * G * hd;  // [G, H]
   for (int64_t i = 0; i < G * hd; ++i) qs[i] = qh[i] * scale;
-  for (int64_t i = 0; i * c < n_pos; ++i)
+  const int64_t n_read = (n_pos + c - 1) / c;  // chunks holding live positions
+  for (int64_t i = 0; i < n_read; ++i)
     chunk_scores<G>(kc[i] + head_k, w, hd, std::min<int64_t>(c, n_pos - i * c), qs,
-                    scores.data() + i * c, stride);
+                    scores.data() + i * c, stride,
+                    i + 1 < n_read ? kc[i + 1] + head_k : vc[0] + head_k);
   float inv[G];
   for (int g = 0; g < G; ++g) {  // softmax numerators in place; 1 / denominator in inv
     float* sg = scores.data() + g * stride;
@@ -289,9 +301,10 @@ void attend_one(const AttnShape& s, int64_t b, int64_t kh, int32_t pos, const fl
     inv[g] = 1.0f / total;
   }
   vf acc[G][kMaxHeadDim / kLanes] = {};
-  for (int64_t i = 0; i * c < n_pos; ++i)
+  for (int64_t i = 0; i < n_read; ++i)
     chunk_values<G>(vc[i] + head_k, hd, std::min<int64_t>(c, n_pos - i * c),
-                    scores.data() + i * c, stride, acc);
+                    scores.data() + i * c, stride, acc,
+                    i + 1 < n_read ? vc[i + 1] + head_k : nullptr);
   for (int g = 0; g < G; ++g) {
     float* og = out + ((b * s.kv_heads + kh) * G + g) * hd;
     for (int64_t j = 0; j < hd / kLanes; ++j) store(og + j * kLanes, acc[g][j] * splat(inv[g]));
