@@ -9,7 +9,7 @@ import pytest
 
 from scaletui.serve import kv_cache, model, native, weights
 from scaletui.serve.config import ServeConfig
-from scaletui.serve.engine import build_engines, native_unusable
+from scaletui.serve.engine import build_engines
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.specs import load_model
 
@@ -148,7 +148,7 @@ def test_native_refused_where_it_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="tp=2"):
         build_engines(cfg, jax.devices()[:2])
     bf16 = ServeConfig(model=m, slots=2, max_seq_len=64, dtype="bf16")
-    assert "dtype=bf16" in native_unusable(bf16, jax.devices()[:1], dp=1, tp=1)
+    assert "dtype=bf16" in native.unusable(bf16, jax.devices()[:1], dp=1, tp=1)
     # auto falls back to XLA ops when the kernels cannot be built, and still serves
     monkeypatch.setattr(native, "unavailable_reason", lambda: "no C++ compiler")
     eng, _ = build_engines(ServeConfig(model=m, slots=2, max_seq_len=64), jax.devices()[:1])

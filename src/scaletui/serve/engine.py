@@ -6,6 +6,8 @@ length, generate per KV-length bucket. `warmup()` compiles them all; afterwards 
 only reuse them (a new shape would show in `compile_count()`). `generate` runs k decode steps in
 one `fori_loop`, donates the decode state and copies one packed int32 array to the host. The
 bucket is picked on the host from a mirror of the slot lengths, so no device sync picks it.
+Unsharded f32 engines on CPU hold their weights in the native layout and run the native C++
+kernels for matmuls and decode attention (`serve/native`, `--kernels`); others run XLA ops.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class JaxEngine:
         self.devices = list(devices)
         self.mesh = sharding.make_mesh(self.devices, dp, tp)
         self.dtype = JNP_DTYPES[config.dtype]
-        why_not = native_unusable(config, self.devices, dp=dp, tp=tp)
+        why_not = native.unusable(config, self.devices, dp=dp, tp=tp)
         if config.kernels == "native" and why_not:
             raise ValueError(f"kernels='native' is not usable here: {why_not}")
         self.native = config.kernels != "xla" and why_not is None
@@ -463,22 +465,6 @@ def _generate_fn(
     out = jnp.zeros((max_steps, 3, state["lengths"].shape[0]), jnp.int32)
     state, out = lax.fori_loop(0, n_steps, step, (state, out))
     return state, jnp.concatenate([out.reshape(max_steps * 3, -1), state["lengths"][None]])
-
-
-def native_unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | None:
-    """Why the native CPU kernels cannot run this engine, or None when they can."""
-    m = config.model
-    if any(d.platform != "cpu" for d in devices):
-        return "they are CPU kernels and the devices are " + devices[0].platform
-    if tp * dp != 1:
-        return f"they run unsharded (tp=1, dp=1), got tp={tp} dp={dp}"
-    if config.dtype != "f32":
-        return f"they compute in f32, got dtype={config.dtype}"
-    if m.head_dim % 16 or m.head_dim > 256:
-        return f"they need head_dim a multiple of 16 up to 256, got {m.head_dim}"
-    if m.n_heads // m.n_kv_heads > 8:
-        return f"they take at most 8 query heads per KV head, got {m.n_heads // m.n_kv_heads}"
-    return native.unavailable_reason()
 
 
 def build_engines(

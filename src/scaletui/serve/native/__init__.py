@@ -8,6 +8,10 @@ the engine falls back to plain XLA ops when it did not, so a host without a comp
 serves, only slower.
 
 Weights for `dense` are packed once on the host: W [D, N] -> panels [N/64, D, 64].
+
+Environment: `SCALETUI_NATIVE_KERNELS=0` turns them off; `SCALETUI_NATIVE_THREADS=N` sets the
+threads per kernel call (default: XLA's intra-op pool); `SCALETUI_CXXFLAGS` adds compiler flags
+(part of the cache key); `CXX` picks the compiler.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from scaletui.serve.config import ServeConfig
 
 PANEL = 64
 SOURCE = Path(__file__).with_name("kernels.cc")
@@ -62,14 +68,16 @@ def _compile() -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
-    cmd += os.environ.get("SCALETUI_CXXFLAGS", "").split()
+    cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w", *extra.split()]
     cmd += ["-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
-        os.unlink(tmp)
-        raise RuntimeError(f"compiling {SOURCE.name} failed: {proc.stderr.strip()[-2000:]}")
-    os.replace(tmp, out)  # atomic: concurrent first uses each compile, one file wins
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode:
+            raise RuntimeError(f"compiling {SOURCE.name} failed: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)  # atomic: concurrent first uses each compile, one file wins
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return out
 
 
@@ -84,7 +92,7 @@ def _load() -> str | None:
         for name, symbol in symbols.items():
             capsule = jax.ffi.pycapsule(getattr(lib, symbol))
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-    except (OSError, RuntimeError, AttributeError) as e:
+    except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
         return str(e)
     return None
 
@@ -101,6 +109,22 @@ def _require() -> None:
     reason = _load()
     if reason is not None:
         raise RuntimeError(f"native kernels unavailable: {reason}")
+
+
+def unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | None:
+    """Why the native CPU kernels cannot run this engine, or None when they can."""
+    m = config.model
+    if any(d.platform != "cpu" for d in devices):
+        return "they are CPU kernels and the devices are " + devices[0].platform
+    if tp * dp != 1:
+        return f"they run unsharded (tp=1, dp=1), got tp={tp} dp={dp}"
+    if config.dtype != "f32":
+        return f"they compute in f32, got dtype={config.dtype}"
+    if m.head_dim % 16 or m.head_dim > 256:
+        return f"they need head_dim a multiple of 16 up to 256, got {m.head_dim}"
+    if m.n_heads // m.n_kv_heads > 8:
+        return f"they take at most 8 query heads per KV head, got {m.n_heads // m.n_kv_heads}"
+    return unavailable_reason()
 
 
 # --- weights ----------------------------------------------------------------------------------
