@@ -87,7 +87,10 @@ def _hardware(ref: str) -> tuple[HardwareSpec, str]:
         return probe_hardware(), "inline probe (run `scaletui calibrate` for a saved spec)"
 
 
-def _estimate(model, hw, *, batch: int, context: int, prompt_len: int = 16):
+DTYPE_BYTES = {"f32": 4, "bf16": 2}
+
+
+def _estimate(model, hw, *, batch: int, context: int, dtype: str, prompt_len: int = 16):
     return roofline.estimate(
         model,
         hw,
@@ -95,9 +98,9 @@ def _estimate(model, hw, *, batch: int, context: int, prompt_len: int = 16):
         context=context,
         prompt_len=prompt_len,
         chips=1,
-        weight_bytes=4,
-        kv_bytes=4,
-        compute_dtype="f32",
+        weight_bytes=DTYPE_BYTES[dtype],
+        kv_bytes=DTYPE_BYTES[dtype],
+        compute_dtype=dtype,
     )
 
 
@@ -175,7 +178,7 @@ def bench_decode(args, model, hw, host_params) -> list[dict]:
         if eng.native and args.baseline:  # the same step on XLA's own ops, in the same run
             baseline, _ = time_decode_step(args, model, host_params, batch, "xla")
         ctx = args.context + args.steps * (1 + args.calls / 2)  # mean live context measured
-        est = _estimate(model, hw, batch=batch, context=int(ctx))
+        est = _estimate(model, hw, batch=batch, context=int(ctx), dtype=args.dtype)
         kv_read = batch * est.kv_bytes_per_token * ctx
         rows.append(
             {
@@ -216,7 +219,7 @@ def bench_prefill(args, model, hw, host_params) -> list[dict]:
             eng.prefill(prompt, SamplingParams())
             times.append(time.perf_counter() - t0)
         t = statistics.median(times)
-        est = _estimate(model, hw, batch=1, context=n, prompt_len=n)
+        est = _estimate(model, hw, batch=1, context=n, dtype=args.dtype, prompt_len=n)
         rows.append(
             {
                 "prompt_len": n,
@@ -267,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": model.name,
         "hardware": hw_name,
         "hbm_bw": hw.hbm_bw,
-        "flops_f32": hw.flops("f32"),
+        "flops": hw.flops(args.dtype),
         "backend": jax.default_backend(),
         "device": jax.devices()[0].device_kind,
         "dtype": args.dtype,
@@ -279,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(
         f"{model.name} on {hw_name} ({meta['device']}): {hw.hbm_bw / 1e9:.1f} GB/s, "
-        f"{hw.flops('f32') / 1e9:.0f} GFLOP/s f32; {args.steps} steps per generate call; "
+        f"{hw.flops(args.dtype) / 1e9:.0f} GFLOP/s {args.dtype}; {args.steps} steps per call; "
         f"{meta['kernels']} kernels"
     )
     print(
