@@ -109,7 +109,7 @@ def weights_floor(params: dict, m, batch: int, steps: int, calls: int, repeats: 
 
     def run(params, tok, n):
         def step(i, tok):
-            x = params["embed"][tok]  # [B, D]
+            x = llama.embed_tokens(params, tok)  # [B, D]
             cos, sin = llama.rope(jnp.full(tok.shape, i), m.head_dim, m.rope_theta)
             for p in params["layers"]:
                 h = llama.rms_norm(x, p["attn_norm"], m.norm_eps)

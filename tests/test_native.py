@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,10 +93,13 @@ def _tiny_cache(m, rows, chunk, n_chunks, seed):
     ]
 
 
-def test_model_decode_and_prefill_native_equal_xla():
-    m = load_model("tiny")
+@pytest.mark.parametrize("tied", [False, True])
+def test_model_decode_and_prefill_native_equal_xla(tied):
+    m = dataclasses.replace(load_model("tiny"), tied_embeddings=tied)
     host = weights.dummy_params(m, 0)
-    xla_params, native_params = jax.device_put(host), jax.device_put(native.pack_params(host))
+    packed = native.pack_params(host)
+    assert ("embed" in packed) is not tied  # a tied table is held once, packed for the lm head
+    xla_params, native_params = jax.device_put(host), jax.device_put(packed)
     tokens = jnp.array([5, 77, 300, 0], jnp.int32)
     positions = jnp.array([3, 9, 30, 0], jnp.int32)
     cache = _tiny_cache(m, rows=4, chunk=16, n_chunks=4, seed=0)

@@ -50,6 +50,14 @@ def is_native(params: dict) -> bool:
     return "wqkv" in params["layers"][0]
 
 
+def embed_tokens(params: dict, tokens: jax.Array) -> jax.Array:
+    """Token ids [...] -> embeddings [..., D]. The native layout of a tied model keeps the table
+    only once, packed for the lm head (table^T as [V/64, D, 64]), and gathers from that."""
+    if "embed" in params:
+        return params["embed"][tokens]
+    return params["lm_head"][tokens // native_ops.PANEL, :, tokens % native_ops.PANEL]
+
+
 def mlp(p: dict, h: jax.Array, m: ModelSpec) -> jax.Array:
     if "w_gateup" in p:
         gate, up = jnp.split(native_ops.dense(h, p["w_gateup"], 2 * m.d_ff), 2, axis=-1)
@@ -131,7 +139,7 @@ def prefill(
     """
     t = tokens.shape[0]
     pos = start + jnp.arange(t)
-    x = params["embed"][tokens][None]  # [1, T, D]
+    x = embed_tokens(params, tokens)[None]  # [1, T, D]
     cos, sin = rope(pos, m.head_dim, m.rope_theta)
     kv_out = []
     for i, p in enumerate(params["layers"]):
@@ -191,7 +199,7 @@ def decode(
     """
     b = tokens.shape[0]
     r = n_rows or b
-    x = params["embed"][tokens[:r]]  # [R, D]
+    x = embed_tokens(params, tokens[:r])  # [R, D]
     cos, sin = rope(positions[:r], m.head_dim, m.rope_theta)
     out = []
     for layer, p in zip(cache, params["layers"], strict=True):

@@ -150,7 +150,9 @@ def pack_params(params: dict) -> dict:
 
     Per layer `wqkv` = [wq | wk | wv] as [D, (N + 2K) H], `wo` as [N H, D], `w_gateup` =
     [w_gate | w_up] as [D, 2F], `w_down`; `lm_head` packed from the output table ([V, D], the
-    embedding when tied) transposed. `embed` (the token gather) and the norms stay as they are.
+    embedding when tied) transposed. The norms stay as they are, and so does `embed` when it is
+    a table of its own (untied); a tied model gathers its embeddings from the packed lm head
+    (`model.embed_tokens`), so the table is held once.
     Each packed entry is panels [ceil(N/64), D, 64]; its width N is the model's (see `dense`).
     """
     flat = lambda w: np.asarray(w, np.float32).reshape(w.shape[0], -1)
@@ -170,12 +172,10 @@ def pack_params(params: dict) -> dict:
             }
         )
     table = np.asarray(params.get("lm_head", params["embed"]), np.float32)
-    return {
-        "embed": np.asarray(params["embed"]),
-        "norm": np.asarray(params["norm"]),
-        "lm_head": pack(table.T),
-        "layers": layers,
-    }
+    out = {"norm": np.asarray(params["norm"]), "lm_head": pack(table.T), "layers": layers}
+    if "lm_head" in params:  # untied: the input embedding is a table of its own
+        out["embed"] = np.asarray(params["embed"])
+    return out
 
 
 # --- ops (usable inside jit) -----------------------------------------------------------------
