@@ -173,3 +173,21 @@ def test_kv_layout_is_what_the_kernel_reads():
     # the kernel hard-codes the chunk layout kv_cache documents: k [B,K,H,C+1], v [B,K,C+1,H]
     assert kv_cache.K_AXES == ("slots", "kv_heads", "head_dim", "seq")
     assert kv_cache.V_AXES == ("slots", "kv_heads", "seq", "head_dim")
+
+
+def test_decode_attention_past_the_live_chunks_writes_nothing():
+    rng = np.random.default_rng(7)
+    kh, hd, chunk, n_live = 2, 16, 8, 2
+    kc = [_rand(rng, 1, kh, hd, chunk + 1) for _ in range(n_live)]
+    vc = [_rand(rng, 1, kh, chunk + 1, hd) for _ in range(n_live)]
+    q, k, v = _rand(rng, 1, kh * 2, hd), _rand(rng, 1, kh, hd), _rand(rng, 1, kh, hd)
+    positions = np.array([n_live * chunk + 3], np.int32)  # outside the bucket
+    out, got_k, got_v = native.decode_attention(*map(jnp.asarray, (q, k, v, positions)), kc, vc)
+    for got, before in zip(got_k + got_v, kc + vc, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), before)
+    # the same as attending at the last live position with that position's own K/V in place
+    last = np.array([n_live * chunk - 1], np.int32)
+    k_last = kc[-1][:, :, :, chunk - 1].copy()
+    v_last = vc[-1][:, :, chunk - 1, :].copy()
+    want, _, _ = _reference_attention(q, k_last, v_last, last, kc, vc)
+    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-5)

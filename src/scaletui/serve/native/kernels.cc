@@ -260,9 +260,12 @@ void attend_one(const AttnShape& s, int64_t b, int64_t kh, int32_t pos, const fl
                 float* out, std::vector<float>& scores) {
   const int64_t hd = s.head_dim, c = s.chunk, w = c + 1;
   const int64_t head_k = (b * s.kv_heads + kh) * hd * w;  // offset of this head's block
-  const int64_t n_pos = std::min<int64_t>(std::max<int32_t>(pos, 0), s.n_chunks * c - 1) + 1;
-  {  // the step's K/V into the chunk holding `pos`
-    const int64_t p = n_pos - 1, i = p / c, col = p % c;
+  // a position past the live chunks (the engine's bucket rules this out) writes nothing and
+  // attends over every live position, as the XLA path's scratch-column write does
+  const int64_t p = std::max<int32_t>(pos, 0), capacity = s.n_chunks * c;
+  const int64_t n_pos = std::min(p + 1, capacity);
+  if (p < capacity) {  // the step's K/V into the chunk holding `pos`
+    const int64_t i = p / c, col = p % c;
     const float* kn = k_new + (b * s.kv_heads + kh) * hd;
     const float* vn = v_new + (b * s.kv_heads + kh) * hd;
     for (int64_t h = 0; h < hd; ++h) kc[i][head_k + h * w + col] = kn[h];
