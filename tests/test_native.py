@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scaletui.serve import kv_cache, model, native, weights
+from scaletui.serve import model, native, weights
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine import build_engines
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.specs import load_model
 
-pytestmark = pytest.mark.skipif(
+needs_kernels = pytest.mark.skipif(
     not native.available(), reason=f"native kernels unavailable: {native.unavailable_reason()}"
 )
 
@@ -24,6 +24,7 @@ def _rand(rng, *shape):
     return rng.standard_normal(shape, dtype=np.float32)
 
 
+@needs_kernels
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 16, 100])
 @pytest.mark.parametrize(("d", "n"), [(64, 64), (100, 200), (512, 1024)])
 def test_dense_matches_numpy(m, d, n):
@@ -34,6 +35,7 @@ def test_dense_matches_numpy(m, d, n):
     np.testing.assert_allclose(np.asarray(y), x @ w, rtol=1e-4, atol=1e-4 * np.sqrt(d))
 
 
+@needs_kernels
 def test_dense_keeps_leading_axes_and_pack_round_trips():
     rng = np.random.default_rng(1)
     x, w = _rand(rng, 1, 9, 48), _rand(rng, 48, 70)  # 70: the last panel is zero-padded
@@ -65,7 +67,10 @@ def _reference_attention(q, k, v, positions, kc, vc):
     return out, kc, vc
 
 
-@pytest.mark.parametrize(("groups", "hd", "chunk"), [(1, 16, 8), (2, 64, 16), (4, 32, 128)])
+@needs_kernels
+@pytest.mark.parametrize(
+    ("groups", "hd", "chunk"), [(1, 16, 8), (2, 64, 16), (4, 32, 128), (8, 128, 17), (3, 256, 16)]
+)
 def test_decode_attention_matches_numpy(groups, hd, chunk):
     rng = np.random.default_rng(groups)
     b, rows, kh, n_live = 4, 3, 2, 3  # row 3 is a spare row the kernel must not touch
@@ -93,6 +98,7 @@ def _tiny_cache(m, rows, chunk, n_chunks, seed):
     ]
 
 
+@needs_kernels
 @pytest.mark.parametrize("tied", [False, True])
 def test_model_decode_and_prefill_native_equal_xla(tied):
     m = dataclasses.replace(load_model("tiny"), tied_embeddings=tied)
@@ -139,6 +145,7 @@ def _greedy_run(kernels: str) -> tuple[list[list[int]], bool]:
     return out, eng.native
 
 
+@needs_kernels
 def test_engine_native_tokens_equal_xla():
     native_out, used_native = _greedy_run("native")
     xla_out, used_xla = _greedy_run("xla")
@@ -161,6 +168,17 @@ def test_native_refused_where_it_cannot_run(monkeypatch):
     assert eng.prefill([1, 2, 3], SamplingParams(max_tokens=2)).first_token >= 0
 
 
+def test_reconfigure_validation_refuses_native_where_it_cannot_run():
+    from scaletui.serve.cli import real_engine_factory
+    from scaletui.serve.tokenizer import load_tokenizer
+
+    m = load_model("tiny")
+    validate = real_engine_factory(load_tokenizer(None, m.vocab_size)).validate
+    validate(ServeConfig(model=m, slots=2, max_seq_len=64, tp=2, kernels="auto"))  # XLA ops
+    with pytest.raises(ValueError, match="tp=2"):  # before any drain, not after
+        validate(ServeConfig(model=m, slots=2, max_seq_len=64, tp=2, kernels="native"))
+
+
 def test_compile_failure_names_the_compiler_error(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CXX", "false")
@@ -169,12 +187,7 @@ def test_compile_failure_names_the_compiler_error(monkeypatch, tmp_path):
     assert not list((tmp_path / "scaletui" / "kernels").glob("*.so"))
 
 
-def test_kv_layout_is_what_the_kernel_reads():
-    # the kernel hard-codes the chunk layout kv_cache documents: k [B,K,H,C+1], v [B,K,C+1,H]
-    assert kv_cache.K_AXES == ("slots", "kv_heads", "head_dim", "seq")
-    assert kv_cache.V_AXES == ("slots", "kv_heads", "seq", "head_dim")
-
-
+@needs_kernels
 def test_decode_attention_past_the_live_chunks_writes_nothing():
     rng = np.random.default_rng(7)
     kh, hd, chunk, n_live = 2, 16, 8, 2
@@ -191,3 +204,40 @@ def test_decode_attention_past_the_live_chunks_writes_nothing():
     v_last = vc[-1][:, :, chunk - 1, :].copy()
     want, _, _ = _reference_attention(q, k_last, v_last, last, kc, vc)
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-5)
+
+
+@needs_kernels
+def test_decode_attention_rejects_inconsistent_chunks():
+    rng = np.random.default_rng(3)
+    q, k, v = _rand(rng, 2, 4, 16), _rand(rng, 2, 2, 16), _rand(rng, 2, 2, 16)
+    pos = jnp.zeros(2, jnp.int32)
+    kc, vc = [_rand(rng, 2, 2, 16, 9)], [_rand(rng, 2, 2, 9, 16)]
+    args = tuple(map(jnp.asarray, (q, k, v))) + (pos,)
+    with pytest.raises(ValueError, match="f32"):
+        native.decode_attention(*args, [c.astype(jnp.bfloat16) for c in map(jnp.asarray, kc)], vc)
+    for bad_k, bad_v in (
+        ([_rand(rng, 1, 2, 16, 9)], [_rand(rng, 1, 2, 9, 16)]),  # fewer cache rows than q rows
+        ([_rand(rng, 2, 2, 16, 9)], [_rand(rng, 2, 2, 17, 16)]),  # v chunk width != k's
+        ([_rand(rng, 2, 2, 32, 9)], [_rand(rng, 2, 2, 9, 32)]),  # head_dim != q's
+    ):
+        with pytest.raises(Exception, match="chunk shapes disagree"):
+            jax.block_until_ready(native.decode_attention(*args, bad_k, bad_v))
+
+
+def test_large_batches_take_xla_matmul_on_the_same_panels():
+    rng = np.random.default_rng(5)
+    x, w = _rand(rng, native.XLA_ROWS, 40), _rand(rng, 40, 100)
+    lowered = jax.jit(native.dense, static_argnums=2).lower(jnp.asarray(x), native.pack(w), 100)
+    assert "scaletui_dense" not in lowered.as_text()  # no custom call: plain XLA dot
+    y = native.dense(jnp.asarray(x), jnp.asarray(native.pack(w)), 100)
+    np.testing.assert_allclose(np.asarray(y), x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_unwritable_cache_still_builds(monkeypatch, tmp_path):
+    if native._load() is not None and "compiler" in native._load():
+        pytest.skip("no C++ compiler")
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    built = native._compile()
+    assert built.exists() and not str(built).startswith(str(blocked))

@@ -68,3 +68,13 @@ def test_same_seed_same_token_different_seeds_vary():
     assert len(set(same.tolist())) == 1  # every row: same (seed, position), same token
     varied = _draw(logits, temperature=1.5)  # seeds 0..63
     assert len(set(varied.tolist())) > 3
+
+
+def test_argmax_last_is_jnp_argmax_ties_and_nan_included():
+    rng = np.random.default_rng(0)
+    rows = rng.integers(-3, 3, (64, 40)).astype(np.float32)  # many ties
+    rows[5, 7] = rows[6, 0] = np.nan
+    rows[7, :] = -np.inf
+    rows[8, 3] = np.inf
+    got = np.asarray(sampling.argmax_last(jnp.asarray(rows)))
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(rows), axis=-1)))

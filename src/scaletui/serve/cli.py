@@ -107,6 +107,16 @@ def real_engine_factory(tok: Tokenizer) -> Callable:
         if c.mode == "disaggregated" and len(pre) % c.tp:
             raise ValueError(f"prefill devices ({len(pre)}) must be a multiple of tp={c.tp}")
         sharding.validate(c.model, tp=c.tp, dp=c.dp, n_devices=len(gen))
+        if c.kernels == "native":  # refuse before draining the running server, not after
+            from scaletui.serve import native
+
+            engines = [(gen[: c.tp * c.dp], c.dp)]
+            if c.mode == "disaggregated":
+                engines.append((pre, len(pre) // c.tp))
+            for devs, dp in engines:
+                why_not = native.unusable(c, devs, dp=dp, tp=c.tp)
+                if why_not:
+                    raise ValueError(f"kernels='native' is not usable here: {why_not}")
 
     build.validate = validate
     return build

@@ -76,10 +76,11 @@ class JaxEngine:
         self.devices = list(devices)
         self.mesh = sharding.make_mesh(self.devices, dp, tp)
         self.dtype = JNP_DTYPES[config.dtype]
-        why_not = native.unusable(config, self.devices, dp=dp, tp=tp)
+        why_not = "--kernels xla" if config.kernels == "xla" else None  # no compile for xla
+        why_not = why_not or native.unusable(config, self.devices, dp=dp, tp=tp)
         if config.kernels == "native" and why_not:
             raise ValueError(f"kernels='native' is not usable here: {why_not}")
-        self.native = config.kernels != "xla" and why_not is None
+        self.native = why_not is None
         if self.native:  # fused, packed weights for the native dense kernel
             self.params = jax.device_put(native.pack_params(host_params), self.mesh.devices.flat[0])
         else:

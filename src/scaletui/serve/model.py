@@ -112,7 +112,7 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
 def forward(params: dict, tokens: jax.Array, m: ModelSpec) -> jax.Array:
     """Reference: tokens [B, T] -> logits [B, T, V], causal over the whole sequence."""
     t = tokens.shape[1]
-    x = params["embed"][tokens]  # [B, T, D]
+    x = embed_tokens(params, tokens)  # [B, T, D]
     cos, sin = rope(jnp.arange(t), m.head_dim, m.rope_theta)
     mask = jnp.tril(jnp.ones((t, t), bool))[None]
     for p in params["layers"]:

@@ -17,13 +17,13 @@ NEG = -1e30
 
 
 def argmax_last(x: jax.Array) -> jax.Array:
-    """argmax over the last axis (first index of the max) as two plain reductions: XLA CPU runs
-    the (value, index) reduction of `jnp.argmax` 2-4x slower, and this sits in every decode
-    step. An all-NaN row gives the last index instead of an out-of-range one."""
+    """`jnp.argmax` over the last axis (first index of the max, a NaN counting as the max) as
+    two plain reductions: XLA CPU runs argmax's (value, index) reduction 2-4x slower, and this
+    sits in every decode step."""
     n = x.shape[-1]
+    x = jnp.where(jnp.isnan(x), jnp.inf, x)
     best = jnp.max(x, axis=-1, keepdims=True)
-    first = jnp.min(jnp.where(x == best, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
-    return jnp.minimum(first, n - 1)
+    return jnp.min(jnp.where(x == best, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
 
 
 def row_key(seed: jax.Array, position: jax.Array) -> jax.Array:

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -340,27 +341,34 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
                            ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets chunks_out) {
   auto qd = q.dimensions();
   auto kd = k_new.dimensions();
+  auto vd = v_new.dimensions();
   const int64_t n2 = static_cast<int64_t>(chunks_out.size());
+  auto bad = [](const char* what) {
+    return ffi::Error::InvalidArgument(std::string("decode_attention: ") + what);
+  };
   if (n2 == 0 || n2 % 2 || static_cast<int64_t>(chunks.size()) != n2)
-    return ffi::Error::InvalidArgument("decode_attention: need n k chunks then n v chunks");
-  if (kd[0] != qd[0] || qd[1] % kd[1] || kd[2] != qd[2])
-    return ffi::Error::InvalidArgument("decode_attention: q/k/v shapes disagree");
+    return bad("need n k chunks then n v chunks");
+  if (kd[0] != qd[0] || qd[1] % kd[1] || kd[2] != qd[2] || vd[0] != kd[0] || vd[1] != kd[1] ||
+      vd[2] != kd[2] || static_cast<int64_t>(positions.element_count()) < qd[0])
+    return bad("q [R, N, H], k/v [R, K, H] and positions [>= R] disagree");
   if (qd[2] % kLanes || qd[2] > kMaxHeadDim)
-    return ffi::Error::InvalidArgument("decode_attention: head_dim must be a multiple of 16, <= 256");
+    return bad("head_dim must be a multiple of 16, <= 256");
   std::vector<float*> kc(n2 / 2), vc(n2 / 2);
-  int64_t chunk = 0;
-  for (int64_t i = 0; i < n2; ++i) {
+  int64_t chunk = -1, rows = -1;
+  for (int64_t i = 0; i < n2; ++i) {  // every chunk: f32, k [B, K, H, C+1] / v [B, K, C+1, H]
     auto r = chunks_out.get<ffi::AnyBuffer>(i);
     if (!r.has_value()) return r.error();
     auto dims = (*r)->dimensions();
-    if (dims.size() != 4) return ffi::Error::InvalidArgument("decode_attention: chunk rank");
+    if ((*r)->element_type() != ffi::DataType::F32 || dims.size() != 4)
+      return bad("chunks must be f32 rank-4 buffers");
+    const bool is_k = i < n2 / 2;
+    const int64_t width = is_k ? dims[3] : dims[2], head = is_k ? dims[2] : dims[3];
+    if (chunk < 0) chunk = width - 1, rows = dims[0];
+    if (width != chunk + 1 || dims[0] != rows || dims[0] < qd[0] || dims[1] != kd[1] ||
+        head != qd[2] || chunk < 1)
+      return bad("chunk shapes disagree with each other or with q/k/v");
     float* p = static_cast<float*>((*r)->untyped_data());
-    if (i < n2 / 2) {
-      kc[i] = p;
-      chunk = dims[3] - 1;  // [B, K, H, C+1]
-    } else {
-      vc[i - n2 / 2] = p;
-    }
+    (is_k ? kc[i] : vc[i - n2 / 2]) = p;
   }
   AttnShape s{qd[0], kd[1], qd[1] / kd[1], qd[2], chunk, n2 / 2};
   AttendFn attend = attend_for(s.groups);
