@@ -89,8 +89,7 @@ def engine_factory(args: argparse.Namespace, tok: Tokenizer) -> Callable:
 
 def real_engine_factory(tok: Tokenizer) -> Callable:
     """The JAX engine's `build_engines`, told the tokenizer's vocabulary and EOS."""
-    from scaletui.serve import sharding
-    from scaletui.serve.engine import build_engines
+    from scaletui.serve.engine import build_engines, plan_engines
 
     accepted = inspect.signature(build_engines).parameters
     extra = {k: v for k, v in (("vocab_size", tok.vocab_size), ("vocab_limit", tok.vocab_size),
@@ -102,21 +101,7 @@ def real_engine_factory(tok: Tokenizer) -> Callable:
     def validate(c: ServeConfig) -> None:
         import jax
 
-        devices = jax.devices()
-        pre, gen = sharding.split_devices(devices, c.mode, c.prefill_devices)
-        if c.mode == "disaggregated" and len(pre) % c.tp:
-            raise ValueError(f"prefill devices ({len(pre)}) must be a multiple of tp={c.tp}")
-        sharding.validate(c.model, tp=c.tp, dp=c.dp, n_devices=len(gen))
-        if c.kernels == "native":  # refuse before draining the running server, not after
-            from scaletui.serve import native
-
-            engines = [(gen[: c.tp * c.dp], c.dp)]
-            if c.mode == "disaggregated":
-                engines.append((pre, len(pre) // c.tp))
-            for devs, dp in engines:
-                why_not = native.unusable(c, devs, dp=dp, tp=c.tp)
-                if why_not:
-                    raise ValueError(f"kernels='native' is not usable here: {why_not}")
+        plan_engines(c, jax.devices())
 
     build.validate = validate
     return build

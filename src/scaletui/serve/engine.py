@@ -76,11 +76,12 @@ class JaxEngine:
         self.devices = list(devices)
         self.mesh = sharding.make_mesh(self.devices, dp, tp)
         self.dtype = JNP_DTYPES[config.dtype]
-        why_not = "--kernels xla" if config.kernels == "xla" else None  # no compile for xla
-        why_not = why_not or native.unusable(config, self.devices, dp=dp, tp=tp)
+        why_not = None  # --kernels xla: not even a compile
+        if config.kernels != "xla":
+            why_not = native.unusable(config, self.devices, dp=dp, tp=tp)
         if config.kernels == "native" and why_not:
             raise ValueError(f"kernels='native' is not usable here: {why_not}")
-        self.native = why_not is None
+        self.native = config.kernels != "xla" and why_not is None
         if self.native:  # fused, packed weights for the native dense kernel
             self.params = jax.device_put(native.pack_params(host_params), self.mesh.devices.flat[0])
         else:
@@ -468,6 +469,27 @@ def _generate_fn(
     return state, jnp.concatenate([out.reshape(max_steps * 3, -1), state["lengths"][None]])
 
 
+def plan_engines(config: ServeConfig, devices: list) -> list[tuple[str, list, int]]:
+    """[(role, devices, dp)] of the engines `config` builds on `devices`, checked without
+    building them: a sharding the devices cannot hold, or kernels='native' where the native
+    kernels cannot run, raises ValueError naming the values (reconfigure asks before draining).
+    """
+    m, tp, dp = config.model, config.tp, config.dp
+    pre, gen = sharding.split_devices(devices, config.mode, config.prefill_devices)
+    if config.mode == "disaggregated" and len(pre) % tp:
+        raise ValueError(f"prefill devices ({len(pre)}) must be a multiple of tp={tp}")
+    sharding.validate(m, tp=tp, dp=dp, n_devices=len(gen))
+    if config.mode == "interleaved":
+        plan = [("both", gen[: tp * dp], dp)]
+    else:
+        plan = [("prefill", pre, len(pre) // tp), ("generate", gen[: tp * dp], dp)]
+    for _, devs, d in plan if config.kernels == "native" else ():
+        why_not = native.unusable(config, devs, dp=d, tp=tp)
+        if why_not:
+            raise ValueError(f"kernels='native' is not usable here: {why_not}")
+    return plan
+
+
 def build_engines(
     config: ServeConfig,
     devices: list[jax.Device] | None = None,
@@ -481,22 +503,16 @@ def build_engines(
     Weights are made (or read) once on the host and placed on each mesh, so every mesh and
     mode computes with identical values. `vocab_size`/`eos_id` come from the tokenizer.
     """
-    m, tp, dp = config.model, config.tp, config.dp
-    devices = list(devices or jax.devices())
+    m = config.model
+    plan = plan_engines(config, list(devices or jax.devices()))
     if host_params is None:
         if config.weights:
             host_params = weights.load_safetensors(config.weights, m, config.dtype)
         else:
             host_params = weights.dummy_params(m, config.seed, config.dtype)
     kw = {"vocab_size": vocab_size, "eos_id": eos_id}
-    if config.mode == "interleaved":
-        sharding.validate(m, tp=tp, dp=dp, n_devices=len(devices))
-        eng = JaxEngine(config, host_params, devices[: tp * dp], dp=dp, tp=tp, **kw)
-        return eng, eng
-    pre, gen = sharding.split_devices(devices, config.mode, config.prefill_devices)
-    if len(pre) % tp:
-        raise ValueError(f"prefill devices ({len(pre)}) must be a multiple of tp={tp}")
-    sharding.validate(m, tp=tp, dp=dp, n_devices=len(gen))
-    pe = JaxEngine(config, host_params, pre, dp=len(pre) // tp, tp=tp, role="prefill", **kw)
-    ge = JaxEngine(config, host_params, gen[: tp * dp], dp=dp, tp=tp, role="generate", **kw)
-    return pe, ge
+    engines = [
+        JaxEngine(config, host_params, devs, dp=dp, tp=config.tp, role=role, **kw)
+        for role, devs, dp in plan
+    ]
+    return (engines[0], engines[0]) if len(engines) == 1 else (engines[0], engines[1])
