@@ -32,6 +32,8 @@ class FakeController:
         self.calls: list[tuple] = []
         self.apply_gate = asyncio.Event()
         self.load_gate = asyncio.Event()
+        self.ready_gate = asyncio.Event()
+        self.ready_gate.set()
         self.fail_apply = fail_apply
         self.config = dict(STATS["config"], slots=4)
         self.killed = False
@@ -58,10 +60,20 @@ class FakeController:
     async def spawn_server(self) -> None:
         self.calls.append(("spawn",))
 
-    async def wait_ready(self, timeout: float) -> None:
-        self.calls.append(("ready",))
+    async def wait_ready(self, timeout: float | None) -> dict:
+        self.calls.append(("ready", timeout))
+        await self.ready_gate.wait()
+        self.server_ok = True
         self.stats()
         self.event("server up", server="serving", phase="idle")
+        return dict(self.config)
+
+    async def probe(self) -> str | None:
+        return None if self.server_ok else "cannot connect (Connection refused)"
+
+    @property
+    def server_exited(self) -> bool:  # our own server is gone; an attached one may come back
+        return not self.server_ok and not self.attached
 
     async def apply(self, changes: dict) -> dict:
         self.calls.append(("apply", changes))
@@ -474,3 +486,95 @@ async def test_a_malformed_record_is_shown_and_the_app_keeps_ingesting():
         await settle(app, pilot)
         assert any("ignored a bad 'stats' record" in e.text for e in app.model.events)
         assert app.query_one("#runs").row_count == 2  # everything after it was ingested
+
+
+async def test_attached_load_runs_at_the_servers_slots_not_the_default(tmp_path):
+    """Regression: attached to a 4-slot server, the first run used the default knobs (slots 8,
+    so concurrency 8) while the status said 'conc 4 (=slots)'."""
+    ctl = FakeController()
+    ctl.attached = True
+    app = make_app(ctl, tmp_path)
+    app.model = MetricsModel(Knobs(input_len=32, output_len=32, hardware="h100"), "tiny")
+    assert app.model.applied.slots == 8 and ctl.config["slots"] == 4
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        assert ("ready", None) in ctl.calls  # attached: retried until it answers
+        assert [c for c in ctl.calls if c[0] == "load"] == [("load", 4, "run")]
+        assert app.model.run_knobs.concurrency == 4
+
+
+async def test_load_restarts_by_itself_when_an_attached_server_returns(tmp_path):
+    ctl = FakeController()
+    ctl.attached = True
+    app = make_app(ctl, tmp_path)
+    app.loop_runs = True
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        assert ctl.calls.count(("load", 4, "run")) == 1
+        ctl.server_ok = False  # the server goes away mid-run; loadgen ends its run early
+        ctl.ready_gate.clear()
+        ctl.load_gate.set()
+        await settle(app, pilot)
+        assert ctl.calls.count(("load", 4, "run")) == 1, "no load is fired at a dead server"
+        assert "load paused" in app.model.events[-1].text
+        ctl.config["slots"] = 2  # it comes back in another shape
+        ctl.ready_gate.set()
+        await settle(app, pilot)
+        assert ("load", 2, "run") in ctl.calls
+        assert any("load restarts" in e.text for e in app.model.events)
+
+
+async def test_sweep_status_names_the_point_running(tmp_path):
+    ctl = FakeController()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        ctl.apply_gate.set()
+        app.command("sweep qps 1,4")
+        for _ in range(40):
+            await settle(app, pilot, rounds=1)
+            if app.model.phase == "sweeping" and app.model.run_kind == "sweep":
+                break
+        assert "sweep 1/2 qps 1" in str(app.query_one("#status").content)
+        ctl.load_gate.set()
+        for _ in range(40):
+            await settle(app, pilot, rounds=1)
+            if "2/2" in app.model.sweep_point:
+                break
+        assert "sweep 2/2 qps 4" in str(app.query_one("#status").content)
+        assert any(e.text == "sweep point 2/2 qps 4" for e in app.model.events)
+
+
+async def test_help_shows_keys_as_typed_not_by_internal_name():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        from textual.widgets import DataTable
+
+        table = app.screen.query_one("#help-keys", DataTable)
+        keys = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        assert "?" in keys and "^p" in keys or "ctrl+p" in keys
+        assert not [k for k in keys if "_" in k], keys  # no question_mark, full_stop, ...
+
+
+@pytest.mark.parametrize("size", [(160, 48), (120, 40)])
+async def test_runs_events_and_memory_fit_their_panels(size):
+    """Regression: at 160 columns the Runs table hid its `eff` column, the events were cut at
+    78 cells and "KV 64.5 MiB" wrapped in the memory panel."""
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await app.workers.wait_for_complete()
+        await settle(app, pilot)
+        runs = app.query_one("#runs")
+        assert runs.row_count >= 1
+        assert runs.virtual_size.width <= runs.scrollable_content_region.width
+        events = app.query_one("#events")
+        if events.display:
+            assert events.virtual_size.width <= events.scrollable_content_region.width
+        memory = app.query_one("#memory")
+        if memory.display:
+            lines = memory.content.plain.splitlines()
+            assert "meas" in lines[1] and "■ KV" in lines[3]
+            assert max(map(len, lines)) <= memory.content_region.width

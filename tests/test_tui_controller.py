@@ -86,3 +86,59 @@ def test_cpu_host_gets_one_virtual_device_per_core(monkeypatch):
     assert default_host_devices() is None
     assert "--host-devices" not in Controller(knobs=Knobs()).serve_command()
     assert Controller(knobs=Knobs(), host_devices=4).serve_command()[-2:] == ["--host-devices", "4"]
+
+
+async def test_unreachable_server_is_said_at_once_and_retried_until_it_answers(tmp_path):
+    """Regression: attached to a port where nothing listens, the status said "connecting" for
+    over 40 s and never why. Now the first failed try is an event with the reason, and the
+    controller keeps trying (with backoff) until the server answers."""
+    from aiohttp import web
+
+    port = ctl_mod.free_port()
+    ctl = Controller(url=f"http://127.0.0.1:{port}", log_dir=tmp_path, host_devices=0)
+    ctl._session = ctl_mod.aiohttp.ClientSession()
+    model = MetricsModel(Knobs(), "tiny")
+    waiting = asyncio.create_task(ctl.wait_ready(timeout=None))
+    try:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        while not any("not ready" in t for t in drain(ctl, model)):
+            assert loop.time() - t0 < 5, "no word on the unreachable server within 5 s"
+            await asyncio.sleep(0.05)
+        assert "cannot connect" in model.events[-1].text and "refused" in model.events[-1].text
+        assert model.server.startswith("unreachable") and not waiting.done()
+
+        stats = {"state": "serving", "config": {"slots": 4, "tp": 1}}
+
+        async def ok(request: web.Request) -> web.Response:
+            return web.json_response({"status": "ok"})
+
+        async def answer_stats(request: web.Request) -> web.Response:
+            return web.json_response(stats)
+
+        app = web.Application()
+        app.router.add_get("/health", ok)
+        app.router.add_get("/stats", answer_stats)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            assert await asyncio.wait_for(waiting, 10) == {"slots": 4, "tp": 1}
+        finally:
+            await runner.cleanup()
+        assert "server ready" in drain(ctl, model)[-1]
+    finally:
+        waiting.cancel()
+        await ctl._session.close()
+
+
+def test_temporary_log_folder_is_removed_unless_something_failed(tmp_path):
+    """Regression: every session left a /tmp/scaletui-* folder behind."""
+    clean = Controller(host_devices=0)
+    assert clean.log_dir.is_dir()
+    assert clean.remove_logs(keep=False) is None and not clean.log_dir.exists()
+    failed = Controller(host_devices=0)
+    assert failed.remove_logs(keep=True) == failed.log_dir and failed.log_dir.is_dir()
+    failed.remove_logs(keep=False)
+    named = Controller(host_devices=0, log_dir=tmp_path / "logs")
+    assert named.remove_logs(keep=False) == tmp_path / "logs"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from scaletui.tui import views
@@ -148,3 +151,21 @@ def test_backend_label_names_native_kernels():
     xla = {"backend": "gpu", "mesh": {"generate": {"kernels": "xla"}}}
     assert views._backend_label(xla) == "gpu"
     assert views._backend_label({}) == "?"
+
+
+def test_every_panel_predicts_on_the_shown_spec_even_with_a_local_one(private_config):
+    """Regression: with a calibrated `local` spec present, the Runs rows predicted on `local`
+    (the recorded run's knobs carry hardware "") while the KPIs showed the pinned h100."""
+    from scaletui.specs import local_hardware_path
+
+    path = local_hardware_path()
+    path.parent.mkdir(parents=True)
+    a100 = (Path(__file__).parents[1] / "src/scaletui/specs/hardware/a100.yaml").read_text()
+    path.write_text(a100.replace("name: a100", "name: local"))
+    m = loaded()
+    assert m.runs, "the fixture holds a finished run"
+    shown = m.prediction()
+    assert shown.hardware == "h100"
+    assert m.runs[-1].pred_tpot_ms == m.prediction(m.runs[-1].knobs).tpot_ms
+    assert m.prediction(replace(m.runs[-1].knobs, hardware="")).hardware == "h100"
+    assert views.build_view(m).hardware == "h100"

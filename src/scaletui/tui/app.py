@@ -60,6 +60,11 @@ def parser() -> argparse.ArgumentParser:
     a("--replay", metavar="FILE", help="replay a recorded session (no server, no load)")
     a("--replay-speed", type=float, default=1.0, help="0 = all at once")
     a("--export-dir", default=".", help="where e writes runs (JSON + CSV)")
+    a(
+        "--log-dir",
+        help="keep the server, loadgen and calibrate logs here (default: a temporary folder, "
+        "removed on exit unless something failed)",
+    )
     return p
 
 
@@ -107,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             knobs=knobs,
             host_devices=args.host_devices,
             calibrate=not args.no_calibrate,
+            log_dir=args.log_dir,
         )
         source = controller
         atexit.register(controller.kill_children)
@@ -130,4 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if controller is not None:
             controller.kill_children()
+            failed = any(e.level == "error" for e in model.events)
+            kept = controller.remove_logs(keep=failed)
+            if kept is not None:
+                print(f"scaletui: logs in {kept}", file=sys.stderr)
     return int(code or 0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -73,7 +74,9 @@ class Controller:
         self.calibrate_timeout = calibrate_timeout
         self.calibrator: asyncio.subprocess.Process | None = None
         self.serve_args = serve_args or []
+        self._temp_logs = log_dir is None  # ours to remove on a clean exit
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="scaletui-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.poll_s = poll_s
         self.python = python
         self.queue: asyncio.Queue[Record] = asyncio.Queue()
@@ -278,23 +281,60 @@ class Controller:
                 self.event(f"server up ({stats.get('state', '?')})", server=stats.get("state"))
         self.emit("stats", stats)
 
-    async def wait_ready(self, timeout: float = 600.0) -> None:
-        """Until /health is 200; fails if the child exits or the time runs out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.server is not None and self.server.returncode is not None:
+    async def probe(self) -> str | None:
+        """None when GET /health answers 200, else why not, in words."""
+        try:
+            status, body = await self._get("/health")
+        except aiohttp.ClientConnectorError as exc:
+            err = exc.os_error
+            return f"cannot connect ({os.strerror(err.errno) if err.errno else err})"
+        except TimeoutError:
+            return "no answer within 1.5 s"
+        except (aiohttp.ClientError, ValueError) as exc:
+            return f"{exc.__class__.__name__}: {exc}"
+        if status == 200:
+            return None
+        return f"HTTP {status}" + (f" ({body.get('status')})" if body.get("status") else "")
+
+    @property
+    def server_exited(self) -> bool:
+        return self.server is not None and self.server.returncode is not None
+
+    async def wait_ready(self, timeout: float | None = 600.0) -> dict:
+        """Until /health is 200; returns the server's config from /stats (its slots, mesh), so a
+        load run matches the server it drives. Our own server is polled every 0.5 s while it
+        starts and fails at once if it exits. An attached server that does not answer is said
+        at the first failed try (within 2 s) with the reason, and retried with backoff (0.5 s
+        doubling to 5 s) until `timeout` (None: until it answers or the user quits)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay, said = 0.5, None
+        while deadline is None or time.monotonic() < deadline:
+            if self.server_exited:
                 raise ControllerError(
                     f"server exited with code {self.server.returncode}: {self.server_log_tail()}"
                 )
-            try:
-                status, _ = await self._get("/health")
-                if status == 200:
-                    self.event("server ready (/health OK)", server="serving", phase="idle")
-                    return
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                pass
-            await asyncio.sleep(0.5)
+            why = await self.probe()
+            if why is None:
+                self.event("server ready (/health OK)", server="serving", phase="idle")
+                return await self.server_config()
+            if self.attached or self._up is not None:
+                if why != said:
+                    self.event(
+                        f"server at {self.url} is not ready: {why}; retrying", "warning",
+                        server=f"unreachable: {why}"[:60],
+                    )  # fmt: skip
+                    said = why
+                delay = min(2 * delay, 5.0)
+            await asyncio.sleep(delay)
         raise ControllerError(f"server at {self.url} not healthy after {timeout:.0f} s")
+
+    async def server_config(self) -> dict:
+        """The "config" object of /stats ({} when the server does not say)."""
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+            status, stats = await self._get("/stats")
+            if status == 200 and isinstance(stats.get("config"), dict):
+                return stats["config"]
+        return {}
 
     async def apply(self, changes: dict) -> dict:
         """POST /admin/config; the server drains, rebuilds and recompiles before answering."""
@@ -439,6 +479,14 @@ class Controller:
                     await asyncio.wait_for(proc.wait(), 3)
         if self._session is not None:
             await self._session.close()
+
+    def remove_logs(self, keep: bool) -> Path | None:
+        """Remove the temporary log folder unless `keep` (something failed: the logs say why);
+        returns the folder when it stays. A --log-dir the user named always stays."""
+        if self._temp_logs and not keep:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+            return None
+        return self.log_dir
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -56,10 +56,10 @@ class Knobs:
         """Closed-loop concurrency: the explicit value, or the slot count when following it."""
         return int(self.rate) if self.rate >= 1 else self.slots
 
-    def load_label(self) -> str:
+    def load_label(self, short: bool = False) -> str:
         if self.load == "qps":
             return f"{self.rate:g} req/s"
-        follow = "" if self.rate >= 1 else " (=slots)"
+        follow = "" if self.rate >= 1 or short else " (=slots)"
         return f"conc {self.concurrency}{follow}"
 
     def mesh_label(self) -> str:

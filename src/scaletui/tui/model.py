@@ -46,6 +46,7 @@ class MetricsModel:
         self.run_knobs: Knobs | None = None
         self.run_kind = "run"
         self.run_windows = 0
+        self.sweep_point = ""  # "2/4 qps 4" while a sweep runs
         self.runs: list[RunRow] = []
         self.sweep: list[SweepPoint] = []
         self.events: list[Event] = []
@@ -116,6 +117,8 @@ class MetricsModel:
             self.server = data["server"]
         if "url" in data:
             self.url = data["url"]
+        if "sweep_point" in data:
+            self.sweep_point = str(data["sweep_point"])
         if "calibration" in data:  # `local` may exist now: choose the hardware spec again
             self.calibration = str(data["calibration"])
             self._hw = None
@@ -127,6 +130,8 @@ class MetricsModel:
         self.run_kind = data.get("kind", "run")
         self.run_knobs = Knobs.from_dict(data["knobs"]) if "knobs" in data else self.applied
         self.run_windows = 0
+        if self.run_kind != "sweep":
+            self.sweep_point = ""
         if self.run_kind == "sweep" and data.get("first"):
             self.sweep = []
         self.phase = "sweeping" if self.run_kind == "sweep" else "running"
@@ -185,7 +190,9 @@ class MetricsModel:
         return (knobs, config.get("dtype", "f32"), config.get("max_seq_len"), self.model_name)
 
     def prediction(self, knobs: Knobs | None = None) -> Prediction | None:
-        knobs = knobs or self.knobs
+        """The roofline for `knobs` (default: what is shown), always on the hardware spec the
+        knobs panel shows, so the KPIs, charts and Runs rows never compare different specs."""
+        knobs = replace(knobs or self.knobs, hardware=self.knobs.hardware)
         key = self._pred_key(knobs)
         if key not in self._preds:
             _, dtype, max_seq_len, _ = key

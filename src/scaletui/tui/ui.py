@@ -141,7 +141,7 @@ class ScaleTUI(App):
                         yield RooflineChart(id="roofline")
                     with TabPane("Sweep", id="tab-sweep"):
                         yield SweepChart(id="sweep")
-                yield EventsLog(id="events", max_lines=500, wrap=True)
+                yield EventsLog(id="events", max_lines=500, wrap=True, min_width=20)
         yield Static(
             f"terminal too small: need at least {MIN_SIZE[0]}x{MIN_SIZE[1]} (resize, or zoom out)",
             id="too-small",
@@ -156,7 +156,7 @@ class ScaleTUI(App):
             "#strips": "tok/s · queue · slots · KV",
             "#kpis": "KPIs  pred | meas | Δ",
             "#runs": "Runs (pred/meas)",
-            "#charts2": "roof ━ yellow · ○ predicted magenta · ○ measured cyan",
+            "#charts2": "roof ━  ○ pred magenta  ○ meas cyan",
             "#events": "Events",
         }
         for sel, title in titles.items():
@@ -302,12 +302,12 @@ class ScaleTUI(App):
 
     def action_help(self) -> None:
         rows = []
-        for key, active in self.active_bindings.items():
+        for active in self.active_bindings.values():
             if active.node is not self:
                 continue  # the focused widget's own keys (cursor moves) are not ours
             b = active.binding
             enabled = active.enabled
-            rows.append((key, b.description or b.action, bool(enabled)))
+            rows.append((self.get_key_display(b), b.description or b.action, bool(enabled)))
         self.push_screen(HelpScreen(rows))
 
     def action_sharding(self) -> None:
@@ -438,9 +438,9 @@ class ScaleTUI(App):
                 await c.spawn_server()
             else:
                 await c.start()
-            await c.wait_ready(self.ready_timeout)
-            if self.autoload:
-                await self._run_loop(self.model.applied)
+            config = await c.wait_ready(None if c.attached else self.ready_timeout)
+            if self.autoload:  # at the server's own shape (an attached server has its slots)
+                await self._run_loop(self.model.applied.with_server(config))
         except ControllerError as exc:
             c.event(str(exc), "error", phase="error")
             self.notify(str(exc), severity="error", timeout=10)
@@ -463,13 +463,29 @@ class ScaleTUI(App):
             self.notify(str(exc), severity="error", timeout=10)
 
     async def _run_loop(self, knobs: Knobs) -> None:
+        """Runs back to back. When the server stops answering, no load is fired at it: an
+        attached server is waited for (retried with backoff) and the load restarts by itself
+        when it returns; our own server that exited waits for `R`."""
+        c = self.controller
         try:
             while True:
-                summary = await self.controller.run_load(knobs, self.run_seconds)
-                if not self.loop_runs or summary is None or not self.controller.server_ok:
-                    break  # a dead server is an event, not a loop of failing runs
+                summary = await c.run_load(knobs, self.run_seconds)
+                if not self.loop_runs:
+                    break
+                if summary is not None and not summary.get("partial") and c.server_ok:
+                    continue
+                if await c.probe() is None:
+                    if summary is None:
+                        break  # loadgen failed against a healthy server: its event says why
+                    continue
+                if c.server_exited:
+                    break  # an event says so; R restarts it
+                c.event("load paused: the server is not answering", "warning")
+                await c.stop_load()
+                knobs = knobs.with_server(await c.wait_ready(timeout=None))
+                c.event("server is back: the load restarts")
         finally:
-            await self.controller.stop_load()
+            await c.stop_load()
 
     @work(exclusive=True, group="control")
     async def sweep(self, what: str, values: list[float]) -> None:
@@ -491,6 +507,8 @@ class ScaleTUI(App):
                 if changes:
                     await c.apply(changes)
                 self.model.applied = target
+                point = f"{i + 1}/{len(values)} {what} {value:g}"
+                c.event(f"sweep point {point}", sweep_point=point)
                 await c.run_load(target, self.sweep_seconds, kind="sweep", first=i == 0)
             c.event("sweep done: see the Sweep tab", phase="done")
             self.query_one(TabbedContent).active = "tab-sweep"

@@ -88,6 +88,7 @@ class View:
     slots_used: int | None
     run: int
     run_elapsed: float | None
+    sweep_point: str  # "2/4 qps 4" while a sweep runs, else ""
     kpis: tuple[Kpi, ...]
     xs: tuple[float, ...]  # latency time series (session seconds)
     ttft_p50: tuple[float, ...]
@@ -182,6 +183,7 @@ def build_view(m: MetricsModel) -> View:
         slots_used=slots.get("used"),
         run=m.run_id,
         run_elapsed=float(last_t) if isinstance(last_t, (int, float)) else None,
+        sweep_point=m.sweep_point if m.phase == "sweeping" else "",
         kpis=kpis,
         xs=tuple(t for t, _ in series),
         ttft_p50=tuple(_get(w, "ttft_ms", "p50") or 0.0 for _, w in series),

@@ -75,20 +75,42 @@ class Chart(PlotextPlot):
 
 
 class LatencyChart(Chart):
+    """TTFT and TPOT over time, log10 y (TTFT is often 10-100x TPOT: on a linear axis TPOT and
+    both predictions sat on the bottom row), with the predictions as flat lines."""
+
     def show(self, v: View) -> None:
         xs = v.xs
-        series = [
-            Series("TTFT p50", xs, v.ttft_p50, "cyan"),
-            Series("TTFT p99", xs, v.ttft_p99, "blue"),
-            Series("TPOT p50", xs, v.tpot_p50, "green"),
+        measured = [
+            ("TTFT p50", v.ttft_p50, "cyan"),
+            ("TTFT p99", v.ttft_p99, "blue"),
+            ("TPOT p50", v.tpot_p50, "green"),
         ]
-        if xs and v.pred_ttft_ms is not None:
+        series, ys = [], []
+        for label, values, color in measured:
+            points = [(x, _log(y)) for x, y in zip(xs, values, strict=True) if y > 0]
+            if points:
+                series.append(Series(label, *zip(*points, strict=True), color))
+                ys += [y for _, y in points]
+        if xs:
             span = (xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1)
-            series.append(Series("pred TTFT", span, (v.pred_ttft_ms,) * 2, "magenta"))
-        if xs and v.pred_tpot_ms is not None:
-            span = (xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1)
-            series.append(Series("pred TPOT", span, (v.pred_tpot_ms,) * 2, "orange"))
-        self.draw(series, xlabel="s", ylabel="ms")
+            for label, value, color in (
+                ("pred TTFT", v.pred_ttft_ms, "magenta"),
+                ("pred TPOT", v.pred_tpot_ms, "orange"),
+            ):
+                if value is not None and value > 0:
+                    series.append(Series(label, span, (_log(value),) * 2, color))
+                    ys.append(_log(value))
+        if not ys:
+            self.draw(series, xlabel="s", ylabel="ms (log)")
+            return
+        y_lo, y_hi = math.floor(min(ys)), math.ceil(max(ys) + 1e-9)
+        self.draw(
+            series,
+            xlabel="s",
+            ylabel="ms (log)",
+            yticks=_decade_ticks(y_lo, y_hi, self.size.height - 4, 2),
+            ylim=(y_lo, y_hi),
+        )
 
 
 def _log(x: float) -> float:

@@ -1,4 +1,6 @@
-"""Memory bar per chip: weights, KV cache, free (measured), with the prediction beside it."""
+"""Memory per chip: a bar of weights, KV cache and free (measured), then the measured and the
+predicted bytes side by side in fixed-width columns (the panel is 28 cells wide at its narrowest,
+so nothing wraps)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ class MemoryBar(Static):
     def show(self, v: View) -> None:
         width = max(10, self.size.width - 4)
         w, kv, cap = v.mem_weights, v.mem_kv, v.mem_capacity
-        text = Text()
+        p = v.prediction
+        text = Text(no_wrap=True, overflow="ellipsis")
         if w is not None and kv is not None:
             total = cap if cap and cap >= w + kv else w + kv
             nw = round(width * w / total) if total else 0
@@ -21,18 +24,18 @@ class MemoryBar(Static):
             text.append("█" * nw, "magenta")
             text.append("█" * nk, "cyan")
             text.append("░" * max(0, width - nw - nk), "dim")
-            text.append("\n")
-            text.append("■ weights ", "magenta").append(nbytes(w))
-            text.append("  ■ KV ", "cyan").append(nbytes(kv))
-            if cap:
-                text.append("  free ", "dim").append(nbytes(max(0.0, cap - w - kv)))
         else:
             text.append("measured: waiting for /stats", "dim")
-        p = v.prediction
-        if p is not None:
-            text.append("\npred ", "dim").append(
-                f"weights {nbytes(p.weight_bytes_per_chip)} KV {nbytes(p.kv_bytes_per_chip)}"
-            )
-            if not p.fits:
-                text.append("  DOES NOT FIT", "bold red")
+        text.append(f"\n{'':9} {'meas':>8} {'pred':>8}", "dim")
+        rows = (
+            ("■ weights", "magenta", w, p and p.weight_bytes_per_chip),
+            ("■ KV", "cyan", kv, p and p.kv_bytes_per_chip),
+        )
+        for label, style, measured, predicted in rows:
+            text.append("\n").append(f"{label:9}", style)
+            text.append(f" {nbytes(measured):>8} {nbytes(predicted):>8}")
+        if cap and w is not None and kv is not None:
+            text.append(f"\n{'free':9} {nbytes(max(0.0, cap - w - kv)):>8}", "dim")
+        if p is not None and not p.fits:
+            text.append("  DOES NOT FIT", "bold red")
         self.update(text)

@@ -8,7 +8,7 @@ from textual.widgets import DataTable
 from scaletui.tui.panels.fmt import num
 from scaletui.tui.views import View
 
-COLUMNS = ("#", "slots", "mesh", "load", "TTFT p/m", "TPOT p/m", "tok/s p/m", "eff")
+COLUMNS = ("#", "slots·mesh", "load", "TTFT p/m", "TPOT p/m", "tok/s p/m", "eff")
 
 
 class RunsTable(DataTable):
@@ -26,9 +26,8 @@ class RunsTable(DataTable):
             eff = row.efficiency
             self.add_row(
                 f"{row.run}{'*' if row.partial else ''}{'s' if row.kind == 'sweep' else ''}",
-                str(k.slots),
-                k.mesh_label(),
-                k.load_label(),
+                f"{k.slots}·{k.mesh_label()}",
+                k.load_label(short=True),
                 f"{num(row.pred_ttft_ms)}/{num(row.ttft_ms)}",
                 f"{num(row.pred_tpot_ms)}/{num(row.tpot_ms)}",
                 f"{num(row.pred_tok_s)}/{num(row.tok_s)}",

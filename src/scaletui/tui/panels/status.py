@@ -39,5 +39,7 @@ class StatusBar(Static):
         if v.run:
             elapsed = "" if v.run_elapsed is None else f" {v.run_elapsed:.0f} s"
             text.append(f" run {v.run}{elapsed}")
+        if v.sweep_point:
+            text.append(f" sweep {v.sweep_point}", "bold")
         text.append(f" │ load {v.knobs.load_label()} │ ? help · ^p commands", "dim")
         self.update(text)
