@@ -7,11 +7,14 @@ import json
 
 import pytest
 
+from scaletui.records import Record
 from scaletui.tui.controller import ControllerError
 from scaletui.tui.knobs import Knobs
-from scaletui.tui.model import MetricsModel
-from scaletui.tui.replay import Record, ReplaySource, read_replay
+from scaletui.tui.replay import ReplaySource, read_replay
+from scaletui.tui.session import Session
+from scaletui.tui.state import SessionState
 from scaletui.tui.ui import ScaleTUI
+from scaletui.tui.views import build_view
 
 FIXTURE = "tests/data/tui_tiny_session.jsonl"
 RECORDS = read_replay(FIXTURE)
@@ -114,14 +117,14 @@ class FakeController:
 
 
 def make_app(controller=None, tmp_path=None, **kw) -> ScaleTUI:
-    model = MetricsModel(Knobs(slots=4, input_len=32, output_len=32, hardware="h100"), "tiny")
+    model = SessionState(Knobs(slots=4, input_len=32, output_len=32, hardware="h100"), "tiny")
     source = controller if controller is not None else ReplaySource(RECORDS)
+    session = Session(controller, loop_runs=False) if controller is not None else None
     return ScaleTUI(
         source=source,
-        controller=controller,
-        model=model,
+        session=session,
+        state=model,
         refresh_interval=None,
-        loop_runs=False,
         export_dir=tmp_path or ".",
         **kw,
     )
@@ -160,17 +163,17 @@ async def test_slots_keys_update_prediction_at_once_and_escape_discards():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(app, pilot)
-        before = app.model.view().kpis[5].predicted
+        before = build_view(app.state).kpis[5].predicted
         await pilot.press("B")
         await settle(app, pilot)
-        assert app.model.pending.slots == 16 and app.model.applied.slots == 8
+        assert app.state.pending.slots == 16 and app.state.applied.slots == 8
         assert app.query_one("#knobs").has_class("-dirty")
-        assert app.model.view().kpis[5].predicted > before
+        assert build_view(app.state).kpis[5].predicted > before
         assert "pending" in kpi_text(app)
         await pilot.press("b", "b")
-        assert app.model.knobs.slots == 4
+        assert app.state.knobs.slots == 4
         await pilot.press("escape")
-        assert app.model.pending is None
+        assert app.state.pending is None
         assert not app.query_one("#knobs").has_class("-dirty")
 
 
@@ -179,16 +182,16 @@ async def test_tp_and_dp_keys_check_the_devices():
     async with app.run_test(size=(160, 48), notifications=True) as pilot:
         await settle(app, pilot)
         await pilot.press("T")
-        assert app.model.knobs.tp == 2
-        w1 = app.model.prediction(app.model.applied).weight_bytes_per_chip
-        assert app.model.prediction().weight_bytes_per_chip == pytest.approx(w1 / 2, rel=0.05)
+        assert app.state.knobs.tp == 2
+        w1 = app.state.prediction(app.state.applied).weight_bytes_per_chip
+        assert app.state.prediction().weight_bytes_per_chip == pytest.approx(w1 / 2, rel=0.05)
         await pilot.press("t", "D")
-        assert app.model.knobs.dp == 2 and app.model.knobs.tp == 1
+        assert app.state.knobs.dp == 2 and app.state.knobs.tp == 1
         await pilot.press("d")
         for _ in range(4):  # 8 devices: tp 16 is refused, tp stays at 8
             await pilot.press("T")
-        assert app.model.knobs.tp == 8
-        assert any("needs 16 devices" in e.text for e in app.model.events)
+        assert app.state.knobs.tp == 8
+        assert any("needs 16 devices" in e.text for e in app.state.events)
 
 
 async def test_apply_reconfigures_dims_knobs_then_runs(tmp_path):
@@ -197,23 +200,23 @@ async def test_apply_reconfigures_dims_knobs_then_runs(tmp_path):
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(app, pilot)
         assert ("load", 4, "run") in ctl.calls
-        assert app.model.phase == "running"
+        assert app.state.phase == "running"
         await pilot.press("B")
         assert app.check_action("apply", ()) is True
         await pilot.press("a")
         await settle(app, pilot)
         assert ("apply", {"slots": 8}) in ctl.calls
-        assert app.model.phase == "reconfiguring"
+        assert app.state.phase == "reconfiguring"
         assert app.check_action("apply", ()) is None and app.check_action("slots", ()) is None
         assert "RECONFIGURING" in str(app.query_one("#status").content)
         ctl.apply_gate.set()
         await settle(app, pilot)
-        assert app.model.applied.slots == 8 and app.model.pending is None
-        assert ("load", 8, "run") in ctl.calls and app.model.phase == "running"
+        assert app.state.applied.slots == 8 and app.state.pending is None
+        assert ("load", 8, "run") in ctl.calls and app.state.phase == "running"
         ctl.load_gate.set()
         await settle(app, pilot)
-        assert app.model.phase == "done"
-        assert app.model.runs[-1].knobs.slots == 8 and app.model.runs[-1].tok_s == 800.0
+        assert app.state.phase == "done"
+        assert app.state.runs[-1].knobs.slots == 8 and app.state.runs[-1].tok_s == 800.0
 
 
 async def test_failed_apply_is_an_error_phase_not_a_crash(tmp_path):
@@ -224,9 +227,9 @@ async def test_failed_apply_is_an_error_phase_not_a_crash(tmp_path):
         await settle(app, pilot)
         await pilot.press("T", "a")
         await settle(app, pilot)
-        assert app.model.phase == "error"
-        assert any("HTTP 400" in e.text for e in app.model.events)
-        assert app.model.pending is not None  # the edit is kept to fix or discard
+        assert app.state.phase == "error"
+        assert any("HTTP 400" in e.text for e in app.state.events)
+        assert app.state.pending is not None  # the edit is kept to fix or discard
 
 
 async def test_rerun_stops_the_load_and_starts_a_new_run(tmp_path):
@@ -237,7 +240,7 @@ async def test_rerun_stops_the_load_and_starts_a_new_run(tmp_path):
         await pilot.press("r")
         await settle(app, pilot)
         assert ctl.calls.count(("load", 4, "run")) == 2 and ("stop",) in ctl.calls
-        assert app.model.run_id == 2
+        assert app.state.run_id == 2
 
 
 async def test_server_death_shows_in_status_and_returns(tmp_path):
@@ -259,7 +262,7 @@ async def test_server_death_shows_in_status_and_returns(tmp_path):
 async def test_run_loop_stops_when_the_server_is_gone(tmp_path):
     ctl = FakeController()
     app = make_app(ctl, tmp_path)
-    app.loop_runs = True
+    app.session.loop_runs = True
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(app, pilot)
         ctl.load_gate.set()  # run 1 ends: the loop starts run 2
@@ -269,7 +272,7 @@ async def test_run_loop_stops_when_the_server_is_gone(tmp_path):
         ctl.event("server exited with code -9", "error", server="exited (-9)", phase="error")
         ctl.load_gate.set()
         await settle(app, pilot)
-        assert ctl.calls.count(("load", 4, "run")) == 2 and app.model.phase == "error"
+        assert ctl.calls.count(("load", 4, "run")) == 2 and app.state.phase == "error"
 
 
 async def test_sweep_runs_each_point_and_draws_against_prediction(tmp_path):
@@ -282,30 +285,30 @@ async def test_sweep_runs_each_point_and_draws_against_prediction(tmp_path):
         app.command("sweep slots 2,4,8")
         for _ in range(40):
             await settle(app, pilot, rounds=1)
-            if len(app.model.sweep) == 3 and app.model.pending is not None:
+            if len(app.state.sweep) == 3 and app.state.pending is not None:
                 break
         assert [c for c in ctl.calls if c[0] == "load"][-3:] == [
             ("load", 2, "sweep"),
             ("load", 4, "sweep"),
             ("load", 8, "sweep"),
         ]
-        points = app.model.view().sweep
+        points = build_view(app.state).sweep
         assert [p.label for p in points] == ["s2", "s4", "s8"]
         assert all(p.pred_tok_s and p.tok_s for p in points)
         assert app.query_one("#charts2").active == "tab-sweep"
         # the server stays at the last point; a pending edit leads back to where it was
-        assert app.model.applied.slots == 8 and app.model.pending.slots == 4
+        assert app.state.applied.slots == 8 and app.state.pending.slots == 4
         ctl.calls.clear()
         app.command("sweep qps 1,4")
         for _ in range(40):
             await settle(app, pilot, rounds=1)
-            if len(app.model.sweep) == 2 and app.model.applied.load == "concurrency":
+            if len(app.state.sweep) == 2 and app.state.applied.load == "concurrency":
                 break
-        points = app.model.view().sweep
+        points = build_view(app.state).sweep
         assert [p.label for p in points] == ["1qps", "4qps"]
         # below capacity the prediction is the offered load: rate x output length
         assert [p.pred_tok_s for p in points] == pytest.approx([32.0, 128.0])
-        assert app.model.applied.load == "concurrency"  # the load knobs come back
+        assert app.state.applied.load == "concurrency"  # the load knobs come back
 
 
 async def test_palette_commands_edit_load_and_hardware(tmp_path):
@@ -313,19 +316,19 @@ async def test_palette_commands_edit_load_and_hardware(tmp_path):
     async with app.run_test(size=(160, 48), notifications=True) as pilot:
         await settle(app, pilot)
         app.command("qps 4")
-        assert app.model.knobs.load == "qps" and app.model.knobs.rate == 4
+        assert app.state.knobs.load == "qps" and app.state.knobs.rate == 4
         app.command("input 64")
         app.command("hardware tpu-v5e")
-        assert app.model.knobs.input_len == 64 and app.model.knobs.hardware == "tpu-v5e"
-        assert app.model.prediction().hardware == "tpu-v5e"
+        assert app.state.knobs.input_len == 64 and app.state.knobs.hardware == "tpu-v5e"
+        assert app.state.prediction().hardware == "tpu-v5e"
         app.command("hardware nosuchchip")
-        assert app.model.knobs.hardware == "tpu-v5e"
+        assert app.state.knobs.hardware == "tpu-v5e"
         await pilot.press("colon")
         await pilot.pause()
         assert app.screen.__class__.__name__ == "CommandPalette"
         await pilot.press(*"slots 16", "enter")
         await settle(app, pilot)
-        assert app.model.knobs.slots == 16
+        assert app.state.knobs.slots == 16
 
 
 async def test_ctrl_p_opens_palette_with_our_commands():
@@ -337,7 +340,7 @@ async def test_ctrl_p_opens_palette_with_our_commands():
         assert app.screen.__class__.__name__ == "CommandPalette"
         await pilot.press(*"tp 2", "enter")
         await settle(app, pilot)
-        assert app.model.knobs.tp == 2
+        assert app.state.knobs.tp == 2
 
 
 async def test_help_lists_keys_with_glossary_and_dimmed_state():
@@ -371,7 +374,7 @@ async def test_sharding_picker_stages_a_mesh():
         options.highlighted = index
         await pilot.press("enter")
         await settle(app, pilot)
-        assert app.model.knobs.tp == 2 and app.model.pending is not None
+        assert app.state.knobs.tp == 2 and app.state.pending is not None
 
 
 async def test_pause_panels_zoom_and_export(tmp_path):
@@ -380,12 +383,12 @@ async def test_pause_panels_zoom_and_export(tmp_path):
         await settle(app, pilot)
         await pilot.press("p")
         assert app.paused and app.query_one("#status").has_class("-paused")
-        version = app.model.version
-        app.model.log("while paused")
+        version = app.state.version
+        app.state.log("while paused")
         app.render_tick()
         assert app._drawn  # nothing redrawn while paused, state kept
         await pilot.press("space")
-        assert not app.paused and app.model.version > version
+        assert not app.paused and app.state.version > version
         for n, sel in (
             (1, "#latency"),
             (2, "#strips"),
@@ -424,7 +427,7 @@ async def test_every_phase_shows_in_status_and_dims_the_right_keys(tmp_path):
     app = make_app(ctl, tmp_path)
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(app, pilot)
-        app.model.edit(slots=8)
+        app.state.edit(slots=8)
         expect = {  # phase: (knob keys enabled, apply enabled)
             "starting": (True, False),
             "idle": (True, True),
@@ -484,7 +487,7 @@ async def test_a_malformed_record_is_shown_and_the_app_keeps_ingesting():
     app.source = ReplaySource([bad, *RECORDS])
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(app, pilot)
-        assert any("ignored a bad 'stats' record" in e.text for e in app.model.events)
+        assert any("ignored a bad 'stats' record" in e.text for e in app.state.events)
         assert app.query_one("#runs").row_count == 2  # everything after it was ingested
 
 
@@ -494,20 +497,20 @@ async def test_attached_load_runs_at_the_servers_slots_not_the_default(tmp_path)
     ctl = FakeController()
     ctl.attached = True
     app = make_app(ctl, tmp_path)
-    app.model = MetricsModel(Knobs(input_len=32, output_len=32, hardware="h100"), "tiny")
-    assert app.model.applied.slots == 8 and ctl.config["slots"] == 4
+    app.state = SessionState(Knobs(input_len=32, output_len=32, hardware="h100"), "tiny")
+    assert app.state.applied.slots == 8 and ctl.config["slots"] == 4
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(app, pilot)
         assert ("ready", None) in ctl.calls  # attached: retried until it answers
         assert [c for c in ctl.calls if c[0] == "load"] == [("load", 4, "run")]
-        assert app.model.run_knobs.concurrency == 4
+        assert app.state.run_knobs.concurrency == 4
 
 
 async def test_load_restarts_by_itself_when_an_attached_server_returns(tmp_path):
     ctl = FakeController()
     ctl.attached = True
     app = make_app(ctl, tmp_path)
-    app.loop_runs = True
+    app.session.loop_runs = True
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(app, pilot)
         assert ctl.calls.count(("load", 4, "run")) == 1
@@ -516,12 +519,12 @@ async def test_load_restarts_by_itself_when_an_attached_server_returns(tmp_path)
         ctl.load_gate.set()
         await settle(app, pilot)
         assert ctl.calls.count(("load", 4, "run")) == 1, "no load is fired at a dead server"
-        assert "load paused" in app.model.events[-1].text
+        assert "load paused" in app.state.events[-1].text
         ctl.config["slots"] = 2  # it comes back in another shape
         ctl.ready_gate.set()
         await settle(app, pilot)
         assert ("load", 2, "run") in ctl.calls
-        assert any("load restarts" in e.text for e in app.model.events)
+        assert any("load restarts" in e.text for e in app.state.events)
 
 
 async def test_sweep_status_names_the_point_running(tmp_path):
@@ -533,16 +536,16 @@ async def test_sweep_status_names_the_point_running(tmp_path):
         app.command("sweep qps 1,4")
         for _ in range(40):
             await settle(app, pilot, rounds=1)
-            if app.model.phase == "sweeping" and app.model.run_kind == "sweep":
+            if app.state.phase == "sweeping" and app.state.run_kind == "sweep":
                 break
         assert "sweep 1/2 qps 1" in str(app.query_one("#status").content)
         ctl.load_gate.set()
         for _ in range(40):
             await settle(app, pilot, rounds=1)
-            if "2/2" in app.model.sweep_point:
+            if "2/2" in app.state.sweep_point:
                 break
         assert "sweep 2/2 qps 4" in str(app.query_one("#status").content)
-        assert any(e.text == "sweep point 2/2 qps 4" for e in app.model.events)
+        assert any(e.text == "sweep point 2/2 qps 4" for e in app.state.events)
 
 
 async def test_help_shows_keys_as_typed_not_by_internal_name():

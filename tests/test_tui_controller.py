@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from scaletui.tui import controller as ctl_mod
+from scaletui.procs import free_port, group_alive
 from scaletui.tui import host
 from scaletui.tui.controller import Controller
 from scaletui.tui.host import calibrate_env, default_host_devices
 from scaletui.tui.knobs import Knobs
-from scaletui.tui.model import MetricsModel
+from scaletui.tui.state import SessionState
 
 FAIL = "import sys; print('calibrate: no devices found', file=sys.stderr); sys.exit(3)"
 
@@ -23,7 +23,7 @@ def no_local_spec(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
 
 
-def drain(ctl: Controller, model: MetricsModel) -> list[str]:
+def drain(ctl: Controller, model: SessionState) -> list[str]:
     while not ctl.queue.empty():
         model.add(ctl.queue.get_nowait())
     return [e.text for e in model.events]
@@ -31,13 +31,13 @@ def drain(ctl: Controller, model: MetricsModel) -> list[str]:
 
 async def test_failed_calibrate_is_an_event_and_predictions_fall_back(tmp_path):
     ctl = Controller(log_dir=tmp_path, calibrate_cmd=[sys.executable, "-c", FAIL], host_devices=0)
-    model = MetricsModel(Knobs(), "tiny")
+    model = SessionState(Knobs(), "tiny")
     assert await ctl.calibrate_host() is False
     texts = drain(ctl, model)
     assert texts[0].startswith("calibrating this host")
     assert "calibrate failed (exit code 3: calibrate: no devices found)" in texts[-1]
     assert model.phase == "starting" and model.events[-1].level == "error"
-    _, spec, note = model.hardware("")
+    spec, note = model.hardware.spec, model.hardware.note
     assert spec.name == "h100" and "calibrate failed" in note
     assert model.prediction().hardware == "h100"  # still a prediction, clearly labelled
 
@@ -46,15 +46,15 @@ async def test_no_calibrate_labels_the_fallback_and_runs_nothing(tmp_path):
     marker = tmp_path / "ran"
     cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
     ctl = Controller(log_dir=tmp_path, calibrate=False, calibrate_cmd=cmd, host_devices=0)
-    model = MetricsModel(Knobs(), "tiny")
+    model = SessionState(Knobs(), "tiny")
     assert await ctl.calibrate_host() is False
     assert "--no-calibrate" in drain(ctl, model)[-1]
-    assert "--no-calibrate" in model.hardware("")[2]
+    assert "--no-calibrate" in model.hardware.note
     # an explicit what-if spec or a remote server: nothing to calibrate here either
     for kw in ({"knobs": Knobs(hardware="tpu-v5e")}, {"url": "http://10.1.2.3:8000"}):
         ctl = Controller(log_dir=tmp_path, calibrate_cmd=cmd, host_devices=0, **kw)
         assert await ctl.calibrate_host() is False
-    assert "is remote" in drain(ctl, model)[-1] and "remote server" in model.hardware("")[2]
+    assert "is remote" in drain(ctl, model)[-1] and "remote server" in model.hardware.note
     assert not marker.exists()
 
 
@@ -69,7 +69,7 @@ async def test_quit_during_calibration_kills_the_child(tmp_path):
     pid = ctl.calibrator.pid
     ctl.kill_children()  # what quit, SIGHUP and the lost-TTY watchdog do
     assert await asyncio.wait_for(task, 10) is False
-    assert ctl.calibrator.returncode is not None and not ctl_mod._alive(pid)
+    assert ctl.calibrator.returncode is not None and not group_alive(pid)
 
 
 def test_cpu_host_gets_one_virtual_device_per_core(monkeypatch):
@@ -94,10 +94,9 @@ async def test_unreachable_server_is_said_at_once_and_retried_until_it_answers(t
     controller keeps trying (with backoff) until the server answers."""
     from aiohttp import web
 
-    port = ctl_mod.free_port()
+    port = free_port()
     ctl = Controller(url=f"http://127.0.0.1:{port}", log_dir=tmp_path, host_devices=0)
-    ctl._session = ctl_mod.aiohttp.ClientSession()
-    model = MetricsModel(Knobs(), "tiny")
+    model = SessionState(Knobs(), "tiny")
     waiting = asyncio.create_task(ctl.wait_ready(timeout=None))
     try:
         loop = asyncio.get_running_loop()
@@ -129,7 +128,7 @@ async def test_unreachable_server_is_said_at_once_and_retried_until_it_answers(t
         assert "server ready" in drain(ctl, model)[-1]
     finally:
         waiting.cancel()
-        await ctl._session.close()
+        await ctl.client.close()
 
 
 def test_temporary_log_folder_is_removed_unless_something_failed(tmp_path):

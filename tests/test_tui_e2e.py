@@ -17,8 +17,10 @@ from scaletui import specs
 from scaletui.serve import native
 from scaletui.tui.controller import Controller
 from scaletui.tui.knobs import Knobs
-from scaletui.tui.model import MetricsModel
+from scaletui.tui.session import Session
+from scaletui.tui.state import SessionState
 from scaletui.tui.ui import ScaleTUI
+from scaletui.tui.views import build_view
 
 MISSING = [
     m for m in ("scaletui.serve.cli", "scaletui.loadgen.cli") if importlib.util.find_spec(m) is None
@@ -77,15 +79,13 @@ async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path, mon
         poll_s=0.5,
         calibrate_cmd=[sys.executable, "-c", FAKE_CALIBRATE],
     )
+    session = Session(ctl, run_seconds=1.5, loop_runs=False, ready_timeout=240)
     app = ScaleTUI(
         source=ctl,
-        controller=ctl,
-        model=MetricsModel(knobs, "tiny"),
+        session=session,
+        state=SessionState(knobs, "tiny"),
         refresh_interval=0.5,
-        run_seconds=1.5,
-        loop_runs=False,
         export_dir=tmp_path,
-        ready_timeout=240,
     )
     try:
         await drive(app, ctl, tmp_path)
@@ -95,22 +95,22 @@ async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path, mon
 
 async def drive(app: ScaleTUI, ctl: Controller, tmp_path) -> None:
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(lambda: app.model.runs, 240)  # long: a loaded 2-core machine
-        texts = [e.text for e in app.model.events]
+        await wait_for(lambda: app.state.runs, 240)  # long: a loaded 2-core machine
+        texts = [e.text for e in app.state.events]
         log = (tmp_path / "serve.log").read_text(errors="replace")[-2000:]
-        assert app.model.runs, f"no run finished; events: {texts}\n{log}"
+        assert app.state.runs, f"no run finished; events: {texts}\n{log}"
         # calibrate ran first, then the server, and the predictions are for this host
         calibrated = next(i for i, t in enumerate(texts) if t.startswith("calibrated this host"))
         started = next(i for i, t in enumerate(texts) if t.startswith("started server"))
         assert calibrated < started and "--host-devices 2" in texts[started]
         assert (tmp_path / "xdg/scaletui/hardware/local.yaml").exists()
-        assert app.model.prediction().hardware == "local"
+        assert app.state.prediction().hardware == "local"
 
-        run = app.model.runs[-1]
+        run = app.state.runs[-1]
         assert run.completed > 0 and run.ttft_ms > 0 and run.tok_s > 0, log
         assert run.pred_tok_s and run.pred_tok_s > 0
         await asyncio.sleep(0.6)  # one more render tick
-        ttft = app.model.view().kpis[0]
+        ttft = build_view(app.state).kpis[0]
         assert ttft.measured is not None and ttft.measured > 0 and ttft.predicted > 0
         assert app.query_one("#runs").row_count >= 1
         status = str(app.query_one("#status").content)
@@ -118,23 +118,23 @@ async def drive(app: ScaleTUI, ctl: Controller, tmp_path) -> None:
         # the unsharded f32 CPU server runs the native kernels wherever they build, and says so
         assert ("cpu+native×2" if native.available() else "cpu×2") in status
         assert "auto (local)" in text_of(app.query_one("#knobs").content)
-        w1 = app.model.view().mem_weights
-        pred1 = app.model.prediction().weight_bytes_per_chip
+        w1 = build_view(app.state).mem_weights
+        pred1 = app.state.prediction().weight_bytes_per_chip
         assert w1 and w1 > 0
 
         await pilot.press("T")  # tp 2: the prediction halves at once, the server follows on apply
-        assert app.model.prediction().weight_bytes_per_chip == pytest.approx(pred1 / 2, rel=0.05)
+        assert app.state.prediction().weight_bytes_per_chip == pytest.approx(pred1 / 2, rel=0.05)
         await pilot.press("a")
         assert await wait_for(
             lambda: (
-                app.model.stats.get("config", {}).get("tp") == 2
-                and app.model.stats.get("state") == "serving"
+                app.state.stats.config.get("tp") == 2
+                and app.state.stats.state == "serving"
             ),
             240,
-        ), [e.text for e in app.model.events]
-        assert any("reconfigured {'tp': 2}" in e.text for e in app.model.events)
+        ), [e.text for e in app.state.events]
+        assert any("reconfigured {'tp': 2}" in e.text for e in app.state.events)
         await asyncio.sleep(0.6)
-        w2 = app.model.view().mem_weights
+        w2 = build_view(app.state).mem_weights
         assert w2 == pytest.approx(w1 / 2, rel=0.1)
         assert "dp1·tp2" in str(app.query_one("#status").content)
         server_pid = ctl.server.pid

@@ -7,16 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from scaletui.records import Record, StatsSnapshot
 from scaletui.tui import views
 from scaletui.tui.knobs import Knobs, check_mesh, step_pow2
-from scaletui.tui.model import MetricsModel
-from scaletui.tui.replay import Record, Recorder, ReplaySource, parse_line, read_replay
+from scaletui.tui.replay import Recorder, ReplaySource, parse_line, read_replay
+from scaletui.tui.state import SessionState
 
 FIXTURE = "tests/data/tui_tiny_session.jsonl"
 
 
-def loaded() -> MetricsModel:
-    m = MetricsModel(Knobs(slots=4, input_len=32, output_len=32, hardware="h100"), "tiny")
+def loaded() -> SessionState:
+    m = SessionState(Knobs(slots=4, input_len=32, output_len=32, hardware="h100"), "tiny")
     for rec in read_replay(FIXTURE):
         m.add(rec)
     return m
@@ -69,7 +70,7 @@ async def test_recorder_round_trips_through_replay(tmp_path):
 
 def test_replay_fills_runs_and_measured_kpis():
     m = loaded()
-    v = m.view()
+    v = views.build_view(m)
     assert [r.run for r in v.runs] == [1, 2]
     assert [r.knobs.slots for r in v.runs] == [4, 8]
     kpi = {k.label: k for k in v.kpis}
@@ -77,12 +78,12 @@ def test_replay_fills_runs_and_measured_kpis():
     assert kpi["TTFT p50"].measured == pytest.approx(last_window["ttft_ms"]["p50"])
     assert kpi["TPOT p99"].measured == pytest.approx(last_window["tpot_ms"]["p99"])
     assert kpi["decode step"].measured == pytest.approx(
-        m.stats["step_times_ms"]["generate"]["per_token_mean"]
+        m.stats.raw["step_times_ms"]["generate"]["per_token_mean"]
     )
     assert (
         kpi["mem/chip"].measured
-        == m.stats["memory"]["weight_bytes_per_device"]
-        + (m.stats["memory"]["kv_cache_bytes_per_device"])
+        == m.stats.raw["memory"]["weight_bytes_per_device"]
+        + (m.stats.raw["memory"]["kv_cache_bytes_per_device"])
     )
     assert all(k.predicted is not None and k.predicted > 0 for k in v.kpis)
     assert v.applied.slots == 8  # followed the server's reconfiguration in /stats
@@ -90,15 +91,15 @@ def test_replay_fills_runs_and_measured_kpis():
 
 def test_pending_edit_changes_prediction_at_once_and_discard_restores():
     m = loaded()
-    before = m.view()
+    before = views.build_view(m)
     m.edit(slots=16)
-    after = m.view()
+    after = views.build_view(m)
     assert after.pending == {"slots": 16} and after.applied.slots == 8
     tok_before = next(k for k in before.kpis if k.label == "output tok/s").predicted
     tok_after = next(k for k in after.kpis if k.label == "output tok/s").predicted
     assert tok_after > tok_before
     m.discard()
-    assert m.view().pending == {} and m.knobs.slots == 8
+    assert views.build_view(m).pending == {} and m.knobs.slots == 8
 
 
 def test_tp2_halves_predicted_weights_per_chip():
@@ -109,14 +110,14 @@ def test_tp2_halves_predicted_weights_per_chip():
 
 
 def test_no_local_spec_names_the_fallback(monkeypatch):
-    m = MetricsModel(Knobs(), "tiny")
     monkeypatch.setattr("scaletui.specs.hardware_names", lambda: ["h100", "tpu-v5e"])
-    name, _, note = m.hardware("")
+    m = SessionState(Knobs(), "tiny")
+    name, note = m.hardware.requested, m.hardware.note
     assert name == "" and "scaletui calibrate" in note
 
 
 def test_server_events_drive_phase_and_status():
-    m = MetricsModel(Knobs(), "tiny")
+    m = SessionState(Knobs(), "tiny")
     m.add(
         Record(
             1.0,
@@ -129,7 +130,7 @@ def test_server_events_drive_phase_and_status():
             },
         )
     )
-    v = m.view()
+    v = views.build_view(m)
     assert v.phase == "error" and v.server == "exited (-9)"
     assert m.events[-1].level == "error"
 
@@ -147,10 +148,10 @@ def test_cli_rejects_bad_flags_with_a_clear_message(capsys, tmp_path):
 
 def test_backend_label_names_native_kernels():
     native = {"backend": "cpu", "mesh": {"generate": {"kernels": "native"}}}
-    assert views._backend_label(native) == "cpu+native"
+    assert views.backend_label(StatsSnapshot.from_json(native)) == "cpu+native"
     xla = {"backend": "gpu", "mesh": {"generate": {"kernels": "xla"}}}
-    assert views._backend_label(xla) == "gpu"
-    assert views._backend_label({}) == "?"
+    assert views.backend_label(StatsSnapshot.from_json(xla)) == "gpu"
+    assert views.backend_label(StatsSnapshot.from_json({})) == "?"
 
 
 def test_every_panel_predicts_on_the_shown_spec_even_with_a_local_one(private_config):

@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 
 from scaletui.tui.knobs import Knobs
-from scaletui.tui.model import MetricsModel
 from scaletui.tui.replay import ReplaySource, read_replay
+from scaletui.tui.state import SessionState
 from scaletui.tui.ui import ScaleTUI
 
 FIXTURE = "tests/data/tui_tiny_session.jsonl"
 
 
 def replay_app() -> ScaleTUI:
-    model = MetricsModel(Knobs(slots=4, input_len=32, output_len=32, hardware="h100"), "tiny")
-    model.phase = "replay"
-    return ScaleTUI(source=ReplaySource(read_replay(FIXTURE)), model=model, refresh_interval=None)
+    knobs = Knobs(slots=4, input_len=32, output_len=32, hardware="h100")
+    model = SessionState(knobs, "tiny", phase="replay")
+    return ScaleTUI(source=ReplaySource(read_replay(FIXTURE)), state=model, refresh_interval=None)
 
 
 async def settled(pilot) -> None:

@@ -92,19 +92,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from scaletui.tui.controller import Controller
-    from scaletui.tui.model import MetricsModel
     from scaletui.tui.replay import Recorder, ReplaySource, read_replay
+    from scaletui.tui.session import Session
+    from scaletui.tui.state import SessionState
     from scaletui.tui.ui import ScaleTUI
 
-    model = MetricsModel(knobs, model_name=args.model)
-    controller = None
+    state = SessionState(knobs, args.model, phase="replay" if args.replay else "starting")
+    controller = session = None
     if args.replay:
         try:
             source = ReplaySource(read_replay(args.replay), speed=args.replay_speed)
         except ValueError as exc:
             print(f"scaletui: {exc}", file=sys.stderr)
             return 2
-        model.phase = "replay"
     else:
         controller = Controller(
             url=args.url,
@@ -114,16 +114,19 @@ def main(argv: list[str] | None = None) -> int:
             calibrate=not args.no_calibrate,
             log_dir=args.log_dir,
         )
+        session = Session(
+            controller,
+            autoload=not args.no_load,
+            run_seconds=args.run_seconds,
+            loop_runs=not args.once,
+        )
         source = controller
         atexit.register(controller.kill_children)
     app = ScaleTUI(
         source=source,
-        controller=controller,
-        model=model,
+        session=session,
+        state=state,
         refresh_interval=args.refresh,
-        autoload=not args.no_load,
-        run_seconds=args.run_seconds,
-        loop_runs=not args.once,
         recorder=Recorder(args.record) if args.record else None,
         export_dir=args.export_dir,
         watch_tty=True,
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if controller is not None:
             controller.kill_children()
-            failed = any(e.level == "error" for e in model.events)
+            failed = any(e.level == "error" for e in state.events)
             kept = controller.remove_logs(keep=failed)
             if kept is not None:
                 print(f"scaletui: logs in {kept}", file=sys.stderr)

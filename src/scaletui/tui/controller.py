@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,21 +24,22 @@ import aiohttp
 import orjson
 
 from scaletui import specs
-from scaletui.tui.host import calibrate_env, default_host_devices, is_loopback, run_calibrate
+from scaletui.procs import ProcessGroups, free_port
+from scaletui.records import Record, RecordKind
+from scaletui.tui.client import ServerClient
+from scaletui.tui.host import (
+    calibrate_env,
+    calibration_skip,
+    default_host_devices,
+    run_calibrate,
+    serve_command,
+)
 from scaletui.tui.knobs import Knobs
-from scaletui.tui.replay import Record
-
-LOADGEN = "import sys; from scaletui.loadgen.cli import main; sys.exit(main())"
+from scaletui.tui.loadrun import LoadRunner
 
 
 class ControllerError(RuntimeError):
     """A server or loadgen action failed; the text is shown to the user."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Controller:
@@ -81,19 +79,19 @@ class Controller:
         self.python = python
         self.queue: asyncio.Queue[Record] = asyncio.Queue()
         self.server: asyncio.subprocess.Process | None = None
-        self.load: asyncio.subprocess.Process | None = None
-        self._reader: asyncio.Task | None = None
-        self._groups: set[int] = set()
+        self.groups = ProcessGroups()
+        self.loads = LoadRunner(
+            self.url, python, self.log_dir / "loadgen.log", self.emit, self.groups
+        )
+        self.client = ServerClient(self.url)
         self._poller: asyncio.Task | None = None
-        self._session: aiohttp.ClientSession | None = None
         self._t0 = time.monotonic()
         self._up: bool | None = None  # None: not seen yet
         self._exited = False
-        self._run = 0
 
     # -- records --------------------------------------------------------------------------------
     def emit(self, kind: str, data: dict) -> None:
-        self.queue.put_nowait(Record(time.monotonic() - self._t0, kind, data))
+        self.queue.put_nowait(Record(time.monotonic() - self._t0, RecordKind(kind), data))
 
     def event(self, text: str, level: str = "info", **extra: object) -> None:
         self.emit("event", {"text": text, "level": level, **extra})
@@ -104,47 +102,19 @@ class Controller:
 
     # -- server ---------------------------------------------------------------------------------
     def serve_command(self) -> list[str]:
-        k = self.knobs
-        cmd = [self.python, "-m", "scaletui", "serve", "--model", self.model]
-        cmd += ["--port", str(self.port), "--slots", str(k.slots), "--tp", str(k.tp)]
-        cmd += ["--dp", str(k.dp), "--mode", k.mode]
-        if "--max-seq-len" not in self.serve_args:
-            # fewer prompt buckets to compile than the server's 1024 default, room for 512 tokens
-            # (+1: the tokenizer's BOS)
-            need = 512
-            while need < k.input_len + k.output_len + 1:
-                need *= 2
-            with contextlib.suppress(specs.SpecError):  # a bad model: the server names it
-                need = min(need, specs.load_model(self.model).max_seq_len)  # tiny: 256
-            cmd += ["--max-seq-len", str(need)]
-        if self.host_devices:
-            cmd += ["--host-devices", str(self.host_devices)]
-        return cmd + self.serve_args
+        return serve_command(
+            self.python, self.model, self.port, self.knobs, self.host_devices, self.serve_args
+        )
 
     async def calibrate_host(self) -> bool:
         """When predictions would use `local` and it does not exist: run `scaletui calibrate
         --quick` (its own process group) and wait. True when `local` exists afterwards. A failure
         or a timeout is an event, and predictions fall back to a built-in spec; never raises."""
-        if self.knobs.hardware not in ("", "local"):
-            return False  # an explicit what-if spec: nothing to measure
-        if "local" in specs.hardware_names():
-            return True
-        if not self.calibrate:
-            self.event(
-                "no calibrated 'local' spec (--no-calibrate): predictions use a built-in spec, "
-                "not this host; run `scaletui calibrate`",
-                "warning",
-                calibration="off",
-            )
-            return False
-        if self.attached and not is_loopback(self.url):
-            self.event(
-                f"{self.url} is remote: not calibrating this host for it; predictions use a "
-                "built-in spec (pass --hardware NAME, or calibrate on the server's host)",
-                "warning",
-                calibration="remote",
-            )
-            return False
+        skip = calibration_skip(self.knobs.hardware, self.calibrate, self.attached, self.url)
+        if skip is not None:
+            if skip.text:
+                self.event(skip.text, "warning", calibration=skip.state)
+            return skip.state == "done"
         cmd = self.calibrate_cmd
         self.event(
             f"calibrating this host for predictions: {' '.join(cmd[1:])} (log calibrate.log)",
@@ -156,7 +126,7 @@ class Controller:
 
         def started(proc: asyncio.subprocess.Process) -> None:
             self.calibrator = proc
-            self._groups.add(proc.pid)  # quit, SIGHUP and a lost TTY stop it like the others
+            self.groups.add(proc.pid)  # quit, SIGHUP and a lost TTY stop it like the others
 
         try:
             why, summary = await run_calibrate(
@@ -169,9 +139,16 @@ class Controller:
             )
         finally:
             if self.calibrator is not None and self.calibrator.returncode is not None:
-                self._groups.discard(self.calibrator.pid)
+                self.groups.discard(self.calibrator.pid)
         if why is not None:
-            return self._calibration_failed(why)
+            self.event(
+                f"calibrate failed ({why}); predictions use a built-in spec, not this host",
+                "error",
+                server="starting",
+                phase="starting",
+                calibration=f"calibrate failed: {why[:80]}",
+            )
+            return False
         self.event(
             f"calibrated this host in {time.monotonic() - t0:.1f} s"
             f"{': ' + summary if summary else ''}; predictions use 'local' "
@@ -182,20 +159,9 @@ class Controller:
         )
         return True
 
-    def _calibration_failed(self, why: str) -> bool:
-        self.event(
-            f"calibrate failed ({why}); predictions use a built-in spec, not this host",
-            "error",
-            server="starting",
-            phase="starting",
-            calibration=f"calibrate failed: {why[:80]}",
-        )
-        return False
-
     async def start(self) -> None:
         """Calibrate this host if needed (before the server: they would compete for the CPU),
         then start (or attach to) the server and the /stats poller; returns once it started."""
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         await self.calibrate_host()
         if not self.attached:
             await self.spawn_server()
@@ -212,7 +178,7 @@ class Controller:
             *cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
         log.close()
-        self._groups.add(self.server.pid)
+        self.groups.add(self.server.pid)
         self._up = None
         self._exited = False
         self.event(
@@ -228,11 +194,6 @@ class Controller:
             return ""
         tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
         return " | ".join(tail)
-
-    async def _get(self, path: str) -> tuple[int, dict]:
-        assert self._session is not None
-        async with self._session.get(self.url + path, timeout=aiohttp.ClientTimeout(1.5)) as r:
-            return r.status, (await r.json(loads=orjson.loads)) if r.status < 500 else {}
 
     async def _poll(self) -> None:
         """/stats at 1 Hz; the child's liveness every 0.25 s (a kill shows within 2 s)."""
@@ -257,7 +218,7 @@ class Controller:
 
     async def _poll_once(self) -> None:
         try:
-            status, stats = await self._get("/stats")
+            status, stats = await self.client.get("/stats")
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             if (
                 self._up and not self._exited
@@ -282,19 +243,8 @@ class Controller:
         self.emit("stats", stats)
 
     async def probe(self) -> str | None:
-        """None when GET /health answers 200, else why not, in words."""
-        try:
-            status, body = await self._get("/health")
-        except aiohttp.ClientConnectorError as exc:
-            err = exc.os_error
-            return f"cannot connect ({os.strerror(err.errno) if err.errno else err})"
-        except TimeoutError:
-            return "no answer within 1.5 s"
-        except (aiohttp.ClientError, ValueError) as exc:
-            return f"{exc.__class__.__name__}: {exc}"
-        if status == 200:
-            return None
-        return f"HTTP {status}" + (f" ({body.get('status')})" if body.get("status") else "")
+        """None when the server answers /health with 200, else why not, in words."""
+        return await self.client.probe()
 
     @property
     def server_exited(self) -> bool:
@@ -316,7 +266,7 @@ class Controller:
             why = await self.probe()
             if why is None:
                 self.event("server ready (/health OK)", server="serving", phase="idle")
-                return await self.server_config()
+                return await self.client.config()
             if self.attached or self._up is not None:
                 if why != said:
                     self.event(
@@ -328,31 +278,16 @@ class Controller:
             await asyncio.sleep(delay)
         raise ControllerError(f"server at {self.url} not healthy after {timeout:.0f} s")
 
-    async def server_config(self) -> dict:
-        """The "config" object of /stats ({} when the server does not say)."""
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-            status, stats = await self._get("/stats")
-            if status == 200 and isinstance(stats.get("config"), dict):
-                return stats["config"]
-        return {}
-
     async def apply(self, changes: dict) -> dict:
         """POST /admin/config; the server drains, rebuilds and recompiles before answering."""
-        assert self._session is not None
         self.event(f"reconfiguring: {changes}", server="reconfiguring", phase="reconfiguring")
         t0 = time.monotonic()
         try:
-            async with self._session.post(
-                self.url + "/admin/config",
-                data=orjson.dumps(changes),
-                headers={"Content-Type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=900),
-            ) as r:
-                body = await r.text()
+            status, body = await self.client.post_config(changes)
         except aiohttp.ClientError as exc:
             raise ControllerError(f"POST /admin/config failed: {exc}") from exc
-        if r.status != 200:
-            raise ControllerError(f"server refused {changes}: HTTP {r.status} {body[:300]}")
+        if status != 200:
+            raise ControllerError(f"server refused {changes}: HTTP {status} {body[:300]}")
         answer = orjson.loads(body)
         secs = answer.get("compile_s", time.monotonic() - t0)
         self.event(f"reconfigured {changes} (compile {secs:.1f} s)", server="serving", phase="idle")
@@ -364,121 +299,32 @@ class Controller:
         return self._up is not False and not self._exited
 
     # -- load -----------------------------------------------------------------------------------
-    def loadgen_command(self, knobs: Knobs, duration: float) -> list[str]:
-        cmd = [self.python, "-c", LOADGEN, "--url", self.url]
-        if knobs.load == "qps":
-            cmd += ["--qps", f"{knobs.rate:g}"]
-        else:
-            cmd += ["--concurrency", str(knobs.concurrency)]
-        cmd += ["--input-len", str(knobs.input_len), "--output-len", str(knobs.output_len)]
-        return cmd + ["--duration", f"{duration:g}", "--jsonl", "-", "--quiet"]
-
     async def run_load(
         self, knobs: Knobs, duration: float, kind: str = "run", first: bool = False
     ) -> dict | None:
-        """One loadgen child; its windows and summary become records. Returns the summary."""
-        if self.load is not None and self.load.returncode is None:
+        """One loadgen run (loadrun.py); its windows and summary become records."""
+        if self.loads.running:
             raise ControllerError("a load is already running")
-        self._run += 1
-        cmd = self.loadgen_command(knobs, duration)
-        self.emit(
-            "config", {"run": self._run, "kind": kind, "first": first, "knobs": knobs.to_dict()}
-        )
-        self.event(
-            f"run {self._run}: {knobs.load_label()} in {knobs.input_len} "
-            f"out {knobs.output_len} for {duration:g} s"
-        )
-        err = (self.log_dir / "loadgen.log").open("ab")
-        self.load = proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            start_new_session=True,
-            limit=2**24,
-        )
-        err.close()
-        self._groups.add(proc.pid)
-        # the reader is its own task: cancelling the caller (a new apply) must not lose the
-        # partial summary loadgen writes when stop_load interrupts it
-        self._reader = asyncio.create_task(self._read_load(proc))
-        # loadgen waits for every request in flight; over capacity the queue takes long to
-        # drain, so a run is cut (SIGINT: a partial summary) at twice its length + 10 s
-        cutoff = 2 * duration + 10
-        timer = asyncio.get_running_loop().call_later(cutoff, self._cut, proc, cutoff)
-        try:
-            return await asyncio.shield(self._reader)
-        finally:
-            timer.cancel()
-
-    def _cut(self, proc: asyncio.subprocess.Process, after: float) -> None:
-        if proc.returncode is None:
-            self.event(
-                f"run {self._run} cut after {after:g} s: requests still in flight (over capacity?);"
-                " its summary is partial",
-                "warning",
-            )
-            _signal_group(proc.pid, signal.SIGINT)
-
-    async def _read_load(self, proc: asyncio.subprocess.Process) -> dict | None:
-        summary = None
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            try:
-                obj = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            kind = obj.get("type")
-            if kind == "window":
-                self.emit("window", obj)
-            elif kind == "summary":
-                summary = obj
-                self.emit("summary", obj)
-        code = await proc.wait()
-        self._groups.discard(proc.pid)
-        if summary is None:
-            tail = (self.log_dir / "loadgen.log").read_text(errors="replace").strip()
-            tail = " | ".join(tail.splitlines()[-3:])
-            self.event(
-                f"loadgen exited with code {code} and no summary: {tail}", "error", phase="error"
-            )
-        return summary
+        return await self.loads.run(knobs, duration, kind, first)
 
     async def stop_load(self) -> None:
-        """SIGINT the loadgen group (it still writes a partial summary), then make sure."""
-        proc = self.load
-        if proc is None or proc.returncode is not None:
-            return
-        _signal_group(proc.pid, signal.SIGINT)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._reader or proc.wait()), 10)
-        except TimeoutError:
-            _signal_group(proc.pid, signal.SIGKILL)
+        await self.loads.stop()
 
     # -- shutdown -------------------------------------------------------------------------------
     def kill_children(self) -> None:
         """Stop every child process group now (sync; also used by signal handlers)."""
-        for pid in list(self._groups):
-            _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 3
-        for pid in list(self._groups):
-            while time.monotonic() < deadline and _alive(pid):
-                time.sleep(0.05)
-            if _alive(pid):
-                _signal_group(pid, signal.SIGKILL)
-        self._groups.clear()
+        self.groups.stop_all()
 
     async def close(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
         await self.stop_load()
         self.kill_children()
-        for proc in (self.calibrator, self.server, self.load):
+        for proc in (self.calibrator, self.server, self.loads.proc):
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), 3)
-        if self._session is not None:
-            await self._session.close()
+        await self.client.close()
 
     def remove_logs(self, keep: bool) -> Path | None:
         """Remove the temporary log folder unless `keep` (something failed: the logs say why);
@@ -487,16 +333,3 @@ class Controller:
             shutil.rmtree(self.log_dir, ignore_errors=True)
             return None
         return self.log_dir
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True

@@ -13,14 +13,18 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import yaml
 
+from scaletui import specs
+from scaletui.procs import is_loopback_host
+from scaletui.tui.knobs import Knobs
+
 MAX_DEFAULT_HOST_DEVICES = 8
 ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/kfd", "/dev/vfio/[0-9]*")
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def default_host_devices() -> int | None:
@@ -39,8 +43,61 @@ def default_host_devices() -> int | None:
 
 
 def is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    return host in LOOPBACK or host.startswith("127.")
+    return is_loopback_host(urlsplit(url).hostname)
+
+
+@dataclass(frozen=True)
+class Skip:
+    state: str  # the calibration state: done | off | remote | "" (an explicit spec)
+    text: str  # the warning to show, if any
+
+
+def calibration_skip(hardware: str, calibrate: bool, attached: bool, url: str) -> Skip | None:
+    """Why this session runs no calibration (None: it should run one)."""
+    if hardware not in ("", "local"):
+        return Skip("", "")  # an explicit what-if spec: nothing to measure
+    if "local" in specs.hardware_names():
+        return Skip("done", "")
+    if not calibrate:
+        return Skip(
+            "off",
+            "no calibrated 'local' spec (--no-calibrate): predictions use a built-in spec, "
+            "not this host; run `scaletui calibrate`",
+        )
+    if attached and not is_loopback(url):
+        return Skip(
+            "remote",
+            f"{url} is remote: not calibrating this host for it; predictions use a built-in "
+            "spec (pass --hardware NAME, or calibrate on the server's host)",
+        )
+    return None
+
+
+def serve_command(
+    python: str,
+    model: str,
+    port: int,
+    knobs: Knobs,
+    host_devices: int | None,
+    extra: list[str],
+) -> list[str]:
+    """`scaletui serve` for the embedded server in the shape of `knobs`."""
+    k = knobs
+    cmd = [python, "-m", "scaletui", "serve", "--model", model]
+    cmd += ["--port", str(port), "--slots", str(k.slots), "--tp", str(k.tp)]
+    cmd += ["--dp", str(k.dp), "--mode", k.mode]
+    if "--max-seq-len" not in extra:
+        # fewer prompt buckets to compile than the server's 1024 default, room for 512 tokens
+        # (+1: the tokenizer's BOS)
+        need = 512
+        while need < k.input_len + k.output_len + 1:
+            need *= 2
+        with contextlib.suppress(specs.SpecError):  # a bad model: the server names it
+            need = min(need, specs.load_model(model).max_seq_len)  # tiny: 256
+        cmd += ["--max-seq-len", str(need)]
+    if host_devices:
+        cmd += ["--host-devices", str(host_devices)]
+    return cmd + extra
 
 
 def calibrate_env(host_devices: int | None) -> dict[str, str]:

@@ -174,3 +174,26 @@ def predict(
         hbm_bytes=hardware.hbm_bytes,
         batch=batch,
     )
+
+
+_MEMO: dict[tuple, Prediction | str] = {}
+
+
+def predict_cached(
+    model: specs.ModelSpec,
+    hardware: specs.HardwareSpec,
+    knobs: Knobs,
+    dtype: str = "f32",
+    max_seq_len: int | None = None,
+) -> Prediction | str:
+    """`predict`, memoized on its inputs (the render tick asks for the same few every second),
+    or the reason there is no prediction, in words."""
+    key = (model, repr(hardware), knobs, dtype, max_seq_len)  # HardwareSpec holds a dict
+    if key not in _MEMO:
+        if len(_MEMO) > 1024:
+            _MEMO.clear()
+        try:
+            _MEMO[key] = predict(model, hardware, knobs, dtype, max_seq_len)
+        except (ImportError, ValueError, KeyError, specs.SpecError) as exc:
+            _MEMO[key] = f"no prediction: {exc}"
+    return _MEMO[key]

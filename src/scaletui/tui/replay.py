@@ -11,24 +11,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-KINDS = ("stats", "window", "summary", "event", "config")
+from scaletui.records import Record, RecordKind
+
+KINDS = tuple(k.value for k in RecordKind)
 
 
-@dataclass(frozen=True)
-class Record:
-    """One ingested event."""
-
-    t: float  # seconds since the session started (arrival in the UI; pacing only)
-    kind: str  # one of KINDS
-    data: dict
-
-    def to_json(self) -> bytes:
-        return orjson.dumps({"t": round(self.t, 3), "kind": self.kind, "data": self.data})
+def to_json(rec: Record) -> bytes:
+    return orjson.dumps({"t": round(rec.t, 3), "kind": rec.kind, "data": rec.data})
 
 
 def parse_line(line: str | bytes, where: str = "replay") -> Record:
@@ -41,7 +34,7 @@ def parse_line(line: str | bytes, where: str = "replay") -> Record:
         raise ValueError(f"{where}: expected an object with kind in {KINDS}, got {obj!r:.120}")
     if not isinstance(obj.get("data"), dict):
         raise ValueError(f"{where}: expected 'data' to be an object")
-    return Record(float(obj.get("t", 0.0)), obj["kind"], obj["data"])
+    return Record(float(obj.get("t", 0.0)), RecordKind(obj["kind"]), obj["data"])
 
 
 def read_replay(path: str | Path) -> list[Record]:
@@ -84,7 +77,7 @@ class Recorder:
         self._file = self.path.open("ab")
 
     def write(self, rec: Record) -> None:
-        self._file.write(rec.to_json() + b"\n")
+        self._file.write(to_json(rec) + b"\n")
         self._file.flush()
 
     def close(self) -> None:

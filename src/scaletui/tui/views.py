@@ -9,13 +9,11 @@ tokens/s as the mean of the last 5 windows; decode step from /stats
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from scaletui.records import StatsSnapshot
 from scaletui.tui.knobs import Knobs
-
-if TYPE_CHECKING:
-    from scaletui.tui.model import MetricsModel
-    from scaletui.tui.predict import Prediction
+from scaletui.tui.predict import Prediction
+from scaletui.tui.state import RunRow, SessionState, SweepPoint
 
 
 @dataclass(frozen=True)
@@ -31,44 +29,6 @@ class Kpi:
         if self.predicted is None or self.measured is None or self.predicted <= 0:
             return None
         return (self.measured - self.predicted) / self.predicted
-
-
-@dataclass(frozen=True)
-class RunRow:
-    run: int
-    kind: str
-    knobs: Knobs
-    pred_ttft_ms: float | None
-    pred_tpot_ms: float | None
-    pred_tok_s: float | None
-    ttft_ms: float | None
-    tpot_ms: float | None
-    tok_s: float | None
-    completed: int
-    partial: bool
-
-    @property
-    def efficiency(self) -> float | None:
-        """Measured tokens/s as a fraction of the roofline's."""
-        if not self.pred_tok_s or self.tok_s is None:
-            return None
-        return self.tok_s / self.pred_tok_s
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    label: str
-    tok_s: float | None
-    tpot_ms: float | None
-    ttft_ms: float | None
-    pred_tok_s: float | None
-    pred_tpot_ms: float | None
-
-    @classmethod
-    def from_row(cls, row: RunRow) -> SweepPoint:
-        k = row.knobs
-        label = f"{k.rate:g}qps" if k.load == "qps" else f"s{k.slots}"
-        return cls(label, row.tok_s, row.tpot_ms, row.ttft_ms, row.pred_tok_s, row.pred_tpot_ms)
 
 
 @dataclass(frozen=True)
@@ -109,95 +69,77 @@ class View:
     sweep: tuple[SweepPoint, ...]
 
 
-def _get(d: dict, *path: str) -> float | None:
-    for key in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(key)
-    return float(d) if isinstance(d, (int, float)) and not isinstance(d, bool) else None
-
-
-def _latest(windows: list[dict], *path: str) -> float | None:
-    for w in reversed(windows):
-        value = _get(w, *path)
-        if value is not None:
-            return value
-    return None
-
-
-def build_view(m: MetricsModel) -> View:
-    pred = m.prediction()
+def build_view(m: SessionState) -> View:
+    """What every panel shows, from the state alone (changes nothing)."""
+    got = m.prediction_or_error()
+    pred = got if isinstance(got, Prediction) else None
     applied_pred = m.prediction(m.run_knobs or m.applied)
     run_windows = [w for _, w in list(m.windows)[-m.run_windows :]] if m.run_windows else []
-    summ = m.summary or {}
+    summ = m.summary
 
-    def measured(path: tuple[str, str], summary_key: str) -> float | None:
-        value = _latest(run_windows, *path)
-        return value if value is not None else _get(summ, summary_key)
+    def measured(pick, summary_key: str) -> float | None:
+        """The newest window of this run that has the value, else the run's summary."""
+        for w in reversed(run_windows):
+            if pick(w) is not None:
+                return pick(w)
+        return getattr(summ, summary_key) if summ is not None else None
 
-    recent = [w.get("output_tok_s") for w in run_windows[-5:]]
-    recent = [float(x) for x in recent if isinstance(x, (int, float))]
-    tok_s = sum(recent) / len(recent) if recent else _get(summ, "output_throughput")
-    step = _get(m.stats, "step_times_ms", "generate", "per_token_mean")
-    w_dev = _get(m.stats, "memory", "weight_bytes_per_device")
-    kv_dev = _get(m.stats, "memory", "kv_cache_bytes_per_device")
+    recent = [w.output_tok_s for w in run_windows[-5:] if w.output_tok_s is not None]
+    tok_s = sum(recent) / len(recent) if recent else (summ and summ.output_throughput)
+    stats = m.stats
+    w_dev, kv_dev = stats.weight_bytes_per_device, stats.kv_bytes_per_device
     mem = None if w_dev is None or kv_dev is None else w_dev + kv_dev
     p = pred
     kpis = (
-        Kpi("TTFT p50", "ms", p and p.ttft_ms, measured(("ttft_ms", "p50"), "median_ttft_ms")),
-        Kpi("TTFT p99", "ms", p and p.ttft_ms, measured(("ttft_ms", "p99"), "p99_ttft_ms")),
-        Kpi("TPOT p50", "ms", p and p.tpot_ms, measured(("tpot_ms", "p50"), "median_tpot_ms")),
-        Kpi("TPOT p99", "ms", p and p.tpot_ms, measured(("tpot_ms", "p99"), "p99_tpot_ms")),
-        Kpi("decode step", "ms", p and p.tpot_ms, step),
+        Kpi("TTFT p50", "ms", p and p.ttft_ms, measured(lambda w: w.ttft_ms.p50, "median_ttft_ms")),
+        Kpi("TTFT p99", "ms", p and p.ttft_ms, measured(lambda w: w.ttft_ms.p99, "p99_ttft_ms")),
+        Kpi("TPOT p50", "ms", p and p.tpot_ms, measured(lambda w: w.tpot_ms.p50, "median_tpot_ms")),
+        Kpi("TPOT p99", "ms", p and p.tpot_ms, measured(lambda w: w.tpot_ms.p99, "p99_tpot_ms")),
+        Kpi("decode step", "ms", p and p.tpot_ms, stats.step_per_token_ms),
         Kpi("output tok/s", "tok/s", p and p.tok_s, tok_s),
         Kpi("mem/chip", "B", p and p.mem_per_chip, mem),
     )
-    series = [(t, w) for t, w in m.windows if _get(w, "ttft_ms", "p50") is not None]
-    devices = m.stats.get("devices") or []
-    capacity = _get(devices[0], "memory", "bytes_limit") if devices else None
+    series = [(t, w) for t, w in m.windows if w.ttft_ms.p50 is not None]
+    capacity = stats.device_bytes_limit
     if capacity is None and pred is not None:
         capacity = pred.hbm_bytes
-    slots = m.stats.get("slots") or {}
-    total = float(slots.get("total") or m.applied.slots)
     chips = (m.run_knobs or m.applied).chips
     meas_flops = None
     if applied_pred is not None and tok_s is not None:
         meas_flops = applied_pred.flops_per_token * tok_s / chips
-    last_t = run_windows[-1].get("t") if run_windows else None
+    last_t = run_windows[-1].t if run_windows else None
     pending = m.pending.server_changes(m.applied) if m.pending else {}
     if m.pending:
         pending |= {k: v for k, v in m.pending.to_dict().items() if v != getattr(m.applied, k)}
+    hist = list(m.stats_hist)[-120:]
     return View(
         version=m.version,
         phase=m.phase,
         server=m.server,
         url=m.url,
-        backend=_backend_label(m.stats),
+        backend=backend_label(stats),
         n_devices=m.n_devices,
         model=m.model_name,
         applied=m.applied,
         knobs=m.knobs,
         pending=pending,
-        hardware=(pred.hardware if pred else m.hardware(m.knobs.hardware)[0] or "auto"),
-        prediction_note=m.prediction_error() or m.hardware(m.knobs.hardware)[2],
-        slots_used=slots.get("used"),
+        hardware=m.hardware.name,
+        prediction_note=got if isinstance(got, str) else m.hardware.note,
+        slots_used=None if stats.slots_used is None else int(stats.slots_used),
         run=m.run_id,
-        run_elapsed=float(last_t) if isinstance(last_t, (int, float)) else None,
+        run_elapsed=last_t,
         sweep_point=m.sweep_point if m.phase == "sweeping" else "",
         kpis=kpis,
         xs=tuple(t for t, _ in series),
-        ttft_p50=tuple(_get(w, "ttft_ms", "p50") or 0.0 for _, w in series),
-        ttft_p99=tuple(_get(w, "ttft_ms", "p99") or 0.0 for _, w in series),
-        tpot_p50=tuple(_get(w, "tpot_ms", "p50") or 0.0 for _, w in series),
+        ttft_p50=tuple(w.ttft_ms.p50 or 0.0 for _, w in series),
+        ttft_p99=tuple(w.ttft_ms.p99 or 0.0 for _, w in series),
+        tpot_p50=tuple(w.tpot_ms.p50 or 0.0 for _, w in series),
         pred_ttft_ms=p and p.ttft_ms,
         pred_tpot_ms=p and p.tpot_ms,
-        spark_tok_s=tuple(float(w.get("output_tok_s") or 0.0) for _, w in m.windows)[-120:],
-        spark_queue=tuple(_get(s, "requests", "waiting") or 0.0 for s in m.stats_hist)[-120:],
-        spark_occupancy=tuple(
-            (_get(s, "slots", "used") or 0.0) / max(1.0, _get(s, "slots", "total") or total)
-            for s in m.stats_hist
-        )[-120:],
-        spark_kv=tuple(_get(s, "kv_cache_usage_perc") or 0.0 for s in m.stats_hist)[-120:],
+        spark_tok_s=tuple(w.output_tok_s or 0.0 for _, w in m.windows)[-120:],
+        spark_queue=tuple(s.waiting or 0.0 for s in hist),
+        spark_occupancy=tuple(s.occupancy for s in hist),
+        spark_kv=tuple(s.kv_usage or 0.0 for s in hist),
         prediction=pred,
         meas_flops_per_chip=meas_flops,
         mem_weights=w_dev,
@@ -208,8 +150,34 @@ def build_view(m: MetricsModel) -> View:
     )
 
 
-def _backend_label(stats: dict) -> str:
+def backend_label(stats: StatsSnapshot) -> str:
     """`cpu`, or `cpu+native` when the generate engine runs the native CPU kernels."""
-    backend = str(stats.get("backend") or "?")
-    generate = (stats.get("mesh") or {}).get("generate") or {}
-    return backend + "+native" if generate.get("kernels") == "native" else backend
+    return stats.backend + ("+native" if stats.kernels == "native" else "")
+
+
+def redraw_keys(v: View) -> dict[str, tuple]:
+    """Per panel (by CSS id), the view fields it draws from: a panel is redrawn only when its
+    key changed (the App adds the sizes of the panels that draw to their size)."""
+    return {
+        "#status": (
+            v.phase,
+            v.server,
+            v.backend,
+            v.n_devices,
+            v.model,
+            v.applied,
+            v.knobs,
+            v.slots_used,
+            v.run,
+            v.run_elapsed,
+            v.sweep_point,
+        ),
+        "#knobs": (v.applied, v.knobs, v.hardware),
+        "#kpis": (v.kpis, v.pending, v.prediction_note),
+        "#memory": (v.mem_weights, v.mem_kv, v.mem_capacity, v.prediction),
+        "#latency": (v.xs, v.ttft_p50, v.pred_ttft_ms, v.pred_tpot_ms),
+        "#strips": (v.spark_tok_s, v.spark_queue, v.spark_occupancy, v.spark_kv),
+        "#roofline": (v.prediction, v.meas_flops_per_chip),
+        "#sweep": (v.sweep,),
+        "#runs": (len(v.runs),),
+    }

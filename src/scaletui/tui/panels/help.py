@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
@@ -40,6 +40,17 @@ prediction is for **pending** knobs not yet applied (`a` applies them).
   (log-log), measured against predicted. Open-loop rates are predicted at the batch that carries
   the offered load.
 """
+
+
+def key_rows(app: App) -> list[tuple[str, str, bool]]:
+    """(key as typed, what it does, available now) for the App's own active bindings (not the
+    focused widget's cursor keys), so the table cannot drift from the bindings."""
+    rows = []
+    for active in app.active_bindings.values():
+        if active.node is app:
+            b = active.binding
+            rows.append((app.get_key_display(b), b.description or b.action, bool(active.enabled)))
+    return rows
 
 
 class HelpScreen(ModalScreen[None]):

@@ -1,16 +1,20 @@
 """Command palette provider (ctrl+p or `:`): fixed actions plus typed commands such as
 `slots 16`, `tp 2`, `qps 4`, `concurrency 8`, `input 256`, `output 64`, `hardware h100`,
-`mode disaggregated`, `prefill 2`, `sweep slots 1,2,4,8`, `sweep qps 1,2,4`, `symbols block`."""
+`mode disaggregated`, `prefill 2`, `sweep slots 1,2,4,8`, `sweep qps 1,2,4`, `symbols block`.
+
+The provider only posts what was chosen to the App (an action name, or a `PaletteCommand`);
+`interpret` turns a typed command into what it asks for: knob changes, a sweep, or a chart
+style."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-if TYPE_CHECKING:
-    from scaletui.tui.ui import ScaleTUI
+from scaletui import specs
+from scaletui.tui.messages import PaletteCommand
 
 ACTIONS = (
     ("Apply pending config", "apply", "restart/reshard the server with the pending knobs"),
@@ -69,27 +73,57 @@ def parse(query: str) -> tuple[str, object] | None:
     return None
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What a typed command asks for: knob `changes` (staged as pending), a `sweep` over
+    (slots | qps, values), or chart `symbols`. Exactly one is set."""
+
+    changes: dict | None = None
+    sweep: tuple[str, list[float]] | None = None
+    symbols: str | None = None
+
+
+def interpret(text: str) -> Asked:
+    """A typed command -> what it asks for; ValueError naming the problem when it is not one."""
+    parsed = parse(text)
+    if parsed is None:
+        raise ValueError(f"unknown command {text!r}")
+    name, value = parsed
+    if name in ("sweep_slots", "sweep_qps"):
+        return Asked(sweep=(name[6:], list(value)))  # type: ignore[arg-type]
+    if name == "symbols":
+        return Asked(symbols=str(value))
+    if name == "qps":
+        return Asked(changes={"load": "qps", "rate": value})
+    if name == "concurrency":
+        return Asked(changes={"load": "concurrency", "rate": float(value)})  # type: ignore[arg-type]
+    if name == "hardware":
+        specs.load_hardware(str(value))  # SpecError (a ValueError) names what is wrong
+        return Asked(changes={"hardware": str(value)})
+    key = TYPED[name][0] if name in TYPED else name
+    return Asked(changes={key: value})
+
+
 class ScaleCommands(Provider):
-    @property
-    def tui(self) -> ScaleTUI:
-        return self.app  # type: ignore[return-value]
+    def _post(self, text: str) -> None:
+        self.app.post_message(PaletteCommand(text))
 
     async def discover(self) -> Hits:
         for name, action, help_ in ACTIONS:
-            yield DiscoveryHit(name, partial(self.tui.run_action, action), help=help_)
+            yield DiscoveryHit(name, partial(self.app.run_action, action), help=help_)
         for example in EXAMPLES:
-            yield DiscoveryHit(example, partial(self.tui.command, example), help="typed command")
+            yield DiscoveryHit(example, partial(self._post, example), help="typed command")
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         parsed = parse(query)
         if parsed is not None:
-            yield Hit(1.0, f"{query.strip()}  ⏎", partial(self.tui.command, query), help="set")
+            yield Hit(1.0, f"{query.strip()}  ⏎", partial(self._post, query), help="set")
         for name, action, help_ in ACTIONS:
             score = matcher.match(name)
             if score > 0:
                 yield Hit(
-                    score, matcher.highlight(name), partial(self.tui.run_action, action), help=help_
+                    score, matcher.highlight(name), partial(self.app.run_action, action), help=help_
                 )
         for example in EXAMPLES:
             score = matcher.match(example)
@@ -97,6 +131,6 @@ class ScaleCommands(Provider):
                 yield Hit(
                     score * 0.5,
                     matcher.highlight(example),
-                    partial(self.tui.command, example),
+                    partial(self._post, example),
                     help="typed command (edit the number)",
                 )

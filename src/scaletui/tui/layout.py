@@ -1,0 +1,54 @@
+"""The dashboard's keys and panels: the App's bindings, the panels the number keys toggle,
+their titles, and the smallest terminal it draws in."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+
+KNOB_ACTIONS = {"slots", "tp", "dp", "sharding"}
+CONTROL_ACTIONS = {"apply", "rerun", "restart_server"}
+PANELS = {1: "#latency", 2: "#strips", 3: "#charts2", 4: "#runs", 5: "#events"}
+PANEL_NAMES = {1: "latency", 2: "sparklines", 3: "roofline/sweep", 4: "runs", 5: "events"}
+MIN_SIZE = (80, 24)
+
+
+BINDINGS = [
+    Binding("q", "quit", "Quit", id="quit"),
+    Binding("ctrl+c", "quit", "Quit", show=False, priority=True, id="quit.ctrl_c"),
+    Binding("question_mark,f1", "help", "Help", id="help"),
+    Binding("ctrl+p,colon", "command_palette", "Commands", show=False, id="palette"),
+    Binding("b", "slots(False)", "slots÷2", id="slots.down"),
+    Binding("B", "slots(True)", "slots×2", id="slots.up"),
+    Binding("t", "tp(False)", "tp÷2", id="tp.down"),
+    Binding("T", "tp(True)", "tp×2", id="tp.up"),
+    Binding("d", "dp(False)", "dp÷2", show=False, id="dp.down"),
+    Binding("D", "dp(True)", "dp×2", show=False, id="dp.up"),
+    Binding("s", "sharding", "Mesh", id="sharding"),
+    Binding("a,enter", "apply", "Apply", id="apply"),
+    Binding("r", "rerun", "Rerun", id="rerun"),
+    Binding("escape", "discard", "Discard", show=False, id="discard"),
+    Binding("p,space", "pause", "Pause", id="pause"),
+    *(
+        Binding(
+            str(n),
+            f"toggle_panel({n})",
+            f"toggle {PANEL_NAMES[n]}",
+            show=False,
+            id=f"panel.{n}",
+        )
+        for n in PANELS
+    ),
+    Binding("z", "zoom", "Zoom", show=False, id="zoom"),
+    Binding("e", "export", "Export", id="export"),
+]
+
+TITLES = {
+    "#knobs": "Knobs",
+    "#memory": "Memory / chip",
+    "#latency": "Latency ms (measured, predicted flat)",
+    "#strips": "tok/s · queue · slots · KV",
+    "#kpis": "KPIs  pred | meas | Δ",
+    "#runs": "Runs (pred/meas)",
+    "#charts2": "roof ━  ○ pred magenta  ○ meas cyan",
+    "#events": "Events",
+}

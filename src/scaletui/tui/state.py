@@ -1,0 +1,268 @@
+"""The TUI's one piece of mutable state (plain Python, no Textual), changed only by its own
+methods: `add(record)` for everything that arrives (server snapshots, loadgen windows and
+summaries, controller events, which also carry the applied knobs and the phase), and `edit` /
+`discard` for the user's pending knobs. `version` grows on every change, so the render tick
+redraws only when something moved; `views.build_view(state)` reads it and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from scaletui import specs
+from scaletui.records import LoadSummary, LoadWindow, Record, StatsSnapshot
+from scaletui.tui.knobs import Knobs
+from scaletui.tui.predict import Prediction, model_spec_from, pick_hardware, predict_cached
+
+HISTORY = 300  # samples kept per series (5 min at 1 Hz)
+BUSY_PHASES = ("calibrating", "starting", "reconfiguring", "sweeping")
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    t: float
+    level: str  # info | warning | error
+    text: str
+
+
+@dataclass(frozen=True)
+class HardwareChoice:
+    """The spec predictions use: the knob's value ("" = automatic), the spec, and why, when the
+    automatic choice could not be this host's calibrated `local`."""
+
+    requested: str
+    spec: specs.HardwareSpec | None
+    note: str | None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name if self.spec else (self.requested or "auto")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run: int
+    kind: str
+    knobs: Knobs
+    pred_ttft_ms: float | None
+    pred_tpot_ms: float | None
+    pred_tok_s: float | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    tok_s: float | None
+    completed: int
+    partial: bool
+
+    @property
+    def efficiency(self) -> float | None:
+        """Measured tokens/s as a fraction of the roofline's."""
+        if not self.pred_tok_s or self.tok_s is None:
+            return None
+        return self.tok_s / self.pred_tok_s
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    label: str
+    tok_s: float | None
+    tpot_ms: float | None
+    ttft_ms: float | None
+    pred_tok_s: float | None
+    pred_tpot_ms: float | None
+
+    @classmethod
+    def from_row(cls, row: RunRow) -> SweepPoint:
+        k = row.knobs
+        label = f"{k.rate:g}qps" if k.load == "qps" else f"s{k.slots}"
+        return cls(label, row.tok_s, row.tpot_ms, row.ttft_ms, row.pred_tok_s, row.pred_tpot_ms)
+
+
+class SessionState:
+    def __init__(
+        self, knobs: Knobs | None = None, model_name: str = "small", phase: str = "starting"
+    ) -> None:
+        self.applied = knobs or Knobs()
+        self.pending: Knobs | None = None  # None: no unapplied edits
+        self.model_name = model_name
+        # calibrating|starting|idle|reconfiguring|running|sweeping|done|error|replay
+        self.phase = phase
+        self.server = "starting"  # server status text for the status bar
+        self.url = ""
+        self.calibration = ""  # the controller's calibrate state: running|done|off|remote|failed
+        self.stats = StatsSnapshot()
+        self.stats_hist: deque[StatsSnapshot] = deque(maxlen=HISTORY)
+        self.windows: deque[tuple[float, LoadWindow]] = deque(maxlen=HISTORY)
+        self.summary: LoadSummary | None = None
+        self.run_id = 0
+        self.run_knobs: Knobs | None = None
+        self.run_kind = "run"
+        self.run_windows = 0
+        self.sweep_point = ""  # "2/4 qps 4" while a sweep runs
+        self.runs: list[RunRow] = []
+        self.sweep: list[SweepPoint] = []
+        self.events: list[Event] = []
+        self.version = 0
+        self.spec: specs.ModelSpec | None = None
+        self.spec_error: str | None = None
+        self.hardware = self._choose_hardware()
+        self._load_spec(model_name)
+
+    # -- ingest ---------------------------------------------------------------------------------
+    def add(self, rec: Record) -> None:
+        """Ingest one record (a malformed one raises ValueError/TypeError/KeyError and changes
+        nothing that the next record relies on)."""
+        getattr(self, f"_add_{rec.kind}")(rec)
+        self.version += 1
+
+    def _add_stats(self, rec: Record) -> None:
+        snap = StatsSnapshot.from_json(rec.data)
+        backend_changed = snap.backend != self.stats.backend
+        self.stats = snap
+        self.stats_hist.append(snap)
+        if snap.model and (self.spec is None or self.spec.name != snap.model.get("name")):
+            self.spec = model_spec_from(snap.model)
+            self.model_name = self.spec.name
+        if snap.config:
+            self.applied = self.applied.with_server(snap.config)
+            if self.pending is not None and self.pending == self.applied:
+                self.pending = None
+        self.server = snap.state if not snap.error else f"{snap.state}: {snap.error}"
+        if backend_changed:  # the automatic choice follows the server's backend
+            self.hardware = self._choose_hardware()
+
+    def _add_window(self, rec: Record) -> None:
+        self.windows.append((rec.t, LoadWindow.from_json(rec.data)))
+        self.run_windows += 1
+
+    def _add_summary(self, rec: Record) -> None:
+        summary = LoadSummary.from_json(rec.data)
+        self.summary = summary
+        knobs = self.run_knobs or self.applied
+        pred = self.prediction(knobs)
+        row = RunRow(
+            run=self.run_id,
+            kind=self.run_kind,
+            knobs=knobs,
+            pred_ttft_ms=pred.ttft_ms if pred else None,
+            pred_tpot_ms=pred.tpot_ms if pred else None,
+            pred_tok_s=pred.tok_s if pred else None,
+            ttft_ms=summary.median_ttft_ms,
+            tpot_ms=summary.median_tpot_ms,
+            tok_s=summary.output_throughput,
+            completed=summary.completed,
+            partial=summary.partial,
+        )
+        self.runs.append(row)
+        if self.run_kind == "sweep":
+            self.sweep.append(SweepPoint.from_row(row))
+        self.run_knobs = None
+        if self.phase == "running":
+            self.phase = "done"
+
+    def _add_event(self, rec: Record) -> None:
+        """Text for the log, and the controller's and session's state changes: `phase`,
+        `server`, `url`, `calibration`, `sweep_point`, `applied` (knobs now on the server)
+        and `pending` (an edit the session leaves for the user to apply)."""
+        data = rec.data
+        if data.get("text"):
+            self._log(data["text"], data.get("level", "info"), rec.t)
+        for key in ("phase", "server", "url", "sweep_point"):
+            if key in data:
+                setattr(self, key, str(data[key]))
+        if "applied" in data:
+            self.applied = Knobs.from_dict(data["applied"])
+            if self.pending == self.applied:
+                self.pending = None
+        if "pending" in data:
+            self._stage(replace(self.knobs, **data["pending"]))
+        if "calibration" in data:  # `local` may exist now: choose the hardware spec again
+            self.calibration = str(data["calibration"])
+            self.hardware = self._choose_hardware()
+
+    def _add_config(self, rec: Record) -> None:
+        data = rec.data
+        self.run_id = int(data.get("run", self.run_id + 1))
+        self.run_kind = data.get("kind", "run")
+        self.run_knobs = Knobs.from_dict(data["knobs"]) if "knobs" in data else self.applied
+        self.run_windows = 0
+        if self.run_kind != "sweep":
+            self.sweep_point = ""
+        if self.run_kind == "sweep" and data.get("first"):
+            self.sweep = []
+        self.phase = "sweeping" if self.run_kind == "sweep" else "running"
+
+    def log(self, text: str, level: str = "info") -> None:
+        """An event of the UI's own; stamped with the newest event's time (the UI keeps no
+        clock of its own)."""
+        self._log(text, level, self.events[-1].t if self.events else 0.0)
+        self.version += 1
+
+    def _log(self, text: str, level: str, t: float) -> None:
+        self.events.append(Event(len(self.events), t, level, text))
+        del self.events[:-500]
+
+    # -- knobs ----------------------------------------------------------------------------------
+    @property
+    def knobs(self) -> Knobs:
+        """What the prediction shows: pending edits if any, else the applied config."""
+        return self.pending or self.applied
+
+    def edit(self, **changes: object) -> Knobs:
+        """Stage an edit (raises ValueError naming a bad value); the prediction follows at once."""
+        new = replace(self.knobs, **changes)
+        self._stage(new)
+        self.version += 1
+        return new
+
+    def _stage(self, new: Knobs) -> None:
+        hardware_changed = new.hardware != self.knobs.hardware
+        self.pending = None if new == self.applied else new
+        if hardware_changed:
+            self.hardware = self._choose_hardware()
+
+    def discard(self) -> None:
+        self._stage(self.applied)
+        self.version += 1
+
+    @property
+    def n_devices(self) -> int:
+        return self.stats.n_devices
+
+    # -- predictions ----------------------------------------------------------------------------
+    def _load_spec(self, name: str) -> None:
+        try:
+            self.spec = specs.load_model(name)
+        except specs.SpecError as exc:
+            self.spec_error = str(exc)
+
+    def _choose_hardware(self) -> HardwareChoice:
+        requested = self.knobs.hardware
+        name, note = pick_hardware(requested, self.stats.raw.get("backend"), self.calibration)
+        try:
+            return HardwareChoice(requested, specs.load_hardware(name), note)
+        except specs.SpecError as exc:
+            return HardwareChoice(requested, None, str(exc))
+
+    def prediction_or_error(self, knobs: Knobs | None = None) -> Prediction | str:
+        """The roofline for `knobs` (default: what is shown) on the one spec every panel uses
+        (`hardware`, what the knobs panel shows), or why there is none. Pure: the result is
+        memoized by `predict_cached`, nothing here changes."""
+        knobs = replace(knobs or self.knobs, hardware=self.knobs.hardware)
+        if self.spec is None:
+            return f"no prediction: {self.spec_error or 'no model spec yet'}"
+        if self.hardware.spec is None:
+            return f"no prediction: {self.hardware.note}"
+        config = self.stats.config
+        return predict_cached(
+            self.spec,
+            self.hardware.spec,
+            knobs,
+            str(config.get("dtype", "f32")),
+            config.get("max_seq_len"),
+        )
+
+    def prediction(self, knobs: Knobs | None = None) -> Prediction | None:
+        got = self.prediction_or_error(knobs)
+        return got if isinstance(got, Prediction) else None

@@ -1,0 +1,120 @@
+"""The package layering, read from the source: no import cycle anywhere in src/ (imports inside
+functions and under TYPE_CHECKING count), and each layer imports only what docs/interfaces.md
+allows it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).parents[1] / "src"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def resolve(name: str, modules: set[str]) -> str | None:
+    """`scaletui.tui.views` -> itself; `scaletui.records.Record` -> `scaletui.records`."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in SRC.rglob("*.py")}
+    modules = set(files)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # `from scaletui import specs` imports the module scaletui.specs
+                targets = [f"{base}.{a.name}" for a in node.names]
+            for target in targets:
+                got = resolve(target, modules) if target.startswith("scaletui") else None
+                if got and got != mod:
+                    graph[mod].add(got)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_walker_sees_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_src():
+    graph = import_graph()
+    assert "scaletui.tui.views" in graph and graph["scaletui.tui.views"]
+    assert cycles(graph) == []
+
+
+def test_layers_import_only_what_they_may():
+    """specs and the shared records/procs modules import nothing of ours; roofline only specs;
+    loadgen only itself and the stdlib-only shared modules; tui never serve (HTTP only)."""
+    shared = {"scaletui.records", "scaletui.procs"}
+    allowed = {
+        "scaletui.specs": set(),
+        "scaletui.records": set(),
+        "scaletui.procs": set(),
+        "scaletui.roofline": {"scaletui.specs"},
+        "scaletui.loadgen": shared,
+        "scaletui.tui": {"scaletui.specs", "scaletui.roofline", "scaletui.loadgen", *shared},
+    }
+    wrong = []
+    for mod, deps in import_graph().items():
+        layer = next((k for k in allowed if mod == k or mod.startswith(k + ".")), None)
+        if layer is None:
+            continue
+        for dep in deps:
+            if dep == layer or dep.startswith(layer + "."):
+                continue
+            if not any(dep == a or dep.startswith(a + ".") for a in allowed[layer]):
+                wrong.append(f"{mod} -> {dep}")
+    assert wrong == []
