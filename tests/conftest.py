@@ -26,3 +26,50 @@ def private_config(tmp_path_factory, monkeypatch) -> Path:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
     monkeypatch.setenv("XDG_CACHE_HOME", _CACHE.name)
     return config
+
+
+TINY_SEED = 3  # the dummy-weight seed of the shared `tiny` fixture
+
+
+@pytest.fixture(scope="session")
+def tiny_seed() -> int:
+    return TINY_SEED
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The `tiny` model spec and its seeded dummy weights (TINY_SEED)."""
+    from scaletui.serve import weights
+    from scaletui.specs import load_model
+
+    m = load_model("tiny")
+    return m, weights.dummy_params(m, seed=TINY_SEED)
+
+
+@pytest.fixture(scope="session")
+def greedy_reference():
+    """greedy_reference(spec, seed, prompt, n) -> the n greedy tokens after `prompt` from the
+    full causal forward of the seeded dummy model (padded to 64 positions: causal, harmless)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from scaletui.serve import model, weights
+
+    forwards = {}
+
+    def run(spec, seed: int, prompt: list[int], n: int) -> list[int]:
+        if (spec, seed) not in forwards:
+            params = jax.device_put(weights.dummy_params(spec, seed))
+            forwards[spec, seed] = jax.jit(lambda t: model.forward(params, t, spec)[0])
+        fwd = forwards[spec, seed]
+        seq, out = list(prompt), []
+        for _ in range(n):
+            padded = np.zeros(64, np.int32)
+            padded[: len(seq)] = seq
+            tok = int(jnp.argmax(fwd(jnp.asarray(padded)[None])[len(seq) - 1]))
+            out.append(tok)
+            seq.append(tok)
+        return out
+
+    return run

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scaletui.serve import model, weights
+from scaletui.serve import weights
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine import build_engines
 from scaletui.serve.engine_api import SamplingParams
@@ -26,23 +25,10 @@ def engine():
     return eng
 
 
-_FORWARD = {}
-
-
-def reference(eng, prompt, n):
-    """Greedy continuation from the full causal forward (padded to 64: causal, so harmless)."""
-    if eng.model not in _FORWARD:
-        params = jax.device_put(weights.dummy_params(eng.model, eng.config.seed))
-        _FORWARD[eng.model] = jax.jit(lambda t: model.forward(params, t, eng.model)[0])
-    fwd = _FORWARD[eng.model]
-    seq, out = list(prompt), []
-    for _ in range(n):
-        padded = np.zeros(64, np.int32)
-        padded[: len(seq)] = seq
-        tok = int(jnp.argmax(fwd(jnp.asarray(padded)[None])[len(seq) - 1]))
-        out.append(tok)
-        seq.append(tok)
-    return out
+@pytest.fixture(scope="module")
+def reference(greedy_reference):
+    """Greedy continuation of the engine's model from the full causal forward."""
+    return lambda eng, prompt, n: greedy_reference(eng.model, eng.config.seed, prompt, n)
 
 
 def serve(eng, requests, calls=8):
@@ -68,7 +54,7 @@ def serve(eng, requests, calls=8):
     return out, state
 
 
-def test_greedy_tokens_equal_full_forward(engine):
+def test_greedy_tokens_equal_full_forward(engine, reference):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 512, n).tolist() for n in (3, 17, 40)]  # 40: chunked prefill
     out, _ = serve(engine, [(p, GREEDY) for p in prompts], calls=3)
@@ -98,7 +84,7 @@ def test_no_compilation_after_warmup(engine):
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
-def test_max_tokens_and_eos_end_requests(engine):
+def test_max_tokens_and_eos_end_requests(engine, reference):
     prompt = [5, 6, 7, 8]
     ref = reference(engine, prompt, 8)
     out, state = serve(engine, [(prompt, SamplingParams(max_tokens=6, ignore_eos=True))])
@@ -170,7 +156,7 @@ def test_stats_fields(engine):
     assert engine.compile_seconds > 0
 
 
-def test_single_slot_engine_equals_full_forward():
+def test_single_slot_engine_equals_full_forward(reference):
     """slots=1 runs its matmuls at batch 1 over a cache with a spare row (JaxEngine.rows)."""
     cfg = ServeConfig(model=load_model("tiny"), slots=1, max_seq_len=32, decode_steps=4)
     eng, _ = build_engines(cfg)

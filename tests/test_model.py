@@ -6,16 +6,9 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from scaletui.serve import kv_cache, model, weights
 from scaletui.specs import load_model
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    m = load_model("tiny")
-    return m, weights.dummy_params(m, seed=3)
 
 
 def test_prefill_then_decode_logits_equal_full_forward(tiny):

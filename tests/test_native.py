@@ -154,7 +154,7 @@ def test_engine_native_tokens_equal_xla():
     assert all(len(t) == 20 for t in native_out)
 
 
-def test_native_refused_where_it_cannot_run(monkeypatch):
+def test_native_refused_where_it_cannot_run(monkeypatch, greedy_reference):
     m = load_model("tiny")
     cfg = ServeConfig(model=m, slots=2, max_seq_len=64, tp=2, kernels="native")
     with pytest.raises(ValueError, match="tp=2"):
@@ -165,7 +165,8 @@ def test_native_refused_where_it_cannot_run(monkeypatch):
     monkeypatch.setattr(native, "unavailable_reason", lambda: "no C++ compiler")
     eng, _ = build_engines(ServeConfig(model=m, slots=2, max_seq_len=64), jax.devices()[:1])
     assert not eng.native and "wq" in eng.params["layers"][0]
-    assert eng.prefill([1, 2, 3], SamplingParams(max_tokens=2)).first_token >= 0
+    first = eng.prefill([1, 2, 3], SamplingParams(max_tokens=2)).first_token
+    assert first == greedy_reference(m, eng.config.seed, [1, 2, 3], 1)[0]
 
 
 def test_reconfigure_validation_refuses_native_where_it_cannot_run():

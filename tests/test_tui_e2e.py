@@ -5,7 +5,6 @@ a calibrate child run first), then t/T to tp 2 halving the weights per chip (CPU
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import io
 import os
 import sys
@@ -21,10 +20,6 @@ from scaletui.tui.session import Session
 from scaletui.tui.state import SessionState
 from scaletui.tui.ui import ScaleTUI
 from scaletui.tui.views import build_view
-
-MISSING = [
-    m for m in ("scaletui.serve.cli", "scaletui.loadgen.cli") if importlib.util.find_spec(m) is None
-]
 
 # Stands in for `scaletui calibrate --quick` (seconds of JAX work the suite need not spend): the
 # same contract, a `local` spec written under XDG_CONFIG_HOME and its YAML on stdout.
@@ -65,7 +60,6 @@ async def wait_for(predicate, seconds: float) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(bool(MISSING), reason=f"server/loadgen CLI not there yet: {MISSING}")
 async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))  # no `local` spec yet
     assert "local" not in specs.hardware_names()

@@ -8,19 +8,12 @@ import numpy as np
 import pytest
 
 from scaletui.serve import model, weights
-from scaletui.specs import load_model
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    m = load_model("tiny")
-    return m, weights.dummy_params(m, seed=5)
-
-
-def test_dummy_init_is_deterministic_per_seed(tiny):
+def test_dummy_init_is_deterministic_per_seed(tiny, tiny_seed):
     m, params = tiny
-    again = weights.dummy_params(m, seed=5)
-    other = weights.dummy_params(m, seed=6)
+    again = weights.dummy_params(m, seed=tiny_seed)
+    other = weights.dummy_params(m, seed=tiny_seed + 1)
     assert all(
         np.array_equal(a, b)
         for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again), strict=True)
