@@ -5,7 +5,10 @@ the request arrived, then one every `gap` seconds (absolute times, no drift), ea
 `tokens_per_chunk` tokens with cumulative `usage` (vLLM's continuous_usage_stats), then a
 usage-only chunk and `data: [DONE]`. Chat streams start with a role-only chunk. Options: answer
 `fail_status` after `fail_after` requests, serve at most `capacity` at once (a slow server that
-queues), `stall` (accept, then never send a byte), no usage at all, and GET /stats.
+queues), `stall` (accept, then never send a byte), no usage at all, and GET /stats. `script`
+cycles per request through behaviours: "ok", "stall", "reset" (drop the connection before any
+byte), "break" (drop it after the first token chunk) or an HTTP status such as "500" — every
+failure kind in one run. Killed as a process (SIGKILL), it is a server that died mid-run.
 
 Use in tests as `with MockServer(MockConfig(...)) as srv: srv.url`; or as a process:
 `python tests/mock_openai.py --port 8123 --ttft 0.01 --gap 0.005`.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +39,7 @@ class MockConfig:
     capacity: int | None = None  # concurrent requests served; others wait (queue)
     stall: bool = False  # accept the request and never answer
     stats: bool = True  # serve GET /stats
+    script: tuple[str, ...] = ()  # per-request behaviours, cycled (see the module docstring)
     model: str = "mock-model"
 
 
@@ -80,6 +85,14 @@ async def _complete(request: web.Request) -> web.StreamResponse:
     cfg: MockConfig = st["cfg"]
     body = orjson.loads(await request.read())
     st["count"] += 1
+    act = cfg.script[(st["count"] - 1) % len(cfg.script)] if cfg.script else "ok"
+    if act.isdigit():
+        return web.json_response({"error": {"message": f"mock {act}"}}, status=int(act))
+    if act == "reset":
+        request.transport.abort()
+        await asyncio.sleep(3600)  # the handler is cancelled with its connection
+    if act == "stall":
+        await asyncio.sleep(3600)
     if cfg.fail_after is not None and st["count"] > cfg.fail_after:
         headers = {"Retry-After": "1"} if cfg.fail_status in (429, 503) else None
         return web.json_response(
@@ -92,14 +105,16 @@ async def _complete(request: web.Request) -> web.StreamResponse:
     chat = request.path.endswith("/chat/completions")
     prompt = body.get("messages", [{}])[-1].get("content", "") if chat else body.get("prompt", "")
     entry = st["log"][str(prompt)] = {"arrive": t_arrive_pc, "writes": []}
+    brk = act == "break"
     if st["sem"] is None:
-        return await _stream(request, body, cfg, t_arrive, entry["writes"])
+        return await _stream(request, body, cfg, t_arrive, entry["writes"], brk)
     async with st["sem"]:
-        return await _stream(request, body, cfg, asyncio.get_running_loop().time(), entry["writes"])
+        t0 = asyncio.get_running_loop().time()
+        return await _stream(request, body, cfg, t0, entry["writes"], brk)
 
 
 async def _stream(
-    request, body: dict, cfg: MockConfig, t0: float, writes: list[float]
+    request, body: dict, cfg: MockConfig, t0: float, writes: list[float], brk: bool = False
 ) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     chat = request.path.endswith("/chat/completions")
@@ -140,6 +155,9 @@ async def _stream(
         done += n
         await resp.write(frame("x" * n, done))
         writes.append(time.perf_counter())
+        if brk:
+            request.transport.abort()
+            await asyncio.sleep(3600)
     if cfg.usage:
         await resp.write(frame(None, done, final=True))
     await resp.write(b"data: [DONE]\n\n")
@@ -191,6 +209,11 @@ class MockServer:
     def __exit__(self, *exc) -> None:
         async def stop():
             await self._runner.cleanup()
+            # handlers left sleeping by stall/reset/break: cancel them, or they warn at exit
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=30)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -207,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="mock-model")
     a, _ = p.parse_known_args(argv)
     cfg = MockConfig(ttft=a.ttft, gap=a.gap, tokens_per_chunk=a.tokens_per_chunk, model=a.model)
+    print(f"mock_openai: serving on {a.host}:{a.port}", file=sys.stderr, flush=True)
     web.run_app(create_app(cfg), host=a.host, port=a.port, print=None)
 
 

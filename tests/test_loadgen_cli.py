@@ -102,7 +102,8 @@ def test_embedded_server_starts_answers_and_stops(tmp_path):
             assert resp.status == 200
         proc = srv.proc
     assert proc.poll() is not None
-    failing = EmbeddedServer(f"{sys.executable} -c 'raise SystemExit(3)'", verbose=False)
+    cmd = f"{sys.executable} -c 'raise SystemExit(3)'"
+    failing = EmbeddedServer(cmd, verbose=False, log=str(tmp_path / "failing.log"))
     with pytest.raises(RuntimeError, match="exited with status"), failing:
         pass
 
@@ -186,7 +187,9 @@ def test_embedded_server_that_failed_is_reported_at_once(tmp_path):
         "        self.wfile.write(body)\n"
         "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
     )
-    failed = EmbeddedServer(f"{{python}} {script} {{port}}", timeout=60, verbose=False)
+    failed = EmbeddedServer(
+        f"{{python}} {script} {{port}}", timeout=60, verbose=False, log=str(tmp_path / "s.log")
+    )
     with pytest.raises(RuntimeError, match="failed: .*out of device memory"), failed:
         pass  # at once, not "not healthy after 60 s"
     assert failed.proc.poll() is not None

@@ -97,3 +97,42 @@ def test_slow_sends_warn_about_coordinated_omission():
 def test_bad_slo_names_it(bad):
     with pytest.raises(ValueError, match="SLO"):
         Slo.parse(bad)
+
+
+def test_sustained_rate_is_the_offered_rate_over_one_plus_the_latency_slope():
+    # offered 10 req/s; served 5 req/s: request i is done at 0.2 i + 0.05, a slope of 1
+    slow = [rec(i, 0.1 * i, 0.1 * i, 0.2 * i + 0.05, (0.2 * i + 0.04,), (1,)) for i in range(20)]
+    s = summarize(slow, t_start=0.0, requested_rate=10.0)
+    assert s["scheduled_rate"] == pytest.approx(20 / 1.9)
+    assert s["sustained_rate"] == pytest.approx(s["scheduled_rate"] / 2)
+    assert s["saturated"] and "kept up with about 5.26 req/s" in s["saturation"]
+    assert s["saturation"] in s["warnings"]
+    # latencies that jitter but do not grow: kept up, whatever the jitter
+    ok = [rec(i, 0.1 * i, 0.1 * i, 0.1 * i + 0.05 + 0.03 * (i % 3), (0.1 * i + 0.04,), (1,))
+          for i in range(20)]  # fmt: skip
+    s = summarize(ok, t_start=0.0, requested_rate=10.0)
+    assert s["sustained_rate"] == pytest.approx(s["scheduled_rate"], rel=0.02)
+    assert s["saturated"] is False and s["saturation"] is None
+    # closed loop (no offered rate) and too few requests are not judged
+    assert summarize(slow, t_start=0.0)["sustained_rate"] is None
+    assert summarize(slow[:9], t_start=0.0, requested_rate=10.0)["saturation"] is None
+
+
+def test_partial_reason_and_message_only_for_partial_runs(records):
+    s = summarize(records, t_start=0.0, partial=True, partial_reason="server_gone",
+                  partial_message="server gone: 5 connection failures in a row")  # fmt: skip
+    assert s["partial_reason"] == "server_gone"
+    assert any("server gone: 5" in w for w in s["warnings"])
+    s = summarize(records, t_start=0.0, partial_reason="server_gone", partial_message="x")
+    assert s["partial_reason"] is None and s["partial_message"] is None
+
+
+def test_failures_by_kind_count_failed_and_rejected_with_the_first_message(records):
+    records[2].kind, records[2].error = "http_429", "HTTP 429: busy"
+    records[3].kind, records[3].error = "read_timeout", "the server sent nothing for 60 s"
+    s = summarize(records, t_start=0.0)
+    assert s["failures_by_kind"] == {
+        "http_429": {"count": 1, "example": "HTTP 429: busy"},
+        "read_timeout": {"count": 1, "example": "the server sent nothing for 60 s"},
+    }
+    assert s["failure_rate"] == pytest.approx(2 / 5)

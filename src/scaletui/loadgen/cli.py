@@ -3,7 +3,8 @@
 Without --url it starts an embedded `scaletui serve --model small` (a subprocess) and stops it
 afterwards. --sweep runs one stage per rate and prints latency against throughput. Errors a user
 can cause (bad flags, a dead port, a wrong URL) are one line on stderr and a non-zero exit.
-Exit: 0 ok, 1 no request completed, 2 usage or connection error, 130 interrupted.
+Exit: 0 ok, 1 no request completed, 2 usage or connection error, 3 failure rate over
+--max-failure-rate, 4 the server went away mid-run (partial result), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from scaletui.loadgen.report import Slo, summarize
 from scaletui.loadgen.runner import RunConfig, Runner, make_session
 from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Lengths, Workload
 
+EXIT_OK, EXIT_NONE_COMPLETED, EXIT_USAGE, EXIT_FAILURES, EXIT_SERVER_GONE = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
+
 
 class UserError(Exception):
     """A problem the user can fix; printed as one line."""
@@ -33,6 +37,13 @@ def _rate(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"a rate must be > 0 (or 'inf'), got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"a fraction must be in [0, 1], got {text!r}")
     return value
 
 
@@ -77,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
     w.add_argument("--timeout", type=float, default=300.0, help="per-request limit (s)")
     w.add_argument("--read-timeout", type=float, default=60.0, help="max stream silence (s)")
+    f = p.add_argument_group("failures")
+    f.add_argument("--max-failure-rate", type=_fraction, default=0.01,
+                   help="exit 3 when (failed + rejected) / (sent - cancelled) is above this "
+                   "in a stage")  # fmt: skip
+    f.add_argument("--max-connection-failures", type=int, default=5, metavar="N",
+                   help="N connection failures in a row (refused/reset, probes included): the "
+                   "server is gone, stop with a partial result and exit 4 (0 = never)")  # fmt: skip
     o = p.add_argument_group("outputs")
     o.add_argument("--slo", type=Slo.parse, help="goodput SLOs in ms: ttft=500,tpot=50,e2el=5000")
     o.add_argument("--out", help="summary JSON file")
@@ -88,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--server-cmd", help="command template with {python} {port} "
                    "(default $LOADGEN_SERVER_CMD or scaletui serve --model small)")  # fmt: skip
     s.add_argument("--server-timeout", type=float, default=600.0, help="wait for /health (s)")
+    s.add_argument("--server-log", help="the server's output to this file (default: a temporary "
+                   "file, removed after a clean run)")  # fmt: skip
     return p
 
 
@@ -122,10 +142,12 @@ async def _model(session: aiohttp.ClientSession, url: str) -> str:
 
 
 class Progress:
-    """A one-line progress display on stderr, only when stderr is a TTY."""
+    """A one-line progress display on stderr, only when stderr is a TTY; each update rewrites
+    the line and clears what a longer previous one left (ESC [K)."""
 
-    def __init__(self, total: int | None, enabled: bool) -> None:
+    def __init__(self, total: int | None, enabled: bool, label: str = "") -> None:
         self.total, self.enabled = total, enabled and sys.stderr.isatty()
+        self.label = label  # e.g. the sweep stage's rate
 
     def __call__(self, win: dict) -> None:
         if not self.enabled:
@@ -134,10 +156,10 @@ class Progress:
         of = f"/{self.total}" if self.total else ""
         ttft = win["ttft_ms"]["p50"]
         print(
-            f"\r[{win['t']:6.0f}s] sent {tot['sent']}{of} done {tot['completed']} "
+            f"\r{self.label}[{win['t']:6.0f}s] sent {tot['sent']}{of} done {tot['completed']} "
             f"fail {tot['failed']} rej {tot['rejected']} in-flight {win['in_flight']} "
             f"{win['output_tok_s']:.0f} tok/s ttft p50 {'-' if ttft is None else f'{ttft:.1f}'} ms"
-            "   ",
+            "\x1b[K",
             end="",
             file=sys.stderr,
             flush=True,
@@ -155,6 +177,7 @@ async def run(args: argparse.Namespace, url: str) -> int:
     human = sys.stderr if args.jsonl == "-" else sys.stdout  # keep a JSONL stdout pure
     summaries: list[dict] = []
     stopped = False
+    gone: str | None = None  # why the server is considered gone
     runner: Runner | None = None
 
     def on_signal() -> None:
@@ -179,16 +202,17 @@ async def run(args: argparse.Namespace, url: str) -> int:
             cfg = RunConfig(
                 url=url, model=model, api=args.api, num_requests=num, duration=args.duration,
                 warmup=args.warmup, timeout=args.timeout, read_timeout=args.read_timeout,
-                ignore_eos=args.ignore_eos,
+                ignore_eos=args.ignore_eos, max_connection_failures=args.max_connection_failures,
             )  # fmt: skip
             for stage, rate in enumerate(rates):
-                if stopped:
+                if stopped or gone:
                     break
                 wl = replace(workload, qps=rate)
                 config = {"run": asdict(cfg), "workload": asdict(wl), "stage": stage}
                 sink.write({"type": "start", "t": 0.0, "stage": stage, "config": config,
                             "url": url, "model": model})  # fmt: skip
-                progress = Progress(num if not args.duration else None, not args.quiet)
+                label = f"stage {stage + 1}/{len(rates)} rate {rate:g}/s " if args.sweep else ""
+                progress = Progress(num if not args.duration else None, not args.quiet, label)
 
                 def on_window(win: dict, stage: int = stage, progress: Progress = progress):
                     sink.write({**win, "stage": stage})
@@ -198,11 +222,19 @@ async def run(args: argparse.Namespace, url: str) -> int:
                 before = await _stats(session, url)
                 result = await runner.run(session)
                 progress.done()
+                if result.stop_reason is not None:
+                    t_stop = (result.t_stop or result.t_start) - result.t_start
+                    reason, message = result.stop_reason, result.stop_message
+                    sink.write({"type": "aborted", "stage": stage, "t": round(t_stop, 6),
+                                "reason": reason, "message": message})  # fmt: skip
+                    if reason == "server_gone":
+                        gone = f"{message}; stopped {t_stop:.1f} s into stage {stage}"
                 after = await _stats(session, url)
                 summary = summarize(
                     result.records, t_start=result.t_start, slo=args.slo,
                     requested_rate=rate, config=config, server_stats_before=before,
                     server_stats_after=after, partial=result.partial,
+                    partial_reason=result.stop_reason, partial_message=result.stop_message,
                 )  # fmt: skip
                 summaries.append(summary)
                 sink.write({"type": "summary", "stage": stage, **summary})
@@ -225,13 +257,38 @@ async def run(args: argparse.Namespace, url: str) -> int:
         plot = output.sweep_plot(summaries)
         if plot:
             print(plot, file=human)
+    return _exit_status(summaries, stopped, gone, args.max_failure_rate)
+
+
+def _exit_status(summaries: list[dict], stopped: bool, gone: str | None, max_rate: float) -> int:
+    """The exit code, with its reason as one line on stderr (the first that applies)."""
+    if stopped:
+        return EXIT_INTERRUPTED
+    if gone:
+        print(f"loadgen: {gone}; partial result written", file=sys.stderr)
+        return EXIT_SERVER_GONE
     for s in summaries:
         if not s["completed"] and s["sent"]:
             first = next(iter(s["errors"]["examples"].items()), ("?", "no message"))
             print(f"loadgen: no request completed ({first[0]}: {first[1]})", file=sys.stderr)
-    if stopped:
-        return 130
-    return 0 if summaries and all(s["completed"] for s in summaries) else 1
+            return EXIT_NONE_COMPLETED
+    if not summaries:
+        return EXIT_NONE_COMPLETED
+    for stage, s in enumerate(summaries):
+        rate = s["failure_rate"]
+        if rate is not None and rate > max_rate:
+            kinds = ", ".join(
+                f"{kind} {e['count']} (e.g. {e['example'][:120]})"
+                for kind, e in list(s["failures_by_kind"].items())[:3]
+            )
+            at = "" if len(summaries) == 1 else f" in stage {stage}"
+            print(
+                f"loadgen: failure rate {rate:.1%}{at} is over --max-failure-rate "
+                f"{max_rate:.1%}: {kinds}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILURES
+    return EXIT_OK
 
 
 async def _stats(session: aiohttp.ClientSession, url: str) -> dict | None:
@@ -260,21 +317,27 @@ def main(argv: list[str] | None = None) -> int:
         workload_from(args)  # validate before starting anything
         RunConfig(url="-", model="-", num_requests=args.num_requests or 1,
                   duration=args.duration, warmup=args.warmup, timeout=args.timeout,
-                  read_timeout=args.read_timeout)  # fmt: skip
+                  read_timeout=args.read_timeout,
+                  max_connection_failures=args.max_connection_failures)  # fmt: skip
         with contextlib.ExitStack() as stack:
             url = args.url
+            srv = None
             if url is None:
-                srv = EmbeddedServer(args.server_cmd, timeout=args.server_timeout)
+                srv = EmbeddedServer(args.server_cmd, timeout=args.server_timeout,
+                                     log=args.server_log)  # fmt: skip
                 url = stack.enter_context(srv).url
             elif not url.startswith(("http://", "https://")):
                 raise UserError(f"--url must start with http:// or https://, got {url!r}")
-            return _asyncio_run(run(args, url))
+            code = _asyncio_run(run(args, url))
+            if srv is not None:
+                srv.finish(clean=code == EXIT_OK)
+            return code
     except (UserError, ValueError, RuntimeError, OSError) as exc:
         print(f"loadgen: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("loadgen: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

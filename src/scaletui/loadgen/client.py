@@ -3,7 +3,8 @@
 The hot loop only timestamps and keeps each SSE `data:` line; JSON is parsed afterwards (or by
 the 1 s window ticker for requests still in flight), so parsing never delays a timestamp.
 Token counts come from the server's `usage` (stream_options.continuous_usage_stats), falling
-back to one token per non-empty chunk (flagged `tokens_from_usage = False`).
+back to one token per non-empty chunk (flagged `tokens_from_usage = False`). A request that did
+not end `ok` also gets a `kind` (KINDS): why, in words a user can act on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,25 @@ import orjson
 # Outcome classes: only "ok" enters the latency statistics.
 OUTCOMES = ("ok", "rejected", "http_error", "timeout", "disconnect", "cancelled", "empty")
 FAILED = ("http_error", "timeout", "disconnect", "empty")
+# Failure kinds, finer than outcomes: what went wrong, for the report's "failures by kind".
+KINDS = {
+    "connection_refused": "nothing listens on the port (server down?)",
+    "connection_reset": "the connection closed or reset before a response",
+    "connection_error": "could not connect (DNS, route, TLS, ...)",
+    "connect_timeout": "TCP connect took longer than the connect limit",
+    "read_timeout": "the server went silent for --read-timeout",
+    "timeout": "the request took longer than --timeout",
+    "stream_broken": "the connection dropped in the middle of the stream",
+    "stream_error": "an error object inside a 200 stream",
+    "empty_stream": "200 without a token-carrying chunk",
+    "protocol_error": "a response loadgen could not read (bad header, line too long)",
+    "http_429": "rejected: the server sheds load (429)",
+    "http_4xx": "a client error status (bad request, unknown model, ...)",
+    "http_5xx": "a server error status",
+    "http_other": "another non-200 status",
+}
+# Kinds that say the server did not answer at all: they count towards "the server is gone".
+CONNECTION_KINDS = frozenset({"connection_refused", "connection_reset", "connection_error"})
 _NAN = math.nan
 
 
@@ -35,6 +55,7 @@ class RequestRecord:
     outcome: str = "pending"
     status: int | None = None
     error: str | None = None
+    kind: str | None = None  # a KINDS key when the outcome is not ok (or cancelled)
     chunk_times: list[float] = field(default_factory=list)  # token-carrying chunks only
     chunk_tokens: list[int] = field(default_factory=list)  # n_k: tokens in chunk k
     prompt_tokens: int | None = None  # usage.prompt_tokens
@@ -63,6 +84,7 @@ class RequestRecord:
             "outcome": self.outcome,
             "status": self.status,
             "error": self.error,
+            "kind": self.kind,
             "t_sched": self.t_sched,
             "t_send": _num(self.t_send),
             "t_hdr": _num(self.t_hdr),
@@ -131,11 +153,11 @@ def finish(rec: RequestRecord) -> list[tuple[float, int]]:
     rec.output_tokens = rec.usage_total if rec.usage_total is not None else counted
     if rec.outcome == "pending":
         if rec.error:  # an error object inside a 200 stream
-            rec.outcome = "http_error"
+            rec.outcome, rec.kind = "http_error", "stream_error"
         elif rec.chunk_times:
             rec.outcome = "ok"
         else:
-            rec.outcome = "empty"
+            rec.outcome, rec.kind = "empty", "empty_stream"
             rec.error = rec.error or "stream ended without a token-carrying chunk"
     rec.raw_times, rec.raw_lines, rec.cursor = [], [], 0
     return new
@@ -182,6 +204,7 @@ async def send(
             rec.status = resp.status
             if resp.status != 200:
                 rec.outcome = "rejected" if resp.status == 429 else "http_error"
+                rec.kind = status_kind(resp.status)
                 rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
             else:
                 async for line in resp.content:
@@ -193,17 +216,44 @@ async def send(
                             rec.error = f"cancelled after {cancel_after} chunks (--cancel-rate)"
                             resp.close()
                             break
-    except TimeoutError:
+    except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
         rec.outcome = "timeout"
-        rec.error = "no answer within the timeout"
+        rec.kind, rec.error = _timeout_kind(exc, timeout)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
         rec.outcome = "disconnect"
-        rec.error = f"{type(exc).__name__}: {exc}"[:300]
+        rec.kind = _connection_kind(exc, headers=not math.isnan(rec.t_hdr))
+        rec.error = f"{rec.kind.replace('_', ' ')}: {type(exc).__name__}: {exc}"[:300]
     except (aiohttp.ClientError, ValueError) as exc:  # ValueError: an SSE line over the buffer
-        rec.outcome = "http_error"
+        rec.outcome, rec.kind = "http_error", "protocol_error"
         rec.error = f"{type(exc).__name__}: {exc}"[:300]
     finally:
         rec.t_done = perf_counter()
+
+
+def status_kind(status: int) -> str:
+    if status == 429:
+        return "http_429"
+    if 400 <= status < 500:
+        return "http_4xx"
+    return "http_5xx" if 500 <= status < 600 else "http_other"
+
+
+def _timeout_kind(exc: TimeoutError, timeout: aiohttp.ClientTimeout) -> tuple[str, str]:
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return "connect_timeout", f"no TCP connection within {timeout.sock_connect:g} s"
+    if isinstance(exc, aiohttp.SocketTimeoutError):
+        return "read_timeout", f"the server sent nothing for {timeout.sock_read:g} s"
+    return "timeout", f"no complete answer within the {timeout.total:g} s request timeout"
+
+
+def _connection_kind(exc: Exception, *, headers: bool) -> str:
+    if headers or isinstance(exc, aiohttp.ClientPayloadError):
+        return "stream_broken"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        err = exc.os_error  # "Multiple exceptions: ..." when every address of a name refused
+        refused = isinstance(err, ConnectionRefusedError) or "refused" in str(err).lower()
+        return "connection_refused" if refused else "connection_error"
+    return "connection_reset"  # ServerDisconnectedError, ECONNRESET, EPIPE before the headers
 
 
 async def get_json(session: aiohttp.ClientSession, url: str, timeout: float = 5.0) -> dict | None:

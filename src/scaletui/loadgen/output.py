@@ -81,8 +81,10 @@ def _fmt(v, digits: int = 2) -> str:
 
 
 def table(s: dict) -> str:
-    """vLLM-style result block."""
+    """vLLM-style result block, then failures by kind and the warnings."""
     lines = ["{:=^60}".format(" Serving Benchmark Result ")]
+    if s.get("partial"):
+        lines.append(f"PARTIAL: {s.get('partial_message') or 'stopped early'}")
 
     def row(label: str, key: str, digits: int = 2) -> None:
         lines.append(f"{label:<44}{_fmt(s.get(key), digits):>16}")
@@ -97,6 +99,7 @@ def table(s: dict) -> str:
         ("Total generated tokens:", "total_output_tokens"),
         ("Requested rate (req/s):", "requested_rate"),
         ("Achieved send rate (req/s):", "achieved_rate"),
+        ("Sustained rate (req/s):", "sustained_rate"),
         ("Request throughput (req/s):", "request_throughput"),
         ("Request goodput (req/s):", "request_goodput"),
         ("Output token throughput (tok/s):", "output_throughput"),
@@ -105,6 +108,10 @@ def table(s: dict) -> str:
         ("Mean concurrency:", "mean_concurrency"),
     ):
         row(label, key)
+        if key == "cancelled":
+            rate = s.get("failure_rate")
+            pct = "-" if rate is None else f"{rate:.1%}"
+            lines.append(f"{'Failure rate (failed + rejected):':<44}{pct:>16}")
     for title, stem in (
         ("Time to First Token", "ttft"),
         ("TTFT from schedule (CO-corrected)", "ttft_sched"),
@@ -117,6 +124,12 @@ def table(s: dict) -> str:
         for stat in ("mean", "median", "p99"):
             row(f"{stat.capitalize() if stat != 'p99' else 'P99'} {stem.upper()} (ms):",
                 f"{stat}_{stem}_ms")  # fmt: skip
+    kinds = s.get("failures_by_kind") or {}
+    if kinds:
+        lines.append(f"{'Failures by kind':-^60}")
+        for kind, entry in kinds.items():
+            lines.append(f"{kind:<44}{entry['count']:>16}")
+            lines.append(f"  e.g. {entry['example'][:150]}")
     lines.append("=" * 60)
     lines += [f"warning: {w}" for w in s.get("warnings", [])]
     return "\n".join(lines)
@@ -125,6 +138,7 @@ def table(s: dict) -> str:
 SWEEP_COLS = (
     ("rate", "requested_rate", 1),
     ("sent/s", "achieved_rate", 1),
+    ("kept up/s", "sustained_rate", 1),
     ("req/s", "request_throughput", 2),
     ("out tok/s", "output_throughput", 1),
     ("ttft p50", "median_ttft_ms", 1),

@@ -1,8 +1,9 @@
 """Pure metrics: summarize(records) with serving.md §5 formulas and vLLM key names; windows.
 
 Latencies come from ok requests only; failed, rejected and cancelled ones are counted by
-class. Percentiles are numpy's linear interpolation (as vLLM and SGLang). A metric with no
-samples is null, never 0.
+class and by kind (client.KINDS), with one example message each. Percentiles are numpy's linear
+interpolation (as vLLM and SGLang). A metric with no samples is null, never 0. A run that did
+not keep up with its offered rate is flagged (`saturation`, see _saturation).
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ METRIC_DEFINITIONS = {
     "peak_concurrency": "max requests in flight at any instant",
     "achieved_rate": "sent / (last t_send - first t_send) (req/s)",
     "scheduled_rate": "sent / (last t_sched - first t_sched): the rate this schedule asked for",
+    "sustained_rate": "scheduled_rate / (1 + b), b = least-squares slope of (t_done - t_sched) "
+    "over t_sched of completed requests: the completion rate the server kept up with (open loop)",
+    "failure_rate": "(failed + rejected) / (sent - cancelled)",
 }
+SATURATION = 0.9  # below this fraction of the offered rate or count, a run is "saturated"
+SATURATION_MIN_REQUESTS = 10  # fewer sent requests: too few to judge
 
 
 @dataclass(frozen=True)
@@ -181,11 +187,14 @@ def summarize(
     server_stats_before: dict | None = None,
     server_stats_after: dict | None = None,
     partial: bool = False,
+    partial_reason: str | None = None,
+    partial_message: str | None = None,
 ) -> dict:
     """The run summary (a JSON-ready dict). Warm-up records are ignored.
 
     D = t_end - t_start: t_start when dispatch began (default: the first t_sched), t_end when
-    the last request ended (any outcome).
+    the last request ended (any outcome). partial_reason says why a partial run stopped
+    ("interrupted", "server_gone"), partial_message in words.
     """
     records = [r for r in records if not r.warmup]
     sent = [r for r in records if not math.isnan(r.t_send)]
@@ -207,10 +216,14 @@ def summarize(
     counts = {k: 0 for k in OUTCOMES}
     http_status: dict[str, int] = {}
     examples: dict[str, str] = {}
+    by_kind: dict[str, dict] = {}
     for r in records:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
         if r.outcome != "ok" and r.error:
             examples.setdefault(r.outcome, r.error)
+        if r.kind is not None and r.outcome not in ("ok", "cancelled"):
+            entry = by_kind.setdefault(r.kind, {"count": 0, "example": r.error or r.kind})
+            entry["count"] += 1
         if r.outcome in ("http_error", "rejected") and r.status is not None:
             http_status[str(r.status)] = http_status.get(str(r.status), 0) + 1
     sends = sorted(r.t_send for r in sent)
@@ -218,12 +231,17 @@ def summarize(
     scheds = sorted(r.t_sched for r in sent)
     sched_span = scheds[-1] - scheds[0] if len(scheds) > 1 else 0.0
     peak_tok, peak_conc = _peaks(ok, sent, t_start)
+    failed = sum(counts[k] for k in FAILED)
+    answerable = len(sent) - sum(r.outcome == "cancelled" for r in sent)
+    scheduled_rate = len(sent) / sched_span if sched_span > 0 else None
     summary: dict = {
         "partial": partial,
+        "partial_reason": partial_reason if partial else None,
+        "partial_message": partial_message if partial else None,
         "num_prompts": len(records),
         "sent": len(sent),
         "completed": len(ok),
-        "failed": sum(counts[k] for k in FAILED),
+        "failed": failed,
         "rejected": counts["rejected"],
         "cancelled": counts["cancelled"],
         "errors": {
@@ -231,6 +249,9 @@ def summarize(
             "http_status": http_status,
             "examples": examples,  # the first error message of each class
         },
+        # kind -> {"count", "example"}: failed and rejected requests by cause, most first
+        "failures_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1]["count"])),
+        "failure_rate": (failed + counts["rejected"]) / answerable if answerable else None,
         "duration": duration,
         "total_input_tokens": sum(n_in),
         "total_output_tokens": sum(n_out),
@@ -247,10 +268,13 @@ def summarize(
         "peak_output_tok_s": peak_tok,
         "peak_concurrency": peak_conc,
         "requested_rate": requested_rate,
-        "scheduled_rate": len(sent) / sched_span if sched_span > 0 else None,
+        "scheduled_rate": scheduled_rate,
         "achieved_rate": len(sent) / span if span > 0 else None,
+        "sustained_rate": _sustained_rate(ok, scheduled_rate) if requested_rate else None,
         "slo": slo.as_dict(),
     }
+    summary["saturation"] = _saturation(summary, answerable) if requested_rate else None
+    summary["saturated"] = summary["saturation"] is not None
     for name in LATENCIES:
         summary.update(stats_ms(name, getattr(lat, name)))
     summary["warnings"] = _warnings(summary)
@@ -261,8 +285,52 @@ def summarize(
     return summary
 
 
+def _sustained_rate(ok: Sequence[RequestRecord], offered: float | None) -> float | None:
+    """The rate the server kept up with: offered / (1 + slope of t_done - t_sched over t_sched).
+
+    A server that keeps up has latencies that do not grow over the run (slope 0); one that
+    serves mu < lambda req/s builds a backlog, and request i (sent at i/lambda, done at i/mu)
+    waits t_sched * (lambda/mu - 1) longer: slope b = lambda/mu - 1, mu = lambda / (1 + b).
+    Noise in the lengths of single requests does not bias the slope, unlike a completion count
+    over a time span.
+    """
+    if offered is None or len(ok) < SATURATION_MIN_REQUESTS:
+        return None
+    t = np.array([r.t_sched for r in ok])
+    if np.ptp(t) <= 0:
+        return None
+    slope = float(np.polyfit(t - t.min(), np.array([r.t_done - r.t_sched for r in ok]), 1)[0])
+    return offered / (1 + max(slope, 0.0))
+
+
+def _saturation(s: dict, answerable: int) -> str | None:
+    """Why the server did not keep up with an open loop's offered load, or None."""
+    if s["sent"] < SATURATION_MIN_REQUESTS:
+        return None
+    reasons = []
+    offered, sustained = s["scheduled_rate"], s["sustained_rate"]
+    if offered and sustained is not None and sustained < SATURATION * offered:
+        reasons.append(
+            f"it kept up with about {sustained:.2f} req/s of the {offered:.2f} req/s offered "
+            f"({sustained / offered:.0%}; latency grew over the run)"
+        )
+    if answerable and s["completed"] < SATURATION * answerable:
+        lost = answerable - s["completed"]
+        reasons.append(
+            f"only {s['completed']} of {answerable} requests completed ({lost} failed or rejected)"
+        )
+    if not reasons:
+        return None
+    return (
+        "saturated: the server did not sustain the offered load: " + "; and ".join(reasons)
+        + ". Lower --qps (find the rate with --sweep) or add capacity"
+    )  # fmt: skip
+
+
 def _warnings(s: dict) -> list[str]:
     out = []
+    if s["saturation"]:
+        out.append(s["saturation"])
     rate, achieved = s["scheduled_rate"], s["achieved_rate"]
     if rate and achieved and achieved < 0.95 * rate:
         out.append(
@@ -275,5 +343,6 @@ def _warnings(s: dict) -> list[str]:
             "as one per chunk (server lacks stream_options.include_usage)"
         )
     if s["partial"]:
-        out.append("partial run: stopped before the workload was done")
+        why = f" ({s['partial_message']})" if s["partial_message"] else ""
+        out.append(f"partial run: stopped before the workload was done{why}")
     return out

@@ -7,6 +7,10 @@
 3. Dispatch stops at num_requests, at duration, or on stop(); in-flight requests finish (each
    has a total timeout, so a silent server cannot hang the run) or are cancelled by stop().
 4. Every window_s a window aggregate (docs/interfaces.md) goes to on_window.
+5. A server that is gone (health.Liveness: max_connection_failures in a row) stops the run at
+   once, as stop() does, with stop_reason "server_gone". A closed-loop worker whose request
+   failed holds its permit for a backoff that doubles per failure in a row (BACKOFF_S..
+   BACKOFF_MAX_S), so failing fast never turns into thousands of requests a second.
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ import aiohttp
 
 from scaletui.loadgen import client
 from scaletui.loadgen.client import FAILED, RequestRecord
+from scaletui.loadgen.health import Liveness
 from scaletui.loadgen.report import Latencies, latencies, quantiles_ms
 from scaletui.loadgen.workload import RequestSpec, Workload, iter_requests
 
 YIELD_EVERY = 128  # window work yields to the loop every this many requests
 SPIN_S = 0.001  # the last ms before a send time is spent yielding, not in a timer
 READ_BUFSIZE = 2**20  # aiohttp's 64 KiB default throttles long streams (vllm#39963)
+BACKOFF_S = 0.05  # closed loop: permit held this long after the first failure in a row ...
+BACKOFF_MAX_S = 1.0  # ... doubling per further failure, up to this
+PROBE_INTERVAL_S = 0.2  # TCP probes of a server that may be gone (health.Liveness)
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ class RunConfig:
     read_timeout: float = 60.0  # max silence between stream reads
     ignore_eos: bool = True
     window_s: float = 1.0
+    max_connection_failures: int = 5  # in a row: the server is gone, stop (0 = never stop)
 
     def __post_init__(self) -> None:
         if self.api not in ("completions", "chat"):
@@ -58,6 +67,10 @@ class RunConfig:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if not (self.timeout > 0 and self.read_timeout > 0 and self.window_s > 0):
             raise ValueError("timeout, read_timeout and window_s must be > 0")
+        if self.max_connection_failures < 0:
+            raise ValueError(
+                f"max_connection_failures must be >= 0, got {self.max_connection_failures}"
+            )
 
     @property
     def endpoint(self) -> str:
@@ -71,6 +84,9 @@ class RunResult:
     t_start: float
     partial: bool
     windows: list[dict]
+    stop_reason: str | None = None  # "interrupted" (stop()) | "server_gone" | None
+    stop_message: str | None = None  # why, in words
+    t_stop: float | None = None  # perf_counter when the run was stopped
 
 
 def make_session(connect_timeout: float = 10.0) -> aiohttp.ClientSession:
@@ -95,6 +111,16 @@ class Runner:
         self.records: list[RequestRecord] = []
         self.windows: list[dict] = []
         self._stopped = False
+        self.stop_reason: str | None = None
+        self.stop_message: str | None = None
+        self._t_stop: float | None = None
+        self._dispatcher: asyncio.Task | None = None
+        self._fail_streak = 0  # failed requests in a row (closed-loop backoff)
+        self._liveness = (
+            Liveness(cfg.url, self._server_gone, limit=cfg.max_connection_failures,
+                     interval=PROBE_INTERVAL_S)
+            if cfg.max_connection_failures else None
+        )  # fmt: skip
         self._in_flight: set[RequestRecord] = set()
         self._tasks: set[asyncio.Task] = set()
         self._finished: list[RequestRecord] = []  # since the last window
@@ -106,31 +132,51 @@ class Runner:
             total=cfg.timeout, sock_read=cfg.read_timeout, sock_connect=min(cfg.timeout, 10.0)
         )
 
-    def stop(self) -> None:
-        """Stop dispatching and abort what is in flight (Ctrl-C, SIGTERM)."""
+    def stop(self, reason: str = "interrupted", message: str = "stopped by a signal") -> None:
+        """Stop dispatching and abort what is in flight (Ctrl-C, SIGTERM, a dead server)."""
+        if not self._stopped:
+            self.stop_reason, self.stop_message = reason, message
+            self._t_stop = perf_counter()
         self._stopped = True
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
         for task in list(self._tasks):
             task.cancel()
+
+    def _server_gone(self, message: str) -> None:
+        self.stop("server_gone", message)
+
+    def _result(self, records: list[RequestRecord], t0: float) -> RunResult:
+        if self._liveness is not None:
+            self._liveness.close()
+        return RunResult(
+            records, t0, self._stopped, self.windows, self.stop_reason, self.stop_message,
+            self._t_stop,
+        )  # fmt: skip
 
     async def run(self, session: aiohttp.ClientSession) -> RunResult:
         cfg, w = self.cfg, self.workload
         if cfg.warmup:
             await self._warmup(session)
         if self._stopped:
-            return RunResult([], perf_counter(), True, [])
+            return self._result([], perf_counter())
         specs = iter_requests(w)
         if cfg.num_requests is not None:
             specs = islice(specs, cfg.num_requests)
         sem = asyncio.Semaphore(w.concurrency) if w.concurrency else None
         t0 = perf_counter() + 0.005
         ticker = asyncio.create_task(self._windows(t0)) if self.on_window else None
+        self._dispatcher = asyncio.create_task(self._dispatch(session, specs, sem, t0))
         try:
-            await self._dispatch(session, specs, sem, t0)
+            await asyncio.wait({self._dispatcher})
+            if not self._dispatcher.cancelled():
+                self._dispatcher.result()  # its exception, if any
             while self._tasks and not self._stopped:
                 await asyncio.wait(set(self._tasks), timeout=0.1)
             if self._tasks:
                 await asyncio.wait(set(self._tasks), timeout=cfg.timeout + 5)
         finally:
+            self._dispatcher.cancel()
             if ticker is not None:
                 ticker.cancel()
             for task in list(self._tasks):
@@ -140,7 +186,7 @@ class Runner:
             for rec in self.records:  # tasks cancelled before they started
                 if rec.outcome == "pending":
                     rec.outcome, rec.error, rec.t_done = "cancelled", "run stopped", perf_counter()
-        return RunResult(self.records, t0, self._stopped, self.windows)
+        return self._result(self.records, t0)
 
     async def _dispatch(self, session, specs, sem, t0: float) -> None:
         cfg, closed = self.cfg, self.workload.closed_loop
@@ -191,9 +237,9 @@ class Runner:
             rec.outcome, rec.error = "cancelled", "run stopped"
             rec.t_done = perf_counter()
         finally:
-            if sem is not None:
-                sem.release()
             new_tokens = client.finish(rec)
+            if sem is not None:
+                self._release(sem, rec)
             self._in_flight.discard(rec)
             if self.on_window is not None:
                 self._tokens.extend(new_tokens)
@@ -204,6 +250,21 @@ class Runner:
                 key = "failed"
             if key in self._totals:
                 self._totals[key] += 1
+            if self._liveness is not None:
+                self._liveness.note(rec)
+
+    def _release(self, sem: asyncio.Semaphore, rec: RequestRecord) -> None:
+        """Free the permit; a closed-loop worker whose request failed waits a backoff first."""
+        failed = rec.outcome in FAILED or rec.outcome == "rejected"
+        if failed:
+            self._fail_streak += 1
+        elif rec.outcome == "ok":
+            self._fail_streak = 0
+        if not (failed and self.workload.closed_loop) or self._stopped:
+            sem.release()
+            return
+        backoff = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** min(self._fail_streak - 1, 20))
+        asyncio.get_running_loop().call_later(backoff, sem.release)
 
     async def _warmup(self, session) -> None:
         cfg = self.cfg

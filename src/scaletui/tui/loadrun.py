@@ -108,9 +108,12 @@ class LoadRunner:
             kind = obj.get("type")
             if kind == "window":
                 self.emit("window", obj)
+            elif kind == "aborted":  # loadgen stopped early: the server died, or a stop
+                self.event(f"run {self._run} stopped: {obj.get('message')}", "warning")
             elif kind == "summary":
                 summary = obj
                 self.emit("summary", obj)
+                self._say_failures(obj)
         code = await proc.wait()
         self.groups.discard(proc.pid)
         if summary is None:
@@ -120,6 +123,17 @@ class LoadRunner:
                 f"loadgen exited with code {code} and no summary: {tail}", "error", phase="error"
             )
         return summary
+
+    def _say_failures(self, summary: dict) -> None:
+        """Why requests failed (one example per kind) and whether the server kept up."""
+        kinds = summary.get("failures_by_kind") or {}
+        if kinds:
+            parts = [f"{k} x{v.get('count')} (e.g. {v.get('example')})" for k, v in kinds.items()]
+            rate = summary.get("failure_rate")
+            share = f" ({rate:.0%} of requests)" if isinstance(rate, (int, float)) else ""
+            self.event(f"run {self._run} failures{share}: " + "; ".join(parts)[:300], "warning")
+        if summary.get("saturation"):
+            self.event(f"run {self._run}: {summary['saturation']}", "warning")
 
     async def stop(self) -> None:
         """SIGINT the loadgen group (it still writes a partial summary), then make sure."""
