@@ -9,7 +9,10 @@ lengths. `--json` prints one JSON object instead.
 
 The engine runs with `--kernels` (default auto: the native CPU kernels of `serve/native` where
 they build, as the server does). When that is native, the same step is also timed on XLA's own
-ops in the same run (`xla`, and the speedup `x`; `--no-baseline` skips it).
+ops in the same run (`xla`, and the speedup `x`; `--no-baseline` skips it). `--compare SPEC`
+adds the predictions of a second hardware spec (say the one `scaletui calibrate` just wrote)
+beside the first; `--json-out FILE` writes the JSON and still prints the tables; `--check`
+parses the arguments and loads the specs, then exits (bench/accelerator_run.sh --check).
 
 Beside each decode step it times a weights-only floor: the same weights and projections (q/k/v,
 o, SwiGLU MLP, norms, lm head, argmax) through the same kernels in the same `fori_loop`, with
@@ -22,6 +25,7 @@ cost at that batch, so predicted / floor bounds what any attention or cache desi
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -37,7 +41,7 @@ from scaletui.serve import model as llama
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine import build_engines
 from scaletui.serve.engine_api import SamplingParams
-from scaletui.serve.weights import dummy_params
+from scaletui.serve.weights import dummy_params, layer_shapes
 from scaletui.specs import HardwareSpec, SpecError, load_hardware, load_model
 
 
@@ -75,6 +79,32 @@ def probe_hardware(seconds: float = 1.0) -> HardwareSpec:
         dcn_bw=1e9,
         chips_per_host=1,
     )
+
+
+def device_params(m, dtype: str) -> dict:
+    """Random weights made on the default device: dummy_params' shapes and scales, other values.
+
+    Speed does not depend on the values (as long as they are not all zero), so the GPU run
+    skips generating 8B normals with numpy on the host.
+    """
+    keys = iter(jax.random.split(jax.random.key(0), 3 + 9 * m.n_layers))
+    dt = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
+
+    def normal(shape: tuple[int, ...], fan_in: int) -> jax.Array:
+        return (jax.random.normal(next(keys), shape, jnp.float32) * fan_in**-0.5).astype(dt)
+
+    d = m.d_model
+    params: dict = {"embed": normal((m.vocab_size, d), d), "norm": jnp.ones(d, dt)}
+    if not m.tied_embeddings:
+        params["lm_head"] = normal((m.vocab_size, d), d)
+    params["layers"] = [
+        {
+            name: jnp.ones(shape, dt) if len(shape) == 1 else normal(shape, math.prod(shape[:-1]))
+            for name, shape in layer_shapes(m).items()
+        }
+        for _ in range(m.n_layers)
+    ]
+    return params
 
 
 def _hardware(ref: str) -> tuple[HardwareSpec, str]:
@@ -168,12 +198,13 @@ def time_decode_step(args, model, host_params, batch: int, kernels: str) -> tupl
     return min(medians), eng
 
 
-def bench_decode(args, model, hw, host_params) -> list[dict]:
-    rows = []
+def bench_decode(args, model, hw, host_params, rows: list, save) -> list[dict]:
     batch = 1
     while batch <= args.slots:
         step, eng = time_decode_step(args, model, host_params, batch, args.kernels)
-        floor = weights_floor(eng.params, model, batch, args.steps, args.calls, args.repeats)
+        floor = None
+        if args.floor:
+            floor = weights_floor(eng.params, model, batch, args.steps, args.calls, args.repeats)
         baseline = None
         if eng.native and args.baseline:  # the same step on XLA's own ops, in the same run
             baseline, _ = time_decode_step(args, model, host_params, batch, "xla")
@@ -193,23 +224,27 @@ def bench_decode(args, model, hw, host_params) -> list[dict]:
                 "gflop_per_s": est.flops_per_token * batch / step / 1e9,
                 "tokens_per_s": batch / step,
                 "efficiency": est.decode_step_s / step,
-                "floor_ms": floor * 1e3,
-                "floor_efficiency": est.decode_step_s / floor,
+                "floor_ms": floor * 1e3 if floor else None,
+                "floor_efficiency": est.decode_step_s / floor if floor else None,
                 "xla_ms": baseline * 1e3 if baseline else None,
                 "speedup_vs_xla": baseline / step if baseline else None,
             }
         )
+        # one line as each batch ends: a run stopped at its time limit still shows these
+        print(f"decode batch {batch}: {step * 1e3:.3f} ms per step, predicted "
+              f"{est.decode_step_s * 1e3:.3f} ms", file=sys.stderr, flush=True)  # fmt: skip
+        save()
+        eng = None  # free this engine's weights and cache before the next one is built
         batch *= 2
     return rows
 
 
-def bench_prefill(args, model, hw, host_params) -> list[dict]:
-    cfg = ServeConfig(
-        model=model, slots=1, max_seq_len=args.max_seq_len, dtype=args.dtype, kernels=args.kernels
-    )
+def bench_prefill(args, model, hw, host_params, rows: list, save) -> list[dict]:
+    # a prompt must leave one position free: room for the longest asked for
+    seq = max(args.max_seq_len, max(args.prompt_lens) + 1)
+    cfg = ServeConfig(model=model, slots=1, max_seq_len=seq, dtype=args.dtype, kernels=args.kernels)
     eng, _ = build_engines(cfg, jax.devices()[:1], host_params=host_params)
     rng = np.random.default_rng(1)
-    rows = []
     for n in args.prompt_lens:
         prompt = [int(t) for t in rng.integers(0, model.vocab_size, n)]
         eng.prefill(prompt, SamplingParams())  # compile
@@ -220,6 +255,7 @@ def bench_prefill(args, model, hw, host_params) -> list[dict]:
             times.append(time.perf_counter() - t0)
         t = statistics.median(times)
         est = _estimate(model, hw, batch=1, context=n, dtype=args.dtype, prompt_len=n)
+        print(f"prefill {n}: {t * 1e3:.2f} ms", file=sys.stderr, flush=True)
         rows.append(
             {
                 "prompt_len": n,
@@ -229,6 +265,7 @@ def bench_prefill(args, model, hw, host_params) -> list[dict]:
                 "efficiency": est.prefill_s / t,
             }
         )
+        save()
     return rows
 
 
@@ -240,10 +277,70 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def compare(other: HardwareSpec, name: str, model, args, decode: list, prefill: list) -> dict:
+    """The same measured rows against a second hardware spec's predictions."""
+    out: dict = {"hardware": name, "hbm_bw": other.hbm_bw, "flops": other.flops(args.dtype)}
+    out["decode"] = []
+    for r in decode:
+        est = _estimate(model, other, batch=r["batch"], context=r["context"], dtype=args.dtype)
+        pred = est.decode_step_s * 1e3
+        eff = pred / r["measured_ms"]
+        row = {"batch": r["batch"], "predicted_ms": pred, "efficiency": eff}
+        out["decode"].append({**row, "bound": est.decode_bound})
+    out["prefill"] = []
+    for r in prefill:
+        n = r["prompt_len"]
+        est = _estimate(model, other, batch=1, context=n, dtype=args.dtype, prompt_len=n)
+        pred = est.prefill_s * 1e3
+        eff = pred / r["measured_ms"]
+        out["prefill"].append({"prompt_len": n, "predicted_ms": pred, "efficiency": eff})
+    return out
+
+
+def print_tables(result: dict, hw: HardwareSpec, args) -> None:
+    meta, decode, prefill = result["meta"], result["decode"], result["prefill"]
+    print(
+        f"{meta['model']} on {meta['hardware']} ({meta['device']}): {hw.hbm_bw / 1e9:.1f} GB/s, "
+        f"{hw.flops(args.dtype) / 1e9:.0f} GFLOP/s {args.dtype}; {args.steps} steps per call; "
+        f"{meta['kernels']} kernels"
+    )
+    print(
+        f"{'batch':>5} {'ctx':>5} {'bucket':>6} {'measured':>9} {'predicted':>9} {'GB/s':>6} "
+        f"{'GFLOP/s':>8} {'tok/s':>7} {'eff':>5} {'floor':>8} {'f.eff':>5} {'xla':>8} "
+        f"{'x':>5}  bound"
+    )
+    for r in decode:
+        print(
+            f"{r['batch']:>5} {r['context']:>5} {r['bucket']:>6} {r['measured_ms']:>7.2f}ms "
+            f"{r['predicted_ms']:>7.2f}ms {r['gb_per_s']:>6.1f} {r['gflop_per_s']:>8.1f} "
+            f"{r['tokens_per_s']:>7.0f} {r['efficiency']:>5.2f} {_ms(r['floor_ms']):>8} "
+            f"{_x(r['floor_efficiency']):>5} {_ms(r['xla_ms']):>8} {_x(r['speedup_vs_xla']):>5}  "
+            f"{r['bound']}"
+        )
+    if prefill:
+        print(f"\n{'prompt':>6} {'measured':>9} {'predicted':>9} {'GFLOP/s':>8} {'eff':>5}")
+        for r in prefill:
+            print(
+                f"{r['prompt_len']:>6} {r['measured_ms']:>7.2f}ms {r['predicted_ms']:>7.2f}ms "
+                f"{r['gflop_per_s']:>8.1f} {r['efficiency']:>5.2f}"
+            )
+    if c := result.get("compare"):
+        print(f"\nagainst {c['hardware']}: {c['hbm_bw'] / 1e9:.1f} GB/s, "
+              f"{c['flops'] / 1e9:.0f} GFLOP/s {args.dtype}")  # fmt: skip
+        print(f"{'batch':>6} {'measured':>9} {'predicted':>9} {'eff':>5}  bound")
+        for r, cr in zip(decode, c["decode"], strict=True):
+            print(f"{r['batch']:>6} {r['measured_ms']:>7.2f}ms {cr['predicted_ms']:>7.2f}ms "
+                  f"{cr['efficiency']:>5.2f}  {cr['bound']}")  # fmt: skip
+        for r, cr in zip(prefill, c["prefill"], strict=True):
+            print(f"{'p' + str(r['prompt_len']):>6} {r['measured_ms']:>7.2f}ms "
+                  f"{cr['predicted_ms']:>7.2f}ms {cr['efficiency']:>5.2f}")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="small")
     p.add_argument("--hardware", default="local")
+    p.add_argument("--compare", help="a second hardware spec (name or YAML path) to predict with")
     p.add_argument("--context", type=int, default=448, help="KV tokens per slot at the start")
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--slots", type=int, default=16, help="largest batch measured")
@@ -259,13 +356,45 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="skip timing the XLA-ops engine beside the native one",
     )
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--no-floor", dest="floor", action="store_false", help="skip the weights-only floor"
+    )
+    p.add_argument(
+        "--weights",
+        choices=["host", "device"],
+        default="host",
+        help="seeded numpy weights (dummy_params), or random ones made on the device (seconds "
+        "for an 8B model, where numpy takes minutes)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object, no tables")
+    p.add_argument("--json-out", help="also write the JSON object to this file")
+    p.add_argument("--check", action="store_true", help="parse, load the specs, and exit")
+    return p
+
+
+def _compare_spec(ref: str | None) -> tuple[HardwareSpec, str] | None:
+    if ref is None:
+        return None
+    try:
+        return load_hardware(ref), ref
+    except SpecError as exc:  # e.g. calibrate failed before: measure anyway
+        print(f"note: --compare {ref}: {exc}; comparing with nothing", file=sys.stderr)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     model = load_model(args.model)
+    if args.check:
+        load_hardware(args.hardware)
+        print(f"decode_roofline: arguments ok ({model.name} on {args.hardware})")
+        return 0
     hw, hw_name = _hardware(args.hardware)
-    host_params = dummy_params(model, 0, args.dtype)
-    decode = bench_decode(args, model, hw, host_params)
-    prefill = bench_prefill(args, model, hw, host_params) if args.prompt_lens else []
+    other = _compare_spec(args.compare)
+    if args.weights == "device":
+        host_params = device_params(model, args.dtype)
+    else:
+        host_params = dummy_params(model, 0, args.dtype)
     meta = {
         "model": model.name,
         "hardware": hw_name,
@@ -273,38 +402,32 @@ def main(argv: list[str] | None = None) -> int:
         "flops": hw.flops(args.dtype),
         "backend": jax.default_backend(),
         "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
         "dtype": args.dtype,
         "steps": args.steps,
-        "kernels": decode[0]["kernels"] if decode else args.kernels,
+        "kernels": args.kernels,
+        "complete": False,  # True once every row is in; the file is rewritten after each row
     }
+    result: dict = {"meta": meta, "decode": [], "prefill": []}
+
+    def save() -> None:
+        if result["decode"]:
+            meta["kernels"] = result["decode"][0]["kernels"]
+        if other is not None:
+            result["compare"] = compare(*other, model, args, result["decode"], result["prefill"])
+        if args.json_out:
+            with open(args.json_out, "wb") as f:
+                f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
+
+    bench_decode(args, model, hw, host_params, result["decode"], save)
+    if args.prompt_lens:
+        bench_prefill(args, model, hw, host_params, result["prefill"], save)
+    meta["complete"] = True
+    save()
     if args.json:
-        print(orjson.dumps({"meta": meta, "decode": decode, "prefill": prefill}).decode())
-        return 0
-    print(
-        f"{model.name} on {hw_name} ({meta['device']}): {hw.hbm_bw / 1e9:.1f} GB/s, "
-        f"{hw.flops(args.dtype) / 1e9:.0f} GFLOP/s {args.dtype}; {args.steps} steps per call; "
-        f"{meta['kernels']} kernels"
-    )
-    print(
-        f"{'batch':>5} {'ctx':>5} {'bucket':>6} {'measured':>9} {'predicted':>9} {'GB/s':>6} "
-        f"{'GFLOP/s':>8} {'tok/s':>7} {'eff':>5} {'floor':>8} {'f.eff':>5} {'xla':>8} "
-        f"{'x':>5}  bound"
-    )
-    for r in decode:
-        print(
-            f"{r['batch']:>5} {r['context']:>5} {r['bucket']:>6} {r['measured_ms']:>7.2f}ms "
-            f"{r['predicted_ms']:>7.2f}ms {r['gb_per_s']:>6.1f} {r['gflop_per_s']:>8.1f} "
-            f"{r['tokens_per_s']:>7.0f} {r['efficiency']:>5.2f} {r['floor_ms']:>6.2f}ms "
-            f"{r['floor_efficiency']:>5.2f} {_ms(r['xla_ms']):>8} {_x(r['speedup_vs_xla']):>5}  "
-            f"{r['bound']}"
-        )
-    if prefill:
-        print(f"\n{'prompt':>6} {'measured':>9} {'predicted':>9} {'GFLOP/s':>8} {'eff':>5}")
-        for r in prefill:
-            print(
-                f"{r['prompt_len']:>6} {r['measured_ms']:>7.2f}ms {r['predicted_ms']:>7.2f}ms "
-                f"{r['gflop_per_s']:>8.1f} {r['efficiency']:>5.2f}"
-            )
+        print(orjson.dumps(result).decode())
+    else:
+        print_tables(result, hw, args)
     return 0
 
 

@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# The accelerator run kit (issue 15): everything the first minutes on a GPU host should measure,
+# in one command, each stage under its own time limit, all results under $OUT (7 files).
+#
+#   bench/accelerator_run.sh                on the GPU host (llama3-8b bf16, under 8 minutes)
+#   bench/accelerator_run.sh --dry-run      here, on CPU: tiny/small models, short sweeps, in a
+#                                           Python 3.12 env holding only the GPU image's packages
+#   bench/accelerator_run.sh --check        imports and every stage's arguments, nothing heavy
+#   bench/accelerator_run.sh --make-dry-env (re)create that env in .dryenv/
+#   ... --only decode,serving               run only these stages (wheels and env always run)
+#
+# Stages: wheels (install the carried .whl/ with --no-index --target, bench/fetch_gpu_wheels.sh
+# fetches them), env (versions, nvidia-smi, every import), calibrate (`scaletui calibrate`),
+# greedy (bench/greedy_check.py), decode (bench/decode_roofline.py vs the h200 spec and the
+# calibrated one), serving (bench/accelerator_serving.py: loadgen against `scaletui serve`, which
+# starts in the background right after env, so that its minutes of host-side weight generation
+# and compiles overlap calibrate, greedy and decode). A failed or timed-out stage does not stop
+# the next; summary.txt gets one line per stage. The project runs from src/ on PYTHONPATH: the
+# GPU host has no registry, so nothing is pip-installed there but the wheels.
+# Files in $OUT: summary.txt log.txt env.txt calibrate.yaml greedy.json decode.json serving.json
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+MODE=real ONLY=
+while (($#)); do
+  case $1 in
+    --dry-run) MODE=dry ;;
+    --check) MODE=check ;;
+    --make-dry-env) MODE=make-env ;;
+    --only) ONLY=,$2, && shift ;;
+    -h | --help) sed -n '2,20p' "$0" | cut -c3- && exit 0 ;;
+    *) echo "accelerator_run: unknown argument $1 (see --help)" >&2 && exit 2 ;;
+  esac
+  shift
+done
+
+DRYENV=$ROOT/.dryenv
+WHL=${WHL:-$ROOT/.whl}
+# the GPU image's packages (/work/.library/device/KINDS.md) that the project or textual needs
+IMAGE_PACKAGES=(jax==0.11.2 jaxlib==0.11.2 numpy aiohttp pyyaml prometheus-client tokenizers
+                safetensors psutil uvloop rich pygments markdown-it-py mdurl typing-extensions)
+
+make_dry_env() {
+  local py312=${PY312:-$(command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python3)}
+  echo "accelerator_run: creating $DRYENV with $py312 and the GPU image's packages"
+  rm -rf "$DRYENV"
+  "$py312" -m venv "$DRYENV" && "$DRYENV/bin/python" -m pip install -q "${IMAGE_PACKAGES[@]}"
+}
+
+case $MODE in
+  make-env) make_dry_env; exit ;;
+  dry) [[ -x $DRYENV/bin/python ]] || make_dry_env || exit 1
+       PYTHON=${PYTHON:-$DRYENV/bin/python} ;;
+  check) [[ -x $DRYENV/bin/python ]] && PYTHON=${PYTHON:-$DRYENV/bin/python}
+         PYTHON=${PYTHON:-python3} ;;
+  real) PYTHON=${PYTHON:-python3} ;;
+esac
+OUT=${OUT:-$ROOT/results/accelerator-$MODE-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+SERVER_PID= TMP_SITE=
+if [[ $MODE == real ]]; then
+  SITE=${SITE:-/tmp/site}
+else
+  SITE=$(mktemp -d) TMP_SITE=1
+fi
+stop_server() {  # SIGTERM (a clean shutdown), SIGKILL after 30 s
+  [[ -n $SERVER_PID ]] || return 0
+  kill "$SERVER_PID" 2>/dev/null
+  for _ in {1..30}; do kill -0 "$SERVER_PID" 2>/dev/null && sleep 1; done
+  kill -9 "$SERVER_PID" 2>/dev/null
+  wait "$SERVER_PID"
+  local rc=$?
+  SERVER_PID=
+  return $rc
+}
+trap 'stop_server; [[ -n $TMP_SITE ]] && rm -rf "$SITE"' EXIT
+export PYTHON OUT SITE WHL MODE PYTHONUNBUFFERED=1
+export PYTHONPATH=$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$SITE/jax-cache}
+# two JAX processes share the GPU while the server warms up: no process takes 75% up front
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+LOG=$OUT/log.txt SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+
+# --- the stages' command lines, per mode -----------------------------------------------------
+plan() {  # $1: real | dry
+  if [[ $1 == real ]]; then
+    CALIBRATE=(--out "$OUT/calibrate.yaml")
+    GREEDY=(--model small --dtype bf16 --new-tokens 32)
+    DECODE=(--model llama3-8b --dtype bf16 --slots 64 --context 1024 --max-seq-len 2048
+            --steps 8 --calls 5 --repeats 2 --prompt-lens 128 512 2048)
+    SERVING=(--model llama3-8b --dtype bf16 --slots 64 --concurrency 1 8 64 --qps 20
+             --poisson-requests 200 --input-len 128 --output-len 128)
+    LIMITS=(wheels=30 env=45 calibrate=45 greedy=75 decode=180 serving=100)
+  else
+    CALIBRATE=(--quick --out "$OUT/calibrate.yaml")
+    GREEDY=(--model small --dtype bf16 --new-tokens 32)
+    DECODE=(--model tiny --dtype bf16 --slots 4 --context 64 --max-seq-len 256 --steps 4
+            --calls 2 --repeats 1 --prompt-lens 16 64 128)
+    SERVING=(--model tiny --dtype bf16 --slots 8 --concurrency 1 2 8 --requests-per-stream 2
+             --qps 4 --poisson-requests 8 --input-len 32 --output-len 16)
+    LIMITS=(wheels=30 env=60 calibrate=45 greedy=240 decode=120 serving=90)
+  fi
+  DECODE+=(--hardware h200 --compare "$OUT/calibrate.yaml" --no-floor --weights device
+           --json-out "$OUT/decode.json")
+  GREEDY+=(--json-out "$OUT/greedy.json")
+}
+
+# --- stages that are not one command ---------------------------------------------------------
+stage_wheels() {
+  local wheels=("$WHL"/*.whl)
+  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+    echo "skipped: the carried wheels are cp312 and $PYTHON is $("$PYTHON" -V 2>&1)"
+    return 0
+  fi
+  if [[ ! -e ${wheels[0]} ]]; then
+    echo "no wheels in $WHL: run bench/fetch_gpu_wheels.sh and carry .whl (docs/benchmarks.md)"
+    [[ $MODE == real ]] && return 1 || return 0
+  fi
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "${wheels[@]}" && printf '  %s\n' "${wheels[@]##*/}"
+}
+
+stage_env() {
+  echo "date $(date -u +%FT%TZ), host $(hostname), $(uname -srm), mode $MODE"
+  echo "PYTHONPATH=$PYTHONPATH"
+  if command -v nvidia-smi >/dev/null; then
+    timeout 20 nvidia-smi
+    timeout 20 nvidia-smi --format=csv --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.memory,power.limit
+  else
+    echo "nvidia-smi: not on PATH"
+  fi
+  "$PYTHON" bench/accelerator_check.py
+}
+export -f stage_wheels stage_env
+
+run_stage() {  # name command...: under its limit, output to the console and log.txt
+  local name=$1 limit=120 t0=$SECONDS rc status kv
+  shift
+  for kv in "${LIMITS[@]}"; do [[ ${kv%%=*} == "$name" ]] && limit=${kv#*=}; done
+  if [[ -n $ONLY && $ONLY != *,$name,* && $name != wheels && $name != env ]]; then
+    return
+  fi
+  echo -e "\n=== $name (limit ${limit}s): ${*##"$ROOT"/}" | tee -a "$LOG"
+  timeout --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status="timed out" ;;
+    *) status="failed (exit $rc)" ;;
+  esac
+  printf '%-10s %-18s %5ds of %ds\n' "$name" "$status" $((SECONDS - t0)) "$limit" | tee -a "$SUMMARY"
+}
+
+if [[ $MODE == check ]]; then  # imports, then the real and the dry run's arguments, parsed
+  plan real
+  LIMITS=(wheels=120 env=180)  # a loaded CI box: the other checks get run_stage's default
+  run_stage wheels bash -c stage_wheels
+  run_stage env "$PYTHON" bench/accelerator_check.py
+  for m in real dry; do
+    plan "$m"
+    run_stage "calibrate-$m" "$PYTHON" -m scaletui.cli calibrate --help
+    run_stage "greedy-$m" "$PYTHON" bench/greedy_check.py "${GREEDY[@]}" --check
+    run_stage "decode-$m" "$PYTHON" bench/decode_roofline.py "${DECODE[@]}" --check
+    run_stage "serving-$m" "$PYTHON" bench/accelerator_serving.py "${SERVING[@]}" --out x --check
+  done
+else
+  plan "$MODE"
+  run_stage wheels bash -c stage_wheels
+  run_stage env bash -c 'set -o pipefail; stage_env 2>&1 | tee "$OUT/env.txt"'
+  if [[ -z $ONLY || $ONLY == *,serving,* ]]; then  # started now, used last (see the top)
+    PORT=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    SERVER_LOG=$SITE/server.log
+    echo "=== server: started in the background on port $PORT, log at the end" | tee -a "$LOG"
+    "$PYTHON" bench/accelerator_serving.py "${SERVING[@]}" --serve-only --port "$PORT" \
+      >"$SERVER_LOG" 2>&1 &
+    SERVER_PID=$!
+  fi
+  run_stage calibrate "$PYTHON" -m scaletui.cli calibrate "${CALIBRATE[@]}"
+  run_stage greedy "$PYTHON" bench/greedy_check.py "${GREEDY[@]}"
+  run_stage decode "$PYTHON" bench/decode_roofline.py "${DECODE[@]}"
+  limit=$(printf '%s\n' "${LIMITS[@]}" | sed -n 's/^serving=//p')
+  run_stage serving "$PYTHON" bench/accelerator_serving.py "${SERVING[@]}" --out \
+    "$OUT/serving.json" --url "http://127.0.0.1:${PORT:-0}" --server-timeout $((limit - 45))
+  if [[ -n $SERVER_PID ]]; then
+    stop_server
+    echo -e "\n=== server log (exit $?)" >>"$LOG"
+    cat "$SERVER_LOG" >>"$LOG"
+  fi
+fi
+echo -e "\n=== summary ($MODE, $SECONDS s; files in $OUT)" | tee -a "$LOG"
+cat "$SUMMARY"
+cat "$SUMMARY" >>"$LOG"
+! grep -qv ' ok ' "$SUMMARY"
