@@ -38,7 +38,10 @@ def default_host_devices() -> int | None:
             return None
     elif any(glob.glob(pattern) for pattern in ACCELERATOR_DEVICES):
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity API (macOS)
+        cores = os.cpu_count()
     return max(1, min(MAX_DEFAULT_HOST_DEVICES, cores or 1))
 
 

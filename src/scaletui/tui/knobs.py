@@ -68,7 +68,8 @@ class Knobs:
 
     def server_changes(self, applied: Knobs) -> dict:
         """The /admin/config body that turns `applied` into this."""
-        return {k: getattr(self, k) for k in SERVER_KEYS if getattr(self, k) != getattr(applied, k)}
+        mine, theirs = self.to_dict(), applied.to_dict()
+        return {k: mine[k] for k in SERVER_KEYS if mine[k] != theirs[k]}
 
     def to_dict(self) -> dict:
         return asdict(self)

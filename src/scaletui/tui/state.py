@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from scaletui import specs
-from scaletui.records import LoadSummary, LoadWindow, Record, StatsSnapshot
+from scaletui.records import LoadSummary, LoadWindow, Record, RecordKind, StatsSnapshot
 from scaletui.tui.knobs import Knobs
 from scaletui.tui.predict import Prediction, model_spec_from, pick_hardware, predict_cached
 
@@ -113,7 +113,14 @@ class SessionState:
     def add(self, rec: Record) -> None:
         """Ingest one record (a malformed one raises ValueError/TypeError/KeyError and changes
         nothing that the next record relies on)."""
-        getattr(self, f"_add_{rec.kind}")(rec)
+        handlers = {
+            RecordKind.STATS: self._add_stats,
+            RecordKind.WINDOW: self._add_window,
+            RecordKind.SUMMARY: self._add_summary,
+            RecordKind.EVENT: self._add_event,
+            RecordKind.CONFIG: self._add_config,
+        }
+        handlers[RecordKind(rec.kind)](rec)
         self.version += 1
 
     def _add_stats(self, rec: Record) -> None:

@@ -77,12 +77,12 @@ def build_view(m: SessionState) -> View:
     run_windows = [w for _, w in list(m.windows)[-m.run_windows :]] if m.run_windows else []
     summ = m.summary
 
-    def measured(pick, summary_key: str) -> float | None:
+    def measured(pick, pick_summary) -> float | None:
         """The newest window of this run that has the value, else the run's summary."""
         for w in reversed(run_windows):
             if pick(w) is not None:
                 return pick(w)
-        return getattr(summ, summary_key) if summ is not None else None
+        return pick_summary(summ) if summ is not None else None
 
     recent = [w.output_tok_s for w in run_windows[-5:] if w.output_tok_s is not None]
     tok_s = sum(recent) / len(recent) if recent else (summ and summ.output_throughput)
@@ -90,11 +90,14 @@ def build_view(m: SessionState) -> View:
     w_dev, kv_dev = stats.weight_bytes_per_device, stats.kv_bytes_per_device
     mem = None if w_dev is None or kv_dev is None else w_dev + kv_dev
     p = pred
+    latency = (  # label, predicted, from a window, from the summary
+        ("TTFT p50", p and p.ttft_ms, lambda w: w.ttft_ms.p50, lambda s: s.median_ttft_ms),
+        ("TTFT p99", p and p.ttft_ms, lambda w: w.ttft_ms.p99, lambda s: s.p99_ttft_ms),
+        ("TPOT p50", p and p.tpot_ms, lambda w: w.tpot_ms.p50, lambda s: s.median_tpot_ms),
+        ("TPOT p99", p and p.tpot_ms, lambda w: w.tpot_ms.p99, lambda s: s.p99_tpot_ms),
+    )
     kpis = (
-        Kpi("TTFT p50", "ms", p and p.ttft_ms, measured(lambda w: w.ttft_ms.p50, "median_ttft_ms")),
-        Kpi("TTFT p99", "ms", p and p.ttft_ms, measured(lambda w: w.ttft_ms.p99, "p99_ttft_ms")),
-        Kpi("TPOT p50", "ms", p and p.tpot_ms, measured(lambda w: w.tpot_ms.p50, "median_tpot_ms")),
-        Kpi("TPOT p99", "ms", p and p.tpot_ms, measured(lambda w: w.tpot_ms.p99, "p99_tpot_ms")),
+        *(Kpi(label, "ms", pv, measured(fw, fs)) for label, pv, fw, fs in latency),
         Kpi("decode step", "ms", p and p.tpot_ms, stats.step_per_token_ms),
         Kpi("output tok/s", "tok/s", p and p.tok_s, tok_s),
         Kpi("mem/chip", "B", p and p.mem_per_chip, mem),
@@ -110,7 +113,8 @@ def build_view(m: SessionState) -> View:
     last_t = run_windows[-1].t if run_windows else None
     pending = m.pending.server_changes(m.applied) if m.pending else {}
     if m.pending:
-        pending |= {k: v for k, v in m.pending.to_dict().items() if v != getattr(m.applied, k)}
+        applied = m.applied.to_dict()
+        pending |= {k: v for k, v in m.pending.to_dict().items() if v != applied[k]}
     hist = list(m.stats_hist)[-120:]
     return View(
         version=m.version,
