@@ -78,3 +78,13 @@ def test_argmax_last_is_jnp_argmax_ties_and_nan_included():
     rows[8, 3] = np.inf
     got = np.asarray(sampling.argmax_last(jnp.asarray(rows)))
     np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(rows), axis=-1)))
+
+
+def test_extreme_temperatures_never_sample_past_the_vocab_limit():
+    # issue 10 #13: at t >= ~1e28 the masked ids' NEG / t was a small number like any other
+    logits, _ = _logits(4)
+    limit = 10
+    for t in (1e28, 1e30, 3e38):
+        drawn = _draw(logits, temperature=t, limit=limit)
+        assert drawn.max() < limit, (t, drawn.max())
+        assert len(set(drawn.tolist())) > 3  # still a (flat) draw over the allowed ids

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import threading
 import time
@@ -22,7 +21,9 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from scaletui.serve.config import RECONFIGURABLE
+from scaletui.serve.config import RECONFIGURABLE, ConfigError
+from scaletui.serve.connections import ConnectionWatchdog, read_body
+from scaletui.serve.guard import check_admin
 from scaletui.serve.scheduler import Busy, Overloaded, Request, Scheduler, Unavailable
 from scaletui.serve.stats import build_stats
 from scaletui.serve.tokenizer import Tokenizer
@@ -46,6 +47,9 @@ class ApiSettings:
     host: str = "127.0.0.1"  # /admin/* needs admin_token on any non-loopback bind
     admin_token: str | None = None
     max_body_bytes: int = 4 * 2**20  # beyond it: 413
+    header_timeout_s: float = 10.0  # a new connection's first request must arrive within it
+    body_timeout_s: float = 30.0  # a request's body must arrive within it: else 408
+    keepalive_timeout_s: float = 75.0  # an idle connection between requests is closed after it
     drain_timeout_s: float = 60.0  # reconfigure aborts requests still running after this
     log_interval_s: float = 10.0  # one summary line per interval on stderr; 0 = off
     start_engines: bool = True  # build + compile the engines on app start-up
@@ -54,6 +58,7 @@ class ApiSettings:
 SCHEDULER = web.AppKey("scheduler", Scheduler)
 TOKENIZER = web.AppKey("tokenizer", Tokenizer)
 SETTINGS = web.AppKey("settings", ApiSettings)
+WATCHDOG = web.AppKey("watchdog", ConnectionWatchdog)
 
 
 def _json(body: object, status: int = 200, headers: dict | None = None) -> web.Response:
@@ -87,7 +92,10 @@ async def errors(request: web.Request, handler) -> web.StreamResponse:
             msg = f"request body is larger than the limit of {limit} bytes"
             return _error(ApiError(413, msg, code="request_too_large"))
         return _error(ApiError(e.status, e.reason or str(e)))
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:  # the client went away: nobody to answer, nothing to report
+        log.debug("client disconnected during %s %s", request.method, request.path)
+        return web.Response(status=499)
+    except asyncio.CancelledError:
         raise
     except Exception as e:  # a bug: answer, log, keep serving
         log.exception("unhandled error on %s %s", request.method, request.path)
@@ -207,9 +215,20 @@ class _Shape:
                 "choices": [choice], "usage": usage}  # fmt: skip
 
 
+async def _body(request: web.Request) -> dict:
+    """The JSON object a client sent, within the body timeout (408 past it)."""
+    limit = request.app[SETTINGS].body_timeout_s
+    try:
+        raw = await read_body(request, limit)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {limit:g} s",
+                       code="request_timeout") from None  # fmt: skip
+    return parse_json(raw)
+
+
 async def _run(request: web.Request, chat: bool) -> web.StreamResponse:
     sched, tok = request.app[SCHEDULER], request.app[TOKENIZER]
-    body = parse_json(await request.read())
+    body = await _body(request)
     check_model(body, sched.config.model.name)
     if chat:
         prompt = chat_prompt(body, tok)
@@ -322,34 +341,18 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    return _json(build_stats(request.app[SCHEDULER]))
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-def _check_admin(request: web.Request) -> None:
-    s = request.app[SETTINGS]
-    if s.admin_token is None:
-        if _loopback(s.host):
-            return
-        raise ApiError(403, f"/admin is disabled on the non-loopback bind {s.host}; start the "
-                       "server with --admin-token", code="forbidden")  # fmt: skip
-    if request.headers.get("Authorization") != f"Bearer {s.admin_token}":
-        raise ApiError(401, "/admin needs 'Authorization: Bearer <admin token>'",
-                       code="unauthorized", type="authentication_error")  # fmt: skip
+    watchdog = request.app[WATCHDOG]
+    conns = {"open": watchdog.open, "timed_out": watchdog.closed}
+    return _json({**build_stats(request.app[SCHEDULER]), "connections": conns})
 
 
 async def admin_config(request: web.Request) -> web.Response:
-    _check_admin(request)
+    settings = request.app[SETTINGS]
+    check_admin(request, settings.host, settings.admin_token)
     sched = request.app[SCHEDULER]
     if request.method == "GET":
         return _json({"config": sched.config.public()})
-    body = parse_json(await request.read())
+    body = await _body(request)
     unknown = sorted(set(body) - set(RECONFIGURABLE))
     if unknown:
         raise ApiError(400, f"unknown config key(s) {unknown}; reconfigurable: "
@@ -366,7 +369,8 @@ async def admin_config(request: web.Request) -> web.Response:
     except Busy as e:
         raise ApiError(409, str(e), code="conflict") from e
     except ValueError as e:
-        raise ApiError(400, f"invalid configuration {body}: {e}", code="invalid_config") from e
+        key = e.key if isinstance(e, ConfigError) else None
+        raise ApiError(400, f"invalid configuration {body}: {e}", key, "invalid_config") from e
     return _json(result)
 
 
@@ -394,7 +398,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     async def stat_logger() -> None:
         while True:
             await asyncio.sleep(settings.log_interval_s)
-            log.info("%s", _summary_line(sched, settings.log_interval_s))
+            if sched.compile.get("state") != "running":  # compiling: the scheduler logs progress
+                log.info("%s", _summary_line(sched, settings.log_interval_s))
 
     if settings.log_interval_s > 0:
         tasks.append(asyncio.create_task(stat_logger()))
@@ -403,6 +408,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         t.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await t
+    await app[WATCHDOG].close()
     await asyncio.to_thread(sched.shutdown)
 
 
@@ -410,8 +416,12 @@ def create_app(
     sched: Scheduler, tok: Tokenizer, settings: ApiSettings | None = None
 ) -> web.Application:
     settings = settings or ApiSettings()
-    app = web.Application(middlewares=[errors], client_max_size=settings.max_body_bytes)
+    watchdog = ConnectionWatchdog(settings.header_timeout_s, settings.keepalive_timeout_s)
+    app = web.Application(
+        middlewares=[watchdog.middleware(), errors], client_max_size=settings.max_body_bytes
+    )
     app[SCHEDULER], app[TOKENIZER], app[SETTINGS] = sched, tok, settings
+    app[WATCHDOG] = watchdog
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -1,8 +1,12 @@
 """`scaletui serve`: flags -> ServeConfig -> engines -> scheduler -> aiohttp, until SIGTERM/SIGINT.
 
-Prints one start-up line with the URL on stdout; logs a summary per interval (running,
-waiting, slots, tokens/s) to stderr, as vLLM's stat logger does. JAX is imported only when the
-real engine is built, after `--host-devices` has set XLA's host device count.
+Every config error is found before the port is bound (the engine plan on these devices and the
+memory it needs included) and exits 2 with one line naming the flag and the fix; an engine
+that fails to build or compile later exits 1 with the reason. Prints the URL line, then the
+model's parameters, dtype, weight and KV-cache bytes on stdout; logs compile progress and a
+summary per interval (running, waiting, slots, tokens/s) to stderr, as vLLM's stat logger
+does. JAX is imported only for the real engine, after `--host-devices` has set XLA's host
+device count.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from scaletui.serve.api import ApiSettings, create_app
-from scaletui.serve.config import DTYPES, KERNELS, MODES, ServeConfig
+from scaletui.serve import memory
+from scaletui.serve.api import SCHEDULER, WATCHDOG, ApiSettings, create_app
+from scaletui.serve.config import DTYPES, KERNELS, MODES, ConfigError, ServeConfig
+from scaletui.serve.connections import quiet_accept_errors, raise_fd_limit, start_site
 from scaletui.serve.engine_api import Engine
 from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.tokenizer import Tokenizer, load_tokenizer
@@ -61,6 +67,15 @@ def parser() -> argparse.ArgumentParser:
     a("--admin-token", help="bearer token for /admin/* (required on non-loopback binds)")
     a("--drain-timeout", type=float, default=60.0, help="reconfigure: abort requests after (s)")
     a("--log-interval", type=float, default=10.0, help="seconds between summary lines (0 = off)")
+    a(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="close a new connection whose request has not arrived after S seconds",
+    )
+    a("--body-timeout", type=float, default=30.0, help="408 for a body not received within S s")
+    a("--keepalive-timeout", type=float, default=75.0,
+      help="close a connection idle between requests after S seconds")  # fmt: skip
     a("--host-devices", type=int, help="JAX CPU: number of virtual host devices (XLA flag)")
     a("--fake", action="store_true", help="serve the hand-computable FakeEngine (tests, demos)")
     a("--fake-step-ms", type=float, default=2.0, help="--fake: milliseconds per decode step")
@@ -70,8 +85,9 @@ def parser() -> argparse.ArgumentParser:
 def engine_factory(args: argparse.Namespace, tok: Tokenizer) -> Callable:
     """config -> (prefill, generate) engines, real or fake; never sampling past the tokenizer.
 
-    The returned callable has a `validate(config)` attribute that raises ValueError for a
-    sharding the devices cannot hold, so a bad reconfiguration fails before draining.
+    The real engine's callable has a `validate(config, current_engines)` attribute that raises
+    ConfigError for a sharding the devices cannot hold or a config that does not fit in their
+    memory, so a bad flag fails before binding and a bad reconfiguration before draining.
     """
     if args.fake:
         from scaletui.serve.fake_engine import build_fake_engines
@@ -98,10 +114,18 @@ def real_engine_factory(tok: Tokenizer) -> Callable:
     def build(c: ServeConfig) -> tuple[Engine, Engine]:
         return build_engines(c, **extra)
 
-    def validate(c: ServeConfig) -> None:
+    def validate(c: ServeConfig, current: tuple[Engine, Engine] | None = None) -> None:
+        """The plan on these devices, then the memory it needs against what they have (on CPU
+        counting the bytes the `current` engines hold, which a rebuild frees)."""
         import jax
 
-        plan_engines(c, jax.devices())
+        devices = jax.devices()
+        plan = plan_engines(c, devices)
+        unique = {id(e): e for e in current or ()}.values()
+        held = sum(getattr(e, "weight_bytes", 0) + getattr(e, "kv_cache_bytes", 0) for e in unique)
+        cap = memory.capacity(devices, held)
+        if cap is not None:
+            memory.check_fits(c, sum(dp for _, _, dp in plan), cap)
 
     build.validate = validate
     return build
@@ -122,22 +146,43 @@ def _listen(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=info[0][0])
 
 
-async def _serve(app: web.Application, sock: socket.socket, host: str, banner: str) -> None:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.SockSite(runner, sock)
-    await site.start()
+async def _serve(
+    app: web.Application, sock: socket.socket, host: str, banner: str, details: str
+) -> int:
+    """Serve until SIGTERM/SIGINT (0) or until the engines fail to start (1)."""
+    loop = asyncio.get_running_loop()
+    quiet_accept_errors(loop)
+    runner = await start_site(app, sock, app[WATCHDOG])
     bound = sock.getsockname()[1]
     print(f"scaletui serve: http://{host}:{bound}/v1  {banner}", flush=True)
+    if details:
+        print(f"scaletui serve: {details}", flush=True)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watch = asyncio.create_task(_until_started(app[SCHEDULER], stop))
     try:
         await stop.wait()
     finally:
         log.info("shutting down")
+        watch.cancel()
         await runner.cleanup()
+    return 1 if app[SCHEDULER].compile.get("state") == "failed" else 0
+
+
+async def _until_started(sched: Scheduler, stop: asyncio.Event) -> None:
+    """A server whose engines failed to build or compile stops, saying why (exit status 1)."""
+    while sched.state in ("starting", "compiling"):
+        await asyncio.sleep(0.1)
+    if sched.state == "failed":
+        print(f"scaletui serve: error: the engines failed to start: {sched.error}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        stop.set()
+
+
+def _error(message: str) -> int:
+    print(f"scaletui serve: error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str]) -> int:
@@ -145,6 +190,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
     )
+    logging.getLogger("jax").setLevel(logging.WARNING)  # not "Unable to initialize backend"
     if args.host_devices:
         flags = os.environ.get("XLA_FLAGS", "")
         os.environ["XLA_FLAGS"] = (
@@ -171,20 +217,31 @@ def main(argv: list[str]) -> int:
         )
         tok = load_tokenizer(args.tokenizer, model.vocab_size)
         factory = engine_factory(args, tok)
+        check = getattr(factory, "validate", None)
+        if check is not None:  # the plan on these devices and its memory, before binding
+            check(config)
+    except ConfigError as e:
+        return _error(e.flag_line())
     except (SpecError, ValueError, ImportError) as e:
-        print(f"scaletui serve: error: {e}", file=sys.stderr)
-        return 2
+        return _error(str(e))
+    for name in ("header_timeout", "body_timeout", "keepalive_timeout"):
+        if not getattr(args, name) > 0:
+            return _error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     try:
         sock = _listen(args.host, args.port)
     except OSError as e:  # the port is taken, or the address is not this host's
-        print(f"scaletui serve: error: cannot listen on {args.host}:{args.port}: {e}",
-              file=sys.stderr)  # fmt: skip
-        return 2
+        return _error(f"cannot listen on {args.host}:{args.port}: {e}")
+    before, after = raise_fd_limit()
+    if after > before:
+        log.debug("open-file limit raised from %d to %d", before, after)
     settings = ApiSettings(
         host=args.host,
         admin_token=args.admin_token,
         drain_timeout_s=args.drain_timeout,
         log_interval_s=args.log_interval,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        keepalive_timeout_s=args.keepalive_timeout,
     )
     sched = Scheduler(config, factory)
     app = create_app(sched, tok, settings)
@@ -192,11 +249,12 @@ def main(argv: list[str]) -> int:
         f"model {model.name}{' (fake engine)' if args.fake else ''}, slots {config.slots}, "
         f"tp {config.tp}, dp {config.dp}, {config.mode}"
     )
-    asyncio.run(_serve(app, sock, args.host, banner))
+    details = "" if args.fake else memory.footprint(config).describe(config)
+    rc = asyncio.run(_serve(app, sock, args.host, banner, details))
     if sched.state in ("starting", "compiling", "reconfiguring"):
         # XLA is compiling on a worker thread; tearing the interpreter down under it aborts
         log.info("stopped while %s; exiting without waiting for the compile", sched.state)
         logging.shutdown()
         sys.stdout.flush()
-        os._exit(0)
-    return 0
+        os._exit(rc)
+    return rc

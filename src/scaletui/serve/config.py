@@ -11,6 +11,35 @@ DTYPES = ("f32", "bf16")
 KERNELS = ("auto", "native", "xla")
 # Keys POST /admin/config may change (live reconfiguration); anything else is rejected.
 RECONFIGURABLE = ("slots", "tp", "dp", "mode", "prefill_devices", "decode_steps")
+# Sane ranges, whatever the memory: a decode batch past MAX_SLOTS or more decode steps per host
+# sync than MAX_DECODE_STEPS only adds latency (every request waits for the whole k-step call).
+MAX_SLOTS = 1024
+MAX_DECODE_STEPS = 64
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work: names the key, its value, why, and what to use instead.
+
+    `str(e)` is for the API (`tp=3 does not divide ...; use tp 1, 2, 4 or 8`); `flag_line()`
+    names the command-line flag for `scaletui serve` start-up errors.
+    """
+
+    def __init__(self, key: str, value: object, message: str, fix: str = "") -> None:
+        self.key, self.value, self.message, self.fix = key, value, message, fix
+        super().__init__(f"{message}; {fix}" if fix else message)
+
+    def flag_line(self) -> str:
+        return f"--{self.key.replace('_', '-')} {self.value}: {self}"
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def one_of(values: list[int]) -> str:
+    """[1, 2, 4] -> '1, 2 or 4'."""
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 @dataclass(frozen=True)
@@ -37,32 +66,40 @@ class ServeConfig:
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.slots < 1:
-            raise ValueError(f"slots must be >= 1, got {self.slots}")
-        if self.decode_steps < 1:
-            raise ValueError(f"decode_steps must be >= 1, got {self.decode_steps}")
-        if self.tp < 1 or self.dp < 1:
-            raise ValueError(f"tp and dp must be >= 1, got tp={self.tp} dp={self.dp}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.kernels not in KERNELS:
-            raise ValueError(f"kernels must be one of {KERNELS}, got {self.kernels!r}")
+        def bad(key: str, message: str, fix: str = "") -> ConfigError:
+            return ConfigError(key, getattr(self, key), message, fix)
+
+        if not 1 <= self.slots <= MAX_SLOTS:
+            raise bad("slots", f"slots must be in [1, {MAX_SLOTS}], got {self.slots}",
+                      f"use 1 to {MAX_SLOTS} (and what fits in memory)")  # fmt: skip
+        if not 1 <= self.decode_steps <= MAX_DECODE_STEPS:
+            raise bad("decode_steps", f"decode_steps must be in [1, {MAX_DECODE_STEPS}], got "
+                      f"{self.decode_steps}", f"use 1 to {MAX_DECODE_STEPS} (4-16 amortise the "
+                      "host sync)")  # fmt: skip
+        for key in ("tp", "dp"):
+            if getattr(self, key) < 1:
+                raise bad(key, f"tp and dp must be >= 1, got tp={self.tp} dp={self.dp}")
+        for key, allowed in (("mode", MODES), ("dtype", DTYPES), ("kernels", KERNELS)):
+            if getattr(self, key) not in allowed:
+                raise bad(key, f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
         if self.prefill_devices < 0:
-            raise ValueError(f"prefill_devices must be >= 0, got {self.prefill_devices}")
+            raise bad(
+                "prefill_devices", f"prefill_devices must be >= 0, got {self.prefill_devices}"
+            )
         if not 2 <= self.max_seq_len <= self.model.max_seq_len:
-            raise ValueError(
+            raise bad(
+                "max_seq_len",
                 f"max_seq_len must be in [2, {self.model.max_seq_len}] for model "
-                f"{self.model.name}, got {self.max_seq_len}"
+                f"{self.model.name}, got {self.max_seq_len}",
             )
-        if self.max_waiting < 1 or self.max_waiting_tokens < 1:  # 0 would refuse every request
-            raise ValueError(
-                f"max_waiting and max_waiting_tokens must be >= 1, got {self.max_waiting} and "
-                f"{self.max_waiting_tokens}"
-            )
+        for key in ("max_waiting", "max_waiting_tokens"):  # 0 would refuse every request
+            if getattr(self, key) < 1:
+                raise bad(key, f"max_waiting and max_waiting_tokens must be >= 1, got "
+                          f"{self.max_waiting} and {self.max_waiting_tokens}")  # fmt: skip
         if self.slots % self.dp:
-            raise ValueError(f"slots ({self.slots}) must be a multiple of dp ({self.dp})")
+            up = -(-self.slots // self.dp) * self.dp
+            raise bad("slots", f"slots ({self.slots}) must be a multiple of dp ({self.dp})",
+                      f"use slots {up} or a dp that divides {self.slots}")  # fmt: skip
 
     @property
     def prefill_buckets(self) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ kernels for matmuls and decode attention (`serve/native`, `--kernels`); others r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
 
@@ -22,7 +23,7 @@ import numpy as np
 from jax import lax
 
 from scaletui.serve import kv_cache, model, native, sampling, sharding, weights
-from scaletui.serve.config import ServeConfig
+from scaletui.serve.config import ConfigError, ServeConfig
 from scaletui.serve.engine_api import Prefix, SamplingParams, StepOutput
 
 JNP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
@@ -262,20 +263,33 @@ class JaxEngine:
         )
         return init, rel
 
-    def warmup(self) -> float:
-        """Compile every shape this engine's role serves; returns seconds spent."""
-        t0 = time.perf_counter()
+    def _warmup_jobs(self) -> list[Callable[[], object]]:
+        """One call per shape (or pair of shapes) this engine's role serves, in compile order."""
+        jobs: list[Callable[[], object]] = []
         if self.role in ("both", "prefill"):
-            for t in self.prefill_buckets:
-                self._prefill_exe(t)
-            if self.chunked_len:
-                self._chunk_exes()
+            jobs += [partial(self._prefill_exe, t) for t in self.prefill_buckets]
+            jobs += [self._chunk_exes] if self.chunked_len else []
         if self.role in ("both", "generate"):
-            self._misc_exes()
-            for t in self.prefill_buckets + ((self.chunked_len,) if self.chunked_len else ()):
-                self._insert_exe(t)
-            for b in self.decode_buckets:
-                self._generate_exe(b)
+            jobs.append(self._misc_exes)
+            inserts = self.prefill_buckets + ((self.chunked_len,) if self.chunked_len else ())
+            jobs += [partial(self._insert_exe, t) for t in inserts]
+            jobs += [partial(self._generate_exe, b) for b in self.decode_buckets]
+        return jobs
+
+    @property
+    def warmup_total(self) -> int:
+        """Steps `warmup` reports progress in."""
+        return len(self._warmup_jobs())
+
+    def warmup(self, progress: Callable[[int, int], None] | None = None) -> float:
+        """Compile every shape this engine's role serves; returns seconds spent. `progress`
+        is called with (done, total) after each step."""
+        t0 = time.perf_counter()
+        jobs = self._warmup_jobs()
+        for i, job in enumerate(jobs, 1):
+            job()
+            if progress is not None:
+                progress(i, len(jobs))
         return time.perf_counter() - t0
 
     # --- the verbs ------------------------------------------------------------------------------
@@ -472,13 +486,18 @@ def _generate_fn(
 def plan_engines(config: ServeConfig, devices: list) -> list[tuple[str, list, int]]:
     """[(role, devices, dp)] of the engines `config` builds on `devices`, checked without
     building them: a sharding the devices cannot hold, or kernels='native' where the native
-    kernels cannot run, raises ValueError naming the values (reconfigure asks before draining).
+    kernels cannot run, raises ConfigError naming the value and the fix (start-up and
+    reconfigure ask before anything is bound, drained or built).
     """
     m, tp, dp = config.model, config.tp, config.dp
     pre, gen = sharding.split_devices(devices, config.mode, config.prefill_devices)
     if config.mode == "disaggregated" and len(pre) % tp:
-        raise ValueError(f"prefill devices ({len(pre)}) must be a multiple of tp={tp}")
-    sharding.validate(m, tp=tp, dp=dp, n_devices=len(gen))
+        raise ConfigError(
+            "prefill_devices", config.prefill_devices, f"prefill devices ({len(pre)}) must be "
+            f"a multiple of tp={tp}", f"use a multiple of {tp} below {len(devices)}",
+        )  # fmt: skip
+    platform = devices[0].platform if devices else ""
+    sharding.validate(m, tp=tp, dp=dp, n_devices=len(gen), platform=platform)
     if config.mode == "interleaved":
         plan = [("both", gen[: tp * dp], dp)]
     else:
@@ -486,7 +505,8 @@ def plan_engines(config: ServeConfig, devices: list) -> list[tuple[str, list, in
     for _, devs, d in plan if config.kernels == "native" else ():
         why_not = native.unusable(config, devs, dp=d, tp=tp)
         if why_not:
-            raise ValueError(f"kernels='native' is not usable here: {why_not}")
+            raise ConfigError("kernels", "native", f"kernels='native' is not usable here: "
+                              f"{why_not}", "use kernels auto or xla")  # fmt: skip
     return plan
 
 

@@ -11,6 +11,7 @@ host array; the scheduler reads tokens and done flags from it and never touches 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,8 +76,11 @@ class Engine(Protocol):
     eos_id: int
     vocab_size: int  # ids the tokenizer can decode; sampling never goes beyond
 
-    def warmup(self) -> float:
-        """Compile every bucket and phase; returns seconds spent. Called before serving."""
+    warmup_total: int  # steps warmup reports progress in (compile units)
+
+    def warmup(self, progress: Callable[[int, int], None] | None = None) -> float:
+        """Compile every bucket and phase; returns seconds spent. Called before serving;
+        `progress(done, warmup_total)` after each compile unit."""
         ...
 
     def init_decode_state(self) -> DecodeState:

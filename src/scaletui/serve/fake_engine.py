@@ -9,6 +9,7 @@ mimic compute, so timing behaviour (continuous batching, disconnects) is observa
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,10 +51,15 @@ class FakeEngine:
         self.kv_cache_bytes = 0
         self._compiles = 0
 
-    def warmup(self) -> float:
+    warmup_total = 2  # "shapes": prefill and generate
+
+    def warmup(self, progress: Callable[[int, int], None] | None = None) -> float:
         t0 = time.perf_counter()
-        time.sleep(self.warmup_s)
-        self._compiles += 2
+        for i in range(1, self.warmup_total + 1):
+            time.sleep(self.warmup_s / self.warmup_total)
+            self._compiles += 1
+            if progress is not None:
+                progress(i, self.warmup_total)
         return time.perf_counter() - t0
 
     def compile_count(self) -> int:

@@ -60,13 +60,14 @@ def sample(
 ) -> jax.Array:
     """logits [B, V] (f32) -> tokens [B] int32; every other argument is per row [B] or scalar."""
     logits = logits.astype(jnp.float32)
-    ids = jnp.arange(logits.shape[-1])
-    logits = jnp.where(ids[None, :] < vocab_limit, logits, NEG)
+    allowed = jnp.arange(logits.shape[-1])[None, :] < vocab_limit  # [1, V]
+    logits = jnp.where(allowed, logits, NEG)
     greedy = argmax_last(logits)
     hot = temperature > 0
 
     def stochastic(x: jax.Array) -> jax.Array:
-        x = x / jnp.where(hot, temperature, 1.0)[:, None]
+        # mask again after scaling: NEG / a huge temperature is a small number like any other
+        x = jnp.where(allowed, x / jnp.where(hot, temperature, 1.0)[:, None], NEG)
         narrow = jnp.any(hot & ((top_k > 0) | (top_p < 1.0)))
         x = lax.cond(narrow, filter_top_k_top_p, lambda y, _k, _p: y, x, top_k, top_p)
         keys = jax.vmap(row_key)(seed, position)

@@ -109,7 +109,10 @@ class Scheduler:
         try:
             self._build(self.config)
         except Exception as e:
-            log.exception("engine start-up failed")
+            if isinstance(e, ValueError):  # a config the engines refuse: the message says why
+                log.error("engine start-up failed: %s", e)
+            else:
+                log.exception("engine start-up failed")
             self.state, self.error = "failed", f"{type(e).__name__}: {e}"
             self.compile["state"] = "failed"
             return
@@ -118,18 +121,41 @@ class Scheduler:
     def _build(self, config: ServeConfig) -> None:
         if self.state == "starting":
             self.state = "compiling"
-        self.compile["state"] = "running"
         self.engines = None
+        t0 = time.perf_counter()
+        self.compile = {"state": "running", "seconds": 0.0, "count": 0, "done": 0, "total": 0}
         prefill, generate = self.factory(config)
-        seconds = prefill.warmup() + (generate.warmup() if generate is not prefill else 0.0)
-        self.metrics.compile.observe(seconds)
         unique = (prefill,) if generate is prefill else (prefill, generate)
+        self.compile["total"] = sum(getattr(e, "warmup_total", 0) for e in unique)
+        seconds, before = 0.0, 0
+        for e in unique:
+            seconds += e.warmup(progress=self._progress(before, t0))
+            before += getattr(e, "warmup_total", 0)
+        self.metrics.compile.observe(seconds)
         count = sum(e.compile_count() for e in unique)
-        self.compile = {"state": "done", "seconds": seconds, "count": count}
+        total = self.compile["total"]
+        self.compile = {"state": "done", "seconds": seconds, "count": count, "done": total,
+                        "total": total}  # fmt: skip
+        log.info("compiled %d shapes in %.1f s", total, seconds)
         self.engines, self.config = (prefill, generate), config
         self._slots = [None] * generate.slots
         self._kv_lengths = [0] * generate.slots
         self.metrics.slots_total.set(generate.slots)
+
+    def _progress(self, before: int, t0: float) -> Callable[[int, int], None]:
+        """An engine's warmup callback: shapes done so far in /stats, a log line every ~2 s."""
+        last = [t0]
+
+        def report(done: int, _engine_total: int) -> None:
+            total = self.compile["total"]
+            self.compile["done"] = min(before + done, total)
+            now = time.perf_counter()
+            if now - last[0] >= 2.0 and self.compile["done"] < total:
+                last[0] = now
+                log.info("compiling: %d/%d shapes done, %.1f s", self.compile["done"], total,
+                         now - t0)  # fmt: skip
+
+        return report
 
     def _start_workers(self) -> None:
         with self._life:
@@ -320,7 +346,10 @@ class Scheduler:
         return state
 
     def _generate(self, engine: Engine, state: object) -> object:
-        steps = self.config.decode_steps
+        # no more steps than any running request still needs: a request 3 tokens from its
+        # max_tokens does not wait for the other decode_steps - 3 steps of an idle batch
+        left = [r.params.max_tokens - r.generated for r in self._slots if r is not None]
+        steps = max(1, min(self.config.decode_steps, max(left, default=1)))
         active = sum(r is not None for r in self._slots)
         t0 = time.perf_counter()
         state, out = engine.generate(state, steps)
@@ -454,8 +483,8 @@ class Scheduler:
                 raise Busy(f"the server is {self.state}; try again when it is serving")
             new = self.config.updated(**changes)  # ValueError names the value
             check = getattr(self.factory, "validate", None)
-            if check is not None:
-                check(new)  # the engine's sharding rules, before anything is drained
+            if check is not None:  # sharding rules and memory, before anything is drained
+                check(new, self.engines)
             self._reconfiguring, self.state = True, "reconfiguring"
             draining = set(self._inflight)
         try:

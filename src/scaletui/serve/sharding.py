@@ -8,12 +8,14 @@ meshes (tp not dividing the heads, more devices asked for than exist) fail at co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from scaletui.serve.config import ConfigError, divisors, one_of
 from scaletui.specs import ModelSpec
 
 AXES = ("data", "model")
@@ -32,20 +34,34 @@ RULES: dict[str, str | None] = {
 }
 
 
-def validate(model: ModelSpec, *, tp: int, dp: int, n_devices: int) -> None:
-    """Raise ValueError naming the values when (tp, dp) cannot run `model` on `n_devices`."""
+def validate(model: ModelSpec, *, tp: int, dp: int, n_devices: int, platform: str = "") -> None:
+    """Raise ConfigError naming the values and the fix when (tp, dp) cannot run `model` on
+    `n_devices` (of `platform`: on "cpu" the fix is more virtual host devices)."""
     if tp < 1 or dp < 1:
-        raise ValueError(f"tp and dp must be >= 1, got tp={tp} dp={dp}")
+        raise ConfigError("tp" if tp < 1 else "dp", tp if tp < 1 else dp,
+                          f"tp and dp must be >= 1, got tp={tp} dp={dp}")  # fmt: skip
+    use = f"use tp {one_of(divisors(math.gcd(model.n_heads, model.d_ff)))}"
     if model.n_heads % tp:
-        raise ValueError(
-            f"tp={tp} does not divide the {model.n_heads} query heads of model {model.name}"
-        )
+        raise ConfigError(
+            "tp", tp, f"tp={tp} does not divide the {model.n_heads} query heads of model "
+            f"{model.name}", use,
+        )  # fmt: skip
     if model.d_ff % tp:
-        raise ValueError(f"tp={tp} does not divide d_ff={model.d_ff} of model {model.name}")
+        raise ConfigError("tp", tp, f"tp={tp} does not divide d_ff={model.d_ff} of model "
+                          f"{model.name}", use)  # fmt: skip
     if tp * dp > n_devices:
-        raise ValueError(
-            f"tp={tp} x dp={dp} needs {tp * dp} devices, but only {n_devices} are available"
-        )
+        key, value = ("tp", tp) if tp > n_devices or dp == 1 else ("dp", dp)
+        raise ConfigError(
+            key, value, f"tp={tp} x dp={dp} needs {tp * dp} devices, but only {n_devices} "
+            f"{'is' if n_devices == 1 else 'are'} available", more_devices(tp * dp, platform),
+        )  # fmt: skip
+
+
+def more_devices(n: int, platform: str) -> str:
+    """The fix for too few devices: on a CPU host, virtual devices are one flag away."""
+    if platform == "cpu":
+        return f"on a CPU host start the server with --host-devices {n}"
+    return "use fewer devices (a smaller tp x dp)"
 
 
 def make_mesh(devices: Sequence[jax.Device], dp: int, tp: int) -> Mesh:
@@ -70,8 +86,15 @@ def split_devices(
         raise ValueError(f"mode must be 'interleaved' or 'disaggregated', got {mode!r}")
     n = len(devices)
     p = prefill_devices or max(1, n // 2)
+    if n < 2:
+        raise ConfigError("mode", mode, f"disaggregated mode needs at least 2 devices, but only "
+                          f"{n} is available", more_devices(2, devices[0].platform if devices
+                                                            else ""))  # fmt: skip
     if not 1 <= p < n:
-        raise ValueError(f"disaggregated mode needs 1 <= prefill_devices < devices ({n}), got {p}")
+        raise ConfigError(
+            "prefill_devices", prefill_devices, f"disaggregated mode needs 1 <= prefill_devices"
+            f" < devices ({n}), got {p}", f"use 1 to {n - 1} (0 = half)",
+        )  # fmt: skip
     return devices[:p], devices[p:]
 
 

@@ -12,8 +12,9 @@ import contextlib
 import orjson
 from aiohttp.test_utils import TestClient, TestServer
 
-from scaletui.serve.api import ApiSettings, create_app
+from scaletui.serve.api import WATCHDOG, ApiSettings, create_app
 from scaletui.serve.config import ServeConfig
+from scaletui.serve.connections import start_site
 from scaletui.serve.fake_engine import build_fake_engines
 from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.tokenizer import load_tokenizer
@@ -59,21 +60,17 @@ async def sse(resp) -> list[dict]:
 @contextlib.contextmanager
 def serve_in_thread(app, host: str = "127.0.0.1"):
     """Run `app` on a real socket (a free port) in a background thread; yields the base URL."""
+    import socket
     import threading
-
-    from aiohttp import web
 
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     state: dict = {}
 
-    async def start() -> None:
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host, 0)
-        await site.start()
-        state["runner"] = runner
-        state["port"] = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    async def start() -> None:  # as `scaletui serve` does: keep-alive timeout and watchdog
+        sock = socket.create_server((host, 0))
+        state["runner"] = await start_site(app, sock, app[WATCHDOG])
+        state["port"] = sock.getsockname()[1]
         ready.set()
 
     def run() -> None:

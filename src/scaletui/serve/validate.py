@@ -17,6 +17,13 @@ from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
+# Stop strings are searched in the event loop after every token (only the unsent tail, so each
+# check costs the new text plus the longest stop string): bound both. OpenAI allows 4.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+# OpenAI's range; below MIN_TEMPERATURE sampling is greedy (as vLLM does: 1/t would overflow)
+MAX_TEMPERATURE = 2.0
+MIN_TEMPERATURE = 1e-5
 
 
 class ApiError(Exception):
@@ -141,6 +148,12 @@ def chat_prompt(body: dict, tok: Tokenizer) -> list[int]:
         if role not in ROLES:
             raise ApiError(400, f"'{where}.role' must be one of {list(ROLES)}, got {role!r}",
                            f"{where}.role")  # fmt: skip
+        if m.get("tool_calls"):
+            raise ApiError(400, f"'{where}.tool_calls' is not supported: this server has no tool "
+                           "calling", f"{where}.tool_calls", "unsupported")  # fmt: skip
+        if content is None:
+            raise ApiError(400, f"'{where}.content' is required (a string or text parts)",
+                           f"{where}.content")  # fmt: skip
         if isinstance(content, list):  # content parts: only text is supported
             texts = [p.get("text") for p in content if isinstance(p, dict)]
             if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
@@ -150,7 +163,7 @@ def chat_prompt(body: dict, tok: Tokenizer) -> list[int]:
         if content is not None and not isinstance(content, str):
             raise ApiError(400, f"'{where}.content' must be a string, got {_kind(content)}",
                            f"{where}.content")  # fmt: skip
-        clean.append({"role": role, "content": content or ""})
+        clean.append({"role": role, "content": content})
     text = tok.apply_chat_template(clean)
     return ([tok.bos_id] if tok.bos_id >= 0 else []) + tok.encode(text)
 
@@ -163,7 +176,9 @@ def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> G
                        f"(max_seq_len) is {max_seq_len} tokens; shorten the prompt", where,
                        "context_length_exceeded")  # fmt: skip
     left = max_seq_len - len(prompt)
-    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") else "max_tokens"
+    # chat: max_completion_tokens wins when present (0 and false are errors, not "unset")
+    newer = chat and body.get("max_completion_tokens") is not None
+    name = "max_completion_tokens" if newer else "max_tokens"
     max_tokens = _get(body, name, (int,), "an integer", left if chat else min(16, left))
     if max_tokens <= 0:
         raise ApiError(400, f"'{name}' must be >= 1, got {max_tokens}", name)
@@ -172,8 +187,11 @@ def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> G
                        f"left (max_seq_len {max_seq_len} - prompt {len(prompt)})", name,
                        "context_length_exceeded")  # fmt: skip
     temperature = float(_get(body, "temperature", (int, float), "a number", 1.0))
-    if temperature < 0:
-        raise ApiError(400, f"'temperature' must be >= 0, got {temperature}", "temperature")
+    if not 0 <= temperature <= MAX_TEMPERATURE:  # NaN fails too
+        raise ApiError(400, f"'temperature' must be in [0, {MAX_TEMPERATURE:g}], got "
+                       f"{temperature}", "temperature")  # fmt: skip
+    if temperature < MIN_TEMPERATURE:
+        temperature = 0.0
     top_p = float(_get(body, "top_p", (int, float), "a number", 1.0))
     if not 0 < top_p <= 1:
         raise ApiError(400, f"'top_p' must be in (0, 1], got {top_p}", "top_p")
@@ -192,8 +210,14 @@ def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> G
     ignore_eos = _get(body, "ignore_eos", (bool,), "a boolean", False)
     stop = _get(body, "stop", (str, list), "a string or an array of strings", [])
     stop = [stop] if isinstance(stop, str) else stop
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS} are "
+                       "allowed", "stop")  # fmt: skip
     if not all(isinstance(s, str) and s for s in stop):
         raise ApiError(400, f"'stop' must hold non-empty strings, got {stop!r}", "stop")
+    if longest := max((len(s) for s in stop if len(s) > MAX_STOP_CHARS), default=0):
+        raise ApiError(400, f"'stop' strings must be at most {MAX_STOP_CHARS} characters, got "
+                       f"one of {longest}", "stop")  # fmt: skip
     stream = _get(body, "stream", (bool,), "a boolean", False)
     options = _get(body, "stream_options", (dict,), "an object", None)
     if options is not None and not stream:
