@@ -1,4 +1,5 @@
-"""`scaletui`: the TUI by default; subcommands `serve`, `roofline`, `calibrate`.
+"""`scaletui`: the TUI by default; subcommands `serve`, `roofline`, `calibrate`, `simulate`,
+`build-kernels`, `doctor`.
 
 Each subcommand's module is imported only when chosen, so `scaletui roofline` never loads JAX.
 """
@@ -12,12 +13,14 @@ SUBCOMMANDS = {
     "serve": ("scaletui.serve.cli", "run the JAX inference server (OpenAI-compatible HTTP)"),
     "roofline": ("scaletui.roofline.cli", "print the book's roofline estimates for a config"),
     "calibrate": ("scaletui.calibrate", "measure this host's devices; write the 'local' spec"),
+    "simulate": ("scaletui.simulate_cli", "predict what loadgen would measure (simulated server)"),
+    "build-kernels": ("scaletui.serve.native.toolchain", "compile and cache the native kernels"),
+    "doctor": ("scaletui.doctor", "say what this host has: JAX, devices, kernels, calibration"),
     "tui": ("scaletui.tui.app", "the interactive lab bench (default)"),
 }
 
-USAGE = (
-    "usage: scaletui [serve|roofline|calibrate|tui] [options]   (scaletui SUBCOMMAND -h)\n\n"
-    + ("\n".join(f"  {name:<10} {help}" for name, (_, help) in SUBCOMMANDS.items()))
+USAGE = f"usage: scaletui [{'|'.join(SUBCOMMANDS)}] [options]   (scaletui SUBCOMMAND -h)\n\n" + (
+    "\n".join(f"  {name:<14} {help}" for name, (_, help) in SUBCOMMANDS.items())
 )
 
 

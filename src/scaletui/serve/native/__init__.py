@@ -1,11 +1,11 @@
 """Native CPU kernels (`kernels.cc`) for decode: packed-panel dense and slot-cache attention.
 
-The C++ source ships with the package and is compiled on first use with the host's C++
-compiler against the XLA FFI headers of the installed jaxlib (`-O3 -march=native`), cached under
-`$XDG_CACHE_HOME/scaletui/kernels/` keyed by source, jaxlib version and CPU, then registered as
-XLA FFI targets. `available()` says whether that worked (and `unavailable_reason()` why not);
-the engine falls back to plain XLA ops when it did not, so a host without a compiler still
-serves, only slower.
+The C++ source ships with the package and is compiled with the host's C++ compiler against the
+XLA FFI headers of the installed jaxlib (`toolchain.py`: `scaletui build-kernels` ahead of time,
+or on first use with a logged line), cached under `$XDG_CACHE_HOME/scaletui/kernels/`, then
+registered as XLA FFI targets. `available()` says whether that worked (and
+`unavailable_reason()` why not); the engine falls back to plain XLA ops when it did not, so a
+host without a compiler still serves, only slower.
 
 Weights for `dense` are packed once on the host: W [D, N] -> panels [N/64, D, 64].
 
@@ -18,75 +18,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import math
 import os
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from scaletui.serve.config import ServeConfig
+from scaletui.serve.native import toolchain
+from scaletui.serve.native.toolchain import slower_here  # noqa: F401  (the engine asks)
 
 PANEL = 64
 XLA_ROWS = 512  # from this many rows (long prompts) XLA's own matmul beats the native kernel
-SOURCE = Path(__file__).with_name("kernels.cc")
 DENSE = "scaletui_dense_f32"
 ATTENTION = "scaletui_decode_attention_f32"
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "scaletui" / "kernels"
-
-
-def _cpu_id() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        flags = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = ""
-    return platform.machine() + flags
-
-
-def _compile() -> Path:
-    import jaxlib
-
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        raise RuntimeError("no C++ compiler (g++/c++, or $CXX) on PATH")
-    extra = os.environ.get("SCALETUI_CXXFLAGS", "")
-    key = hashlib.sha256(SOURCE.read_bytes())
-    for part in (jaxlib.__version__, _cpu_id(), cxx, extra):
-        key.update(part.encode())
-    name = f"kernels-{key.hexdigest()[:16]}.so"
-    try:
-        out = _cache_dir() / name
-        if out.exists():
-            return out
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    except OSError:  # no writable cache: build for this process only
-        out = Path(tempfile.mkdtemp(prefix="scaletui-kernels-")) / name
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    cmd = [*shlex.split(cxx), "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w"]
-    cmd += [*shlex.split(extra), "-I", jax.ffi.include_dir(), str(SOURCE), "-o", tmp]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if proc.returncode:
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {proc.stderr.strip()[-2000:]}")
-        os.replace(tmp, out)  # atomic: concurrent first uses each compile, one file wins
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
 
 
 @functools.cache
@@ -95,12 +41,13 @@ def _load() -> str | None:
     if os.environ.get("SCALETUI_NATIVE_KERNELS", "1") == "0":
         return "disabled by SCALETUI_NATIVE_KERNELS=0"
     try:
-        lib = ctypes.cdll.LoadLibrary(str(_compile()))
+        lib = ctypes.cdll.LoadLibrary(str(toolchain.ensure().path))
         symbols = {DENSE: "ScaletuiDenseF32", ATTENTION: "ScaletuiDecodeAttentionF32"}
         for name, symbol in symbols.items():
             capsule = jax.ffi.pycapsule(getattr(lib, symbol))
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
-    except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
+    except (OSError, RuntimeError, AttributeError) as e:  # toolchain.BuildError is a RuntimeError
+        toolchain.log.warning("native CPU kernels unavailable (XLA's ops run instead): %s", e)
         return str(e)
     return None
 
@@ -160,7 +107,7 @@ def pack_params(params: dict) -> dict:
     [w_gate | w_up] as [D, 2F], `w_down`; `lm_head` packed from the output table ([V, D], the
     embedding when tied) transposed. The norms stay as they are, and so does `embed` when it is
     a table of its own (untied); a tied model gathers its embeddings from the packed lm head
-    (`model.embed_tokens`), so the table is held once.
+    (`model.native_embed`), so the table is held once.
     Each packed entry is panels [ceil(N/64), D, 64]; its width N is the model's (see `dense`).
     """
     flat = lambda w: np.asarray(w, np.float32).reshape(w.shape[0], -1)
