@@ -38,8 +38,8 @@ from jax import lax
 
 from scaletui import roofline
 from scaletui.serve import model as llama
+from scaletui.serve.build import build_engines
 from scaletui.serve.config import ServeConfig
-from scaletui.serve.engine import build_engines
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.weights import dummy_params, layer_shapes
 from scaletui.specs import HardwareSpec, SpecError, load_hardware, load_model
@@ -139,7 +139,7 @@ def weights_floor(params: dict, m, batch: int, steps: int, calls: int, repeats: 
 
     def run(params, tok, n):
         def step(i, tok):
-            x = llama.embed_tokens(params, tok)  # [B, D]
+            x = llama.embed_tokens(params, tok, m)  # [B, D]
             cos, sin = llama.rope(jnp.full(tok.shape, i), m.head_dim, m.rope_theta)
             for p in params["layers"]:
                 h = llama.rms_norm(x, p["attn_norm"], m.norm_eps)

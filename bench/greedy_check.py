@@ -1,6 +1,6 @@
 """Greedy correctness on the accelerator: its engine's tokens against an f32 CPU reference.
 
-Runs the real serving engine (`serve.engine.build_engines`) on the default device in `--dtype`
+Runs the real serving engine (`serve.build.build_engines`) on the default device in `--dtype`
 (bf16 on a GPU) over a few byte-tokenized prompts, greedy, then feeds each prompt plus the
 tokens it produced through the pure reference model (`serve.model.forward`) in f32 on the host
 CPU. Top-1 agreement = the share of generated tokens that are also the f32 model's argmax given
@@ -23,8 +23,8 @@ import numpy as np
 import orjson
 
 from scaletui.serve import model as llama
+from scaletui.serve.build import build_engines
 from scaletui.serve.config import ServeConfig
-from scaletui.serve.engine import build_engines
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.tokenizer import load_tokenizer
 from scaletui.serve.weights import dummy_params

@@ -26,7 +26,7 @@ import orjson  # noqa: E402
 
 from scaletui import roofline  # noqa: E402
 from scaletui.serve.api import ApiSettings, create_app  # noqa: E402
-from scaletui.serve.cli import real_engine_factory  # noqa: E402
+from scaletui.serve.build import JaxEngineFactory  # noqa: E402
 from scaletui.serve.config import ServeConfig  # noqa: E402
 from scaletui.serve.scheduler import Scheduler  # noqa: E402
 from scaletui.serve.testing import serve_in_thread  # noqa: E402
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     low, high = args.slots
     config = ServeConfig(model, slots=low, max_seq_len=args.max_seq_len,
                          decode_steps=args.decode_steps, max_prefill_bucket=64)  # fmt: skip
-    sched = Scheduler(config, real_engine_factory(tok))
+    sched = Scheduler(config, JaxEngineFactory(tok.vocab_size, tok.eos_id))
     app = create_app(sched, tok, ApiSettings(log_interval_s=0))
     hw, hw_name = hardware(args.hardware)
     context = args.prompt_len + args.output_len // 2

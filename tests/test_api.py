@@ -174,7 +174,7 @@ def test_huge_top_k_means_off_and_packs_into_the_engine_int32() -> None:
 
 
 def test_text_stream_keeps_only_the_unsent_tail_and_cuts_at_a_stop_string() -> None:
-    from scaletui.serve.api import TextStream
+    from scaletui.serve.streaming import TextStream
     from scaletui.serve.tokenizer import load_tokenizer
 
     tok = load_tokenizer(None, 512)

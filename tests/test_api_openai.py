@@ -11,20 +11,15 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from openai import OpenAI
 
-engine = pytest.importorskip("scaletui.serve.engine")
-if not hasattr(engine, "build_engines"):
-    pytest.skip("the JAX engine (build_engines) is not available", allow_module_level=True)
-
-from openai import OpenAI  # noqa: E402
-
-from scaletui.serve.api import ApiSettings, create_app  # noqa: E402
-from scaletui.serve.cli import real_engine_factory  # noqa: E402
-from scaletui.serve.config import ServeConfig  # noqa: E402
-from scaletui.serve.scheduler import Scheduler  # noqa: E402
-from scaletui.serve.testing import serve_in_thread  # noqa: E402
-from scaletui.serve.tokenizer import load_tokenizer  # noqa: E402
-from scaletui.specs import load_model  # noqa: E402
+from scaletui.serve.api import ApiSettings, create_app
+from scaletui.serve.build import JaxEngineFactory
+from scaletui.serve.config import ServeConfig
+from scaletui.serve.scheduler import Scheduler
+from scaletui.serve.testing import serve_in_thread
+from scaletui.serve.tokenizer import load_tokenizer
+from scaletui.specs import load_model
 
 PROMPTS = ["The quick brown fox", "hello", "Once upon a time there", "JAX", "é日本", "x" * 30]
 
@@ -35,7 +30,7 @@ def server():
     config = ServeConfig(
         load_model("tiny"), slots=4, max_seq_len=64, decode_steps=4, min_prefill_bucket=32
     )
-    sched = Scheduler(config, real_engine_factory(tok))
+    sched = Scheduler(config, JaxEngineFactory(tok.vocab_size, tok.eos_id))
     app = create_app(sched, tok, ApiSettings(log_interval_s=0, drain_timeout_s=120))
     with serve_in_thread(app) as url:
         deadline = time.monotonic() + 240

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from scaletui.serve import weights
+from scaletui.serve.build import build_engines
 from scaletui.serve.config import ServeConfig
-from scaletui.serve.engine import build_engines
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.specs import load_model
 

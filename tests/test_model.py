@@ -26,7 +26,7 @@ def test_prefill_then_decode_logits_equal_full_forward(tiny):
     state = kv_cache.empty_state(m, 2, 8, 4, jnp.float32)
     ints, floats = kv_cache.pack_insert_args(1, n_prompt, 0, True, _Params())
     state = kv_cache.insert(state, kv, jnp.asarray(ints), jnp.asarray(floats))
-    cache = state["cache"]
+    cache = state.cache
     for pos in range(n_prompt, 30):  # crosses chunk boundaries at 16 and 24
         toks = jnp.asarray([0, seq[pos]], jnp.int32)
         logits, cache = model.decode(params, cache, toks, jnp.asarray([0, pos]), 4, m)

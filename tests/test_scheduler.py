@@ -8,8 +8,9 @@ import pytest
 
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
-from scaletui.serve.fake_engine import FakeEngine, build_fake_engines
-from scaletui.serve.scheduler import Overloaded, Request, Scheduler, Unavailable
+from scaletui.serve.events import Failed, Overloaded, Request, Unavailable
+from scaletui.serve.fake_engine import FakeEngine, FakeEngineFactory
+from scaletui.serve.scheduler import Scheduler
 from scaletui.specs import load_model
 
 EOS = 257
@@ -17,9 +18,7 @@ EOS = 257
 
 def make(mode: str = "interleaved", step_s: float = 0.001, **kw) -> Scheduler:
     config = ServeConfig(load_model("tiny"), mode=mode, max_seq_len=128, **kw)
-    sched = Scheduler(
-        config, lambda c: build_fake_engines(c, vocab_limit=259, step_s=step_s, prefill_s=step_s)
-    )
+    sched = Scheduler(config, FakeEngineFactory(vocab_limit=259, step_s=step_s, prefill_s=step_s))
     sched.start()
     assert sched.state == "serving"
     return sched
@@ -28,12 +27,12 @@ def make(mode: str = "interleaved", step_s: float = 0.001, **kw) -> Scheduler:
 async def collect(req: Request) -> tuple[list[int], str]:
     ids: list[int] = []
     while True:
-        kind, *rest = await asyncio.wait_for(req.events.get(), 30)
-        if kind == "error":
-            return ids, "error: " + rest[0]
-        ids += rest[0]
-        if rest[1]:
-            return ids, rest[1]
+        event = await asyncio.wait_for(req.events.get(), 30)
+        if isinstance(event, Failed):
+            return ids, "error: " + event.message
+        ids += event.ids
+        if event.finish:
+            return ids, event.finish
 
 
 def request(prompt: list[int], **params) -> Request:
@@ -131,7 +130,7 @@ async def test_cancel_frees_slot_and_counts_abort() -> None:
 
 async def test_waiting_bounds_by_requests_and_tokens() -> None:
     config = ServeConfig(load_model("tiny"), max_seq_len=128, max_waiting=2, max_waiting_tokens=10)
-    sched = Scheduler(config, lambda c: build_fake_engines(c))
+    sched = Scheduler(config, FakeEngineFactory())
     sched.state = "serving"  # no workers: everything stays waiting
     loop = asyncio.get_running_loop()
     sched.submit(Request([1] * 6, SamplingParams(), loop))
@@ -152,7 +151,7 @@ async def test_dead_worker_fails_pending_requests() -> None:
             raise RuntimeError("device lost")
 
     config = ServeConfig(load_model("tiny"), max_seq_len=128, slots=2)
-    sched = Scheduler(config, lambda c: (Broken(2, 128, 259, EOS),) * 2)
+    sched = Scheduler(config, FakeEngineFactory(259, EOS, 0.0, 0.0, engine=Broken))
     sched.start()
     reqs = [request([1], max_tokens=5) for _ in range(4)]
     for r in reqs:
@@ -176,7 +175,7 @@ async def test_reconfigure_from_failed_rebuilds_and_serves() -> None:
             return super().generate(state, steps)
 
     config = ServeConfig(load_model("tiny"), max_seq_len=128, slots=2)
-    sched = Scheduler(config, lambda c: (Flaky(c.slots, 128, 259, EOS),) * 2)
+    sched = Scheduler(config, FakeEngineFactory(259, EOS, 0.0, 0.0, engine=Flaky))
     sched.start()
     try:
         dead = request([1], max_tokens=5)
@@ -196,7 +195,7 @@ async def test_reconfigure_from_failed_rebuilds_and_serves() -> None:
 
 async def test_prompt_over_the_token_bound_is_admitted_into_an_empty_queue() -> None:
     config = ServeConfig(load_model("tiny"), max_seq_len=128, max_waiting_tokens=10)
-    sched = Scheduler(config, lambda c: build_fake_engines(c))
+    sched = Scheduler(config, FakeEngineFactory())
     sched.state = "serving"  # no workers: everything stays waiting
     loop = asyncio.get_running_loop()
     sched.submit(Request([1] * 12, SamplingParams(), loop))  # alone: it can never fit otherwise

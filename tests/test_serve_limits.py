@@ -11,13 +11,14 @@ import time
 
 import pytest
 
-from scaletui.serve.api import ApiSettings, TextStream, create_app
+from scaletui.serve.api import ApiSettings, create_app
 from scaletui.serve.cli import main
 from scaletui.serve.config import ConfigError, ServeConfig
 from scaletui.serve.connections import quiet_accept_errors, raise_fd_limit
-from scaletui.serve.fake_engine import build_fake_engines
+from scaletui.serve.fake_engine import FakeEngineFactory
 from scaletui.serve.memory import Capacity, check_fits, footprint
 from scaletui.serve.scheduler import Scheduler
+from scaletui.serve.streaming import TextStream
 from scaletui.serve.testing import fake_server, serve_in_thread
 from scaletui.serve.tokenizer import load_tokenizer
 from scaletui.specs import load_model
@@ -81,11 +82,12 @@ async def test_admin_refuses_text_plain_and_foreign_origin_or_host() -> None:
 
 
 async def test_admin_values_are_bounded_by_range_and_memory() -> None:
-    def fits(config: ServeConfig, current=None) -> None:  # a 1 GiB host, by the roofline
-        check_fits(config, config.dp, Capacity(2**30, False, "of host RAM is free (test)"))
+    class OneGiB(FakeEngineFactory):
+        def check(self, config: ServeConfig, current=None) -> None:  # a 1 GiB host, by roofline
+            check_fits(config, config.dp, Capacity(2**30, False, "of host RAM is free (test)"))
 
     async with fake_server(slots=2) as (client, sched):
-        sched.factory.validate = fits
+        sched.factory = OneGiB(sched.factory.vocab_limit, sched.factory.eos_id)
         for body, text in (
             ({"slots": 100000}, "slots must be in [1, 1024], got 100000"),
             ({"decode_steps": 100000}, "decode_steps must be in [1, 64], got 100000"),
@@ -139,7 +141,7 @@ def test_compile_progress_counts_shapes_done_of_total(caplog) -> None:
 
     caplog.set_level(logging.INFO)
     cfg = ServeConfig(load_model("tiny"), max_seq_len=128, mode="disaggregated")
-    sched = Scheduler(cfg, lambda c: build_fake_engines(c, warmup_s=0.6))  # 2 engines x 2 shapes
+    sched = Scheduler(cfg, FakeEngineFactory(warmup_s=0.6))  # 2 engines x 2 shapes
     seen = set()
     start = threading.Thread(target=sched.start)
     start.start()
@@ -217,7 +219,7 @@ def test_disconnects_before_headers_or_body_are_not_errors(caplog) -> None:
 def _fake_app(settings: ApiSettings):
     cfg = ServeConfig(load_model("tiny"), max_seq_len=128, slots=2)
     tok = load_tokenizer(None, cfg.model.vocab_size)
-    sched = Scheduler(cfg, lambda c: build_fake_engines(c, vocab_limit=tok.vocab_size))
+    sched = Scheduler(cfg, FakeEngineFactory(vocab_limit=tok.vocab_size))
     return create_app(sched, tok, settings), sched
 
 

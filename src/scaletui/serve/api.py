@@ -1,8 +1,9 @@
 """The aiohttp app: OpenAI completions and chat (SSE streaming or not), /v1/models, /health,
 /metrics, /stats and GET|POST /admin/config, over a `Scheduler` and a `Tokenizer`.
 
-Handlers are linear: validate (4xx, OpenAI error shape), submit (429 / 503 + Retry-After),
-then turn the request's token events into text, one SSE chunk per host sync. A client that goes
+Handlers are linear: validate (4xx, OpenAI error shape), submit (429 / 503 + Retry-After, by the
+refusal's `ErrorKind`), then turn the request's token events into text, one SSE chunk per host
+sync (streaming.py). A client that goes
 away is cancelled so its slot frees before the next decode step. Nothing a client sends can
 produce a 5xx or stop the server.
 """
@@ -13,27 +14,28 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
 
-from scaletui.serve.config import RECONFIGURABLE, ConfigError
+from scaletui.serve.config import ConfigError
 from scaletui.serve.connections import ConnectionWatchdog, read_body
+from scaletui.serve.events import Request, ServeError
 from scaletui.serve.guard import check_admin
-from scaletui.serve.scheduler import Busy, Overloaded, Request, Scheduler, Unavailable
+from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.stats import build_stats
+from scaletui.serve.streaming import Shape, TextStream, stream, token_events, usage_of
 from scaletui.serve.tokenizer import Tokenizer
 from scaletui.serve.validate import (
     ApiError,
-    Generation,
     chat_prompt,
     check_model,
     completion_prompt,
+    config_changes,
     generation,
+    http_error,
     parse_json,
 )
 
@@ -106,115 +108,6 @@ async def errors(request: web.Request, handler) -> web.StreamResponse:
 # -- generation --------------------------------------------------------------------------------
 
 
-class TextStream:
-    """Token ids -> text pieces; holds back partial UTF-8 and text that may begin a stop string.
-
-    Only the unsent tail is kept and searched (at most the hold-back plus one token's text), so
-    a long generation costs O(tokens), not O(tokens * text length).
-    """
-
-    def __init__(self, tok: Tokenizer, stop: tuple[str, ...]) -> None:
-        self.decoder, self.stop = tok.decoder(), stop
-        self.hold = max((len(s) for s in stop), default=1) - 1
-        self.tail, self.pieces, self.tokens, self.stopped = "", [], 0, False
-
-    @property
-    def text(self) -> str:
-        """All text so far: what was sent plus what is held back."""
-        return "".join(self.pieces) + self.tail
-
-    def push(self, token_id: int) -> str:
-        self.tokens += 1
-        self.tail += self.decoder.push(token_id)
-        if self.stop:  # a stop string can only start in the unsent tail
-            hits = [i for s in self.stop if (i := self.tail.find(s)) >= 0]
-            if hits:
-                self.tail, self.stopped = self.tail[: min(hits)], True
-                return self._take(len(self.tail))
-        return self._take(len(self.tail) - self.hold)
-
-    def flush(self) -> str:
-        if not self.stopped:
-            self.tail += self.decoder.flush()
-        return self._take(len(self.tail))
-
-    def _take(self, end: int) -> str:
-        piece = self.tail[: max(0, end)]
-        if piece:
-            self.tail = self.tail[len(piece) :]
-            self.pieces.append(piece)
-        return piece
-
-
-async def _events(
-    request: web.Request, req: Request
-) -> AsyncIterator[tuple[list[int], str | None]]:
-    """The request's token bursts; raises ConnectionResetError when the client went away."""
-    while True:
-        if req.events.empty():
-            try:
-                async with asyncio.timeout(0.5):
-                    event = await req.events.get()
-            except TimeoutError:
-                if request.transport is None or request.transport.is_closing():
-                    raise ConnectionResetError("client disconnected") from None
-                continue
-        else:
-            event = req.events.get_nowait()
-        if event[0] == "error":
-            if event[1].startswith("rejected"):  # the engine refused this request's input
-                raise ApiError(400, event[1], code="invalid_request")
-            status = 503 if event[1].startswith("aborted") else 500
-            raise ApiError(status, event[1], type="server_error", code="aborted")
-        yield event[1], event[2]
-        if event[2]:
-            return
-
-
-def _usage(req: Request, completion: int) -> dict:
-    prompt = len(req.prompt)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}  # fmt: skip
-
-
-class _Shape:
-    """OpenAI object names and per-choice fields for completions vs chat."""
-
-    def __init__(self, chat: bool, model: str) -> None:
-        self.chat, self.model = chat, model
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-
-    def chunk(
-        self, piece: str | None, finish: str | None, usage: dict | None, first: bool = False
-    ) -> bytes:
-        if piece is None:
-            choices = []
-        elif self.chat:
-            delta = {"content": piece} if piece or not finish else {}
-            if first:
-                delta = {"role": "assistant", "content": piece}
-            choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-        else:
-            choices = [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}]
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices}  # fmt: skip
-        if usage is not None:
-            body["usage"] = usage
-        return b"data: " + orjson.dumps(body) + b"\n\n"
-
-    def full(self, text: str, finish: str, usage: dict) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish}  # fmt: skip
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        obj = "chat.completion" if self.chat else "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": usage}  # fmt: skip
-
-
 async def _body(request: web.Request) -> dict:
     """The JSON object a client sent, within the body timeout (408 past it)."""
     limit = request.app[SETTINGS].body_timeout_s
@@ -238,20 +131,16 @@ async def _run(request: web.Request, chat: bool) -> web.StreamResponse:
     req = Request(prompt, gen.params, asyncio.get_running_loop())
     try:
         sched.submit(req)
-    except Overloaded as e:
-        raise ApiError(429, f"server overloaded: {e}; retry later", type="rate_limit_error",
-                       code="rate_limit_exceeded") from e  # fmt: skip
-    except Unavailable as e:
-        raise ApiError(503, f"server not ready ({e}); retry later", type="server_error",
-                       code="unavailable") from e  # fmt: skip
+    except ServeError as e:  # Overloaded (429) or Unavailable (503)
+        raise http_error(e.kind, str(e)) from e
     text = TextStream(tok, gen.stop)
-    shape = _Shape(chat, sched.config.model.name)
+    shape = Shape(chat, sched.config.model.name)
     try:
         if gen.stream:
-            return await _stream(request, req, gen, text, shape)
+            return await stream(request, req, gen, text, shape, sched.cancel)
         finish = "length"
-        async for ids, reason in _events(request, req):
-            for t in ids:
+        async for event in token_events(request, req):
+            for t in event.ids:
                 text.push(t)
                 if text.stopped:
                     break
@@ -259,51 +148,12 @@ async def _run(request: web.Request, chat: bool) -> web.StreamResponse:
                 sched.cancel(req, "stop")
                 finish = "stop"
                 break
-            finish = reason or finish
+            finish = event.finish or finish
         text.flush()
-        return _json(shape.full(text.text, finish, _usage(req, text.tokens)))
+        return _json(shape.full(text.text, finish, usage_of(req, text.tokens)))
     finally:
         if not req.finished:
             sched.cancel(req, "abort")
-
-
-async def _stream(
-    request: web.Request, req: Request, gen: Generation, text: TextStream, shape: _Shape
-) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})  # fmt: skip
-    await resp.prepare(request)
-    usage_each = gen.continuous_usage
-    try:
-        if shape.chat:
-            await resp.write(shape.chunk("", None, _usage(req, 0) if usage_each else None, True))
-        async for ids, finish in _events(request, req):
-            # One SSE event per burst (the decode_steps tokens of one host sync): the tokens
-            # arrive together, and the usage delta tells a client how many the event carries,
-            # so per-token latency is the burst's gap spread over its tokens, not 0, 0, 0, gap.
-            pieces = []
-            for t in ids:
-                pieces.append(text.push(t))
-                if text.stopped:
-                    break
-            end = "stop" if text.stopped else finish
-            if end:
-                pieces.append(text.flush())
-            usage = _usage(req, text.tokens) if usage_each and ids else None
-            if ids or end:
-                await resp.write(shape.chunk("".join(pieces), end, usage))
-            if text.stopped:
-                request.app[SCHEDULER].cancel(req, "stop")
-                break
-        if gen.include_usage:
-            await resp.write(shape.chunk(None, None, _usage(req, text.tokens)))
-        await resp.write(b"data: [DONE]\n\n")
-    except ApiError as e:  # the server aborted the request mid-stream
-        with contextlib.suppress(ConnectionResetError):
-            await resp.write(b"data: " + orjson.dumps(e.body()) + b"\n\ndata: [DONE]\n\n")
-    except ConnectionResetError:
-        request.app[SCHEDULER].cancel(req, "abort")
-    return resp
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -352,22 +202,13 @@ async def admin_config(request: web.Request) -> web.Response:
     sched = request.app[SCHEDULER]
     if request.method == "GET":
         return _json({"config": sched.config.public()})
-    body = await _body(request)
-    unknown = sorted(set(body) - set(RECONFIGURABLE))
-    if unknown:
-        raise ApiError(400, f"unknown config key(s) {unknown}; reconfigurable: "
-                       f"{list(RECONFIGURABLE)}", unknown[0])  # fmt: skip
-    for key, value in body.items():
-        want = str if key == "mode" else int
-        if not isinstance(value, want) or isinstance(value, bool):
-            raise ApiError(400, f"'{key}' must be {'a string' if want is str else 'an integer'},"
-                           f" got {value!r}", key)  # fmt: skip
+    body = config_changes(await _body(request))
     try:
         result = await asyncio.to_thread(
             sched.reconfigure, body, request.app[SETTINGS].drain_timeout_s
         )
-    except Busy as e:
-        raise ApiError(409, str(e), code="conflict") from e
+    except ServeError as e:  # Busy (409)
+        raise http_error(e.kind, str(e)) from e
     except ValueError as e:
         key = e.key if isinstance(e, ConfigError) else None
         raise ApiError(400, f"invalid configuration {body}: {e}", key, "invalid_config") from e

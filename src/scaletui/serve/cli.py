@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
 
 from aiohttp import web
 
@@ -27,7 +25,7 @@ from scaletui.serve import memory
 from scaletui.serve.api import SCHEDULER, WATCHDOG, ApiSettings, create_app
 from scaletui.serve.config import DTYPES, KERNELS, MODES, ConfigError, ServeConfig
 from scaletui.serve.connections import quiet_accept_errors, raise_fd_limit, start_site
-from scaletui.serve.engine_api import Engine
+from scaletui.serve.engine_api import EngineFactory
 from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.tokenizer import Tokenizer, load_tokenizer
 from scaletui.specs import SpecError, load_model
@@ -82,53 +80,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def engine_factory(args: argparse.Namespace, tok: Tokenizer) -> Callable:
-    """config -> (prefill, generate) engines, real or fake; never sampling past the tokenizer.
-
-    The real engine's callable has a `validate(config, current_engines)` attribute that raises
+def engine_factory(args: argparse.Namespace, tok: Tokenizer) -> EngineFactory:
+    """The real or fake engine factory, never sampling past the tokenizer. Its `check` raises
     ConfigError for a sharding the devices cannot hold or a config that does not fit in their
     memory, so a bad flag fails before binding and a bad reconfiguration before draining.
     """
     if args.fake:
-        from scaletui.serve.fake_engine import build_fake_engines
+        from scaletui.serve.fake_engine import FakeEngineFactory
 
         step = args.fake_step_ms / 1e3
+        return FakeEngineFactory(tok.vocab_size, tok.eos_id, step_s=step, prefill_s=step)
+    from scaletui.serve.build import JaxEngineFactory  # imports JAX: after the XLA flags
 
-        def fake(c: ServeConfig) -> tuple[Engine, Engine]:
-            return build_fake_engines(
-                c, vocab_limit=tok.vocab_size, eos_id=tok.eos_id, step_s=step, prefill_s=step
-            )
-
-        return fake
-    return real_engine_factory(tok)
-
-
-def real_engine_factory(tok: Tokenizer) -> Callable:
-    """The JAX engine's `build_engines`, told the tokenizer's vocabulary and EOS."""
-    from scaletui.serve.engine import build_engines, plan_engines
-
-    accepted = inspect.signature(build_engines).parameters
-    extra = {k: v for k, v in (("vocab_size", tok.vocab_size), ("vocab_limit", tok.vocab_size),
-                               ("eos_id", tok.eos_id)) if k in accepted}  # fmt: skip
-
-    def build(c: ServeConfig) -> tuple[Engine, Engine]:
-        return build_engines(c, **extra)
-
-    def validate(c: ServeConfig, current: tuple[Engine, Engine] | None = None) -> None:
-        """The plan on these devices, then the memory it needs against what they have (on CPU
-        counting the bytes the `current` engines hold, which a rebuild frees)."""
-        import jax
-
-        devices = jax.devices()
-        plan = plan_engines(c, devices)
-        unique = {id(e): e for e in current or ()}.values()
-        held = sum(getattr(e, "weight_bytes", 0) + getattr(e, "kv_cache_bytes", 0) for e in unique)
-        cap = memory.capacity(devices, held)
-        if cap is not None:
-            memory.check_fits(c, sum(dp for _, _, dp in plan), cap)
-
-    build.validate = validate
-    return build
+    return JaxEngineFactory(tok.vocab_size, tok.eos_id)
 
 
 def default_dtype(fake: bool) -> str:
@@ -217,9 +181,7 @@ def main(argv: list[str]) -> int:
         )
         tok = load_tokenizer(args.tokenizer, model.vocab_size)
         factory = engine_factory(args, tok)
-        check = getattr(factory, "validate", None)
-        if check is not None:  # the plan on these devices and its memory, before binding
-            check(config)
+        factory.check(config)  # the plan on these devices and its memory, before binding
     except ConfigError as e:
         return _error(e.flag_line())
     except (SpecError, ValueError, ImportError) as e:

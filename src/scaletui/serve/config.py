@@ -32,6 +32,15 @@ class ConfigError(ValueError):
         return f"--{self.key.replace('_', '-')} {self.value}: {self}"
 
 
+def pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
+    """lo, 2 lo, 4 lo, ... below top, then top itself: (16, 32, 64, 100) for (16, 100)."""
+    out, b = [], lo
+    while b < top:
+        out.append(b)
+        b *= 2
+    return (*out, top)
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -66,8 +75,10 @@ class ServeConfig:
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        value = vars(self)  # this config's own fields by name
+
         def bad(key: str, message: str, fix: str = "") -> ConfigError:
-            return ConfigError(key, getattr(self, key), message, fix)
+            return ConfigError(key, value[key], message, fix)
 
         if not 1 <= self.slots <= MAX_SLOTS:
             raise bad("slots", f"slots must be in [1, {MAX_SLOTS}], got {self.slots}",
@@ -77,11 +88,11 @@ class ServeConfig:
                       f"{self.decode_steps}", f"use 1 to {MAX_DECODE_STEPS} (4-16 amortise the "
                       "host sync)")  # fmt: skip
         for key in ("tp", "dp"):
-            if getattr(self, key) < 1:
+            if value[key] < 1:
                 raise bad(key, f"tp and dp must be >= 1, got tp={self.tp} dp={self.dp}")
         for key, allowed in (("mode", MODES), ("dtype", DTYPES), ("kernels", KERNELS)):
-            if getattr(self, key) not in allowed:
-                raise bad(key, f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
+            if value[key] not in allowed:
+                raise bad(key, f"{key} must be one of {allowed}, got {value[key]!r}")
         if self.prefill_devices < 0:
             raise bad(
                 "prefill_devices", f"prefill_devices must be >= 0, got {self.prefill_devices}"
@@ -93,7 +104,7 @@ class ServeConfig:
                 f"{self.model.name}, got {self.max_seq_len}",
             )
         for key in ("max_waiting", "max_waiting_tokens"):  # 0 would refuse every request
-            if getattr(self, key) < 1:
+            if value[key] < 1:
                 raise bad(key, f"max_waiting and max_waiting_tokens must be >= 1, got "
                           f"{self.max_waiting} and {self.max_waiting_tokens}")  # fmt: skip
         if self.slots % self.dp:
@@ -105,12 +116,7 @@ class ServeConfig:
     def prefill_buckets(self) -> tuple[int, ...]:
         """Power-of-two prompt lengths compiled at start-up, smallest first."""
         top = self.max_prefill_bucket or self.max_seq_len
-        buckets, b = [], self.min_prefill_bucket
-        while b < top:
-            buckets.append(b)
-            b *= 2
-        buckets.append(top if top >= self.min_prefill_bucket else self.min_prefill_bucket)
-        return tuple(sorted(set(buckets)))
+        return pow2_buckets(self.min_prefill_bucket, max(top, self.min_prefill_bucket))
 
     def updated(self, **changes: object) -> ServeConfig:
         """A copy with reconfigurable keys changed; unknown keys fail naming them."""

@@ -6,48 +6,36 @@ length, generate per KV-length bucket. `warmup()` compiles them all; afterwards 
 only reuse them (a new shape would show in `compile_count()`). `generate` runs k decode steps in
 one `fori_loop`, donates the decode state and copies one packed int32 array to the host. The
 bucket is picked on the host from a mirror of the slot lengths, so no device sync picks it.
-Unsharded f32 engines on CPU hold their weights in the native layout and run the native C++
-kernels for matmuls and decode attention (`serve/native`, `--kernels`); others run XLA ops.
+An engine built with `native=True` (build.py decides: unsharded f32 on CPU, `--kernels`) holds
+its weights in the native layout and runs the native C++ kernels for matmuls and decode
+attention (`serve/native`); others run XLA ops. The jitted bodies live in steps.py.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cached_property, partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from scaletui.serve import kv_cache, model, native, sampling, sharding, weights
-from scaletui.serve.config import ConfigError, ServeConfig
-from scaletui.serve.engine_api import Prefix, SamplingParams, StepOutput
+from scaletui.serve import kv_cache, model, sharding, steps, weights
+from scaletui.serve.config import ServeConfig, pow2_buckets
+from scaletui.serve.engine_api import (
+    EngineInfo,
+    Prefix,
+    SamplingParams,
+    StepOutput,
+    check_request,
+)
+from scaletui.serve.kv_cache import DecodeState, SlotState
+from scaletui.serve.native import pack_params
+from scaletui.serve.steps import PrefillArgs, StepConsts
 
 JNP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
-
-
-@dataclass
-class SlotState:
-    """Decode state: device arrays (donated into each call) and a host mirror of two vectors."""
-
-    arrays: dict
-    lengths: np.ndarray  # int32 [slots], tokens in each slot's cache
-    active: np.ndarray  # bool [slots]
-
-
-def _pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
-    out, b = [], lo
-    while b < top:
-        out.append(b)
-        b *= 2
-    return (*out, top)
-
-
-def _spec(x: jax.Array) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
 
 
 class JaxEngine:
@@ -64,6 +52,7 @@ class JaxEngine:
         role: str = "both",
         vocab_size: int | None = None,
         eos_id: int = -1,
+        native: bool = False,
     ) -> None:
         m = config.model
         sharding.validate(m, tp=tp, dp=dp, n_devices=len(devices))
@@ -77,14 +66,10 @@ class JaxEngine:
         self.devices = list(devices)
         self.mesh = sharding.make_mesh(self.devices, dp, tp)
         self.dtype = JNP_DTYPES[config.dtype]
-        why_not = None  # --kernels xla: not even a compile
-        if config.kernels != "xla":
-            why_not = native.unusable(config, self.devices, dp=dp, tp=tp)
-        if config.kernels == "native" and why_not:
-            raise ValueError(f"kernels='native' is not usable here: {why_not}")
-        self.native = config.kernels != "xla" and why_not is None
-        if self.native:  # fused, packed weights for the native dense kernel
-            self.params = jax.device_put(native.pack_params(host_params), self.mesh.devices.flat[0])
+        self.native = native  # build.plan_engines checked the native kernels can run here
+        self.ops = model.NATIVE if native else model.XLA  # the op set, picked once
+        if native:  # fused, packed weights for the native dense kernel
+            self.params = jax.device_put(pack_params(host_params), self.mesh.devices.flat[0])
         else:
             self.params = weights.place(host_params, m, self.mesh)
         buckets = tuple(b for b in config.prefill_buckets if b <= self.max_seq_len)
@@ -92,22 +77,19 @@ class JaxEngine:
         self.chunk = self.prefill_buckets[-1]
         n_chunks = -(-self.max_seq_len // self.chunk)
         self.chunked_len = n_chunks * self.chunk if self.chunk < self.max_seq_len else 0
-        # the cache is n_chunks chunks of kv_chunk positions (128, or a quarter of a short
-        # cache); a decode bucket is 2^i leading chunks
-        self.kv_chunk = min(128, max(8, 1 << (max(self.max_seq_len // 4, 1).bit_length() - 1)))
-        self.n_chunks = -(-self.max_seq_len // self.kv_chunk)
-        self.decode_buckets = tuple(b * self.kv_chunk for b in _pow2_buckets(1, self.n_chunks))
+        self.kv_chunk, self.n_chunks = kv_cache.chunking(self.max_seq_len)  # bucket: 2^i chunks
+        self.decode_buckets = tuple(b * self.kv_chunk for b in pow2_buckets(1, self.n_chunks))
         self._rep = sharding.replicated(self.mesh)
         self._state_sh = kv_cache.state_shardings(
             m, self.mesh, self.rows, self.kv_chunk, self.n_chunks
         )
         self._exes: dict[tuple, object] = {}
         # (steps, vocab_size, eos_id) -> their device copies, placed once instead of every step
-        self._step_args: dict[tuple[int, int, int], tuple[jax.Array, jax.Array]] = {}
+        self._consts: dict[tuple[int, int, int], StepConsts] = {}
         self.compile_seconds = 0.0
-        self.last_step_stats: dict = {}
+        self.last_step_stats: dict = {}  # the last generate call's bucket (bench/)
 
-    # --- bookkeeping for /stats ---------------------------------------------------------------
+    # --- what this engine is (for /stats and the memory check) ---------------------------------
 
     @property
     def mesh_shape(self) -> dict[str, int]:
@@ -123,16 +105,30 @@ class JaxEngine:
     def weight_bytes_per_device(self) -> int:
         return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(self.params))
 
-    @property
+    @cached_property
     def kv_cache_bytes_per_device(self) -> int:
         shape = (self.rows, self.model.n_kv_heads, self.model.head_dim, self.kv_chunk + 1)
-        shardings = jax.tree.leaves(self._state_sh["cache"])  # k and v chunks: same bytes
+        shardings = jax.tree.leaves(self._state_sh.cache)  # k and v chunks: same bytes
         per = sum(int(np.prod(s.shard_shape(shape))) for s in shardings)
         return per * jnp.dtype(self.dtype).itemsize
 
     @property
     def kv_cache_bytes(self) -> int:
         return self.kv_cache_bytes_per_device * len(self.devices)
+
+    def describe(self) -> EngineInfo:
+        shape = self.mesh_shape
+        return EngineInfo(
+            data=shape["data"],
+            model=shape["model"],
+            devices=tuple(int(d.id) for d in self.mesh.devices.flat),
+            kernels="native" if self.native else "xla",
+            weight_bytes=self.weight_bytes,
+            kv_cache_bytes=self.kv_cache_bytes,
+            weight_bytes_per_device=self.weight_bytes_per_device,
+            kv_cache_bytes_per_device=self.kv_cache_bytes_per_device,
+            warmup_total=len(self._warmup_jobs()),
+        )
 
     def compile_count(self) -> int:
         return len(self._exes)
@@ -143,8 +139,9 @@ class JaxEngine:
         exe = self._exes.get(key)
         if exe is None:
             t0 = time.perf_counter()
+            spec = lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
             specs = jax.tree.map(
-                lambda a: a if isinstance(a, jax.ShapeDtypeStruct) else _spec(a), args
+                lambda a: a if isinstance(a, jax.ShapeDtypeStruct) else spec(a), args
             )
             jitted = jax.jit(fn, out_shardings=out_shardings, donate_argnums=donate)
             exe = jitted.lower(*specs).compile()
@@ -155,19 +152,14 @@ class JaxEngine:
     def _small(self, shape: tuple[int, ...], dtype: object) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=self._rep)
 
-    def _put(self, x: np.ndarray) -> jax.Array:
+    def _put(self, x: object) -> object:
         return jax.device_put(x, self._rep)
 
     def _prefill_exe(self, t: int) -> object:
         if ("prefill", t) in self._exes:  # the request path: no spec building
             return self._exes[("prefill", t)]
-        fn = partial(_prefill_fn, m=self.model)
-        args = (
-            self.params,
-            self._small((t,), jnp.int32),
-            self._small((4,), jnp.int32),
-            self._small((2,), jnp.float32),
-        )
+        fn = partial(steps.prefill, m=self.model, ops=self.ops)
+        args = (self.params, self._small((t,), jnp.int32), self._args_spec())
         out = (kv_cache.prefix_shardings(self.model, self.mesh, t), self._rep)
         return self._exe(("prefill", t), fn, args, out)
 
@@ -176,30 +168,33 @@ class JaxEngine:
             return self._exes[("chunk_zeros", self.chunked_len)], self._exes[("chunk", self.chunk)]
         n, sh = self.chunked_len, kv_cache.prefix_shardings(self.model, self.mesh, self.chunked_len)
         shape = (n, self.model.n_kv_heads, self.model.head_dim)
-        zeros = self._exe(
-            ("chunk_zeros", n),
-            partial(_zeros_prefix, n_layers=self.model.n_layers, shape=shape, dtype=self.dtype),
-            (),
-            sh,
+        fn = partial(
+            steps.zeros_prefix, n_layers=self.model.n_layers, shape=shape, dtype=self.dtype
         )
-        prior = [tuple(jax.ShapeDtypeStruct(shape, self.dtype, sharding=s) for s in p) for p in sh]
+        zeros = self._exe(("chunk_zeros", n), fn, (), sh)
         args = (
             self.params,
             self._small((self.chunk,), jnp.int32),
-            self._small((5,), jnp.int32),
-            self._small((2,), jnp.float32),
-            prior,
+            self._args_spec(),
+            self._kv_spec(n),
         )
-        step = self._exe(
-            ("chunk", self.chunk),
-            partial(_chunk_fn, m=self.model),
-            args,
-            (sh, self._rep),
-            donate=(4,),
-        )
+        fn = partial(steps.prefill_chunk, m=self.model, ops=self.ops)
+        step = self._exe(("chunk", self.chunk), fn, args, (sh, self._rep), donate=(3,))
         return zeros, step
 
-    def _state_spec(self) -> dict:
+    def _kv_spec(self, t: int) -> list:
+        """A prefix's per-layer (k, v) [t, K, H] as shape specs."""
+        shape = (t, self.model.n_kv_heads, self.model.head_dim)
+        return [
+            tuple(jax.ShapeDtypeStruct(shape, self.dtype, sharding=s) for s in p)
+            for p in kv_cache.prefix_shardings(self.model, self.mesh, t)
+        ]
+
+    def _args_spec(self) -> PrefillArgs:
+        i32, f32 = self._small((), jnp.int32), self._small((), jnp.float32)
+        return PrefillArgs(i32, i32, i32, f32, f32, i32, i32)
+
+    def _state_spec(self) -> DecodeState:
         shapes = jax.eval_shape(self._empty_state)
         return jax.tree.map(
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
@@ -207,60 +202,39 @@ class JaxEngine:
             self._state_sh,
         )
 
-    def _empty_state(self) -> dict:
+    def _empty_state(self) -> DecodeState:
         return kv_cache.empty_state(self.model, self.rows, self.kv_chunk, self.n_chunks, self.dtype)
 
     def _insert_exe(self, t: int) -> object:
         if ("insert", t) in self._exes:
             return self._exes[("insert", t)]
-        kv = [
-            tuple(
-                jax.ShapeDtypeStruct(
-                    (t, self.model.n_kv_heads, self.model.head_dim), self.dtype, sharding=s
-                )
-                for s in p
-            )
-            for p in kv_cache.prefix_shardings(self.model, self.mesh, t)
-        ]
-        args = (
-            self._state_spec(),
-            kv,
-            self._small((len(kv_cache.INT_FIELDS),), jnp.int32),
-            self._small((2,), jnp.float32),
-        )
+        ints = self._small((len(kv_cache.INT_FIELDS),), jnp.int32)
+        floats = self._small((len(kv_cache.FLOAT_FIELDS),), jnp.float32)
+        args = (self._state_spec(), self._kv_spec(t), ints, floats)
         return self._exe(("insert", t), kv_cache.insert, args, self._state_sh, donate=(0,))
 
     def _generate_exe(self, bucket: int) -> object:
         if ("generate", bucket) in self._exes:
             return self._exes[("generate", bucket)]
         fn = partial(
-            _generate_fn,
+            steps.generate,
             m=self.model,
+            ops=self.ops,
             n_live=bucket // self.kv_chunk,
             max_steps=self.config.decode_steps,
             max_len=self.max_seq_len,
             slots=self.slots,
-            native=self.native,
         )
-        args = (
-            self.params,
-            self._state_spec(),
-            self._small((), jnp.int32),
-            self._small((2,), jnp.int32),
-        )
+        i32 = self._small((), jnp.int32)
+        args = (self.params, self._state_spec(), StepConsts(i32, i32, i32))
         return self._exe(("generate", bucket), fn, args, (self._state_sh, self._rep), donate=(1,))
 
     def _misc_exes(self) -> tuple[object, object]:
         if ("release",) in self._exes:
             return self._exes[("init",)], self._exes[("release",)]
         init = self._exe(("init",), self._empty_state, (), self._state_sh)
-        rel = self._exe(
-            ("release",),
-            kv_cache.release,
-            (self._state_spec(), self._small((), jnp.int32)),
-            self._state_sh,
-            donate=(0,),
-        )
+        args = (self._state_spec(), self._small((), jnp.int32))
+        rel = self._exe(("release",), kv_cache.release, args, self._state_sh, donate=(0,))
         return init, rel
 
     def _warmup_jobs(self) -> list[Callable[[], object]]:
@@ -275,11 +249,6 @@ class JaxEngine:
             jobs += [partial(self._insert_exe, t) for t in inserts]
             jobs += [partial(self._generate_exe, b) for b in self.decode_buckets]
         return jobs
-
-    @property
-    def warmup_total(self) -> int:
-        """Steps `warmup` reports progress in."""
-        return len(self._warmup_jobs())
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> float:
         """Compile every shape this engine's role serves; returns seconds spent. `progress`
@@ -298,41 +267,23 @@ class JaxEngine:
         init, _ = self._misc_exes()
         return SlotState(init(), np.zeros(self.rows, np.int32), np.zeros(self.rows, bool))
 
-    def _check(self, tokens: list[int], params: SamplingParams) -> None:
-        n = len(tokens)
-        if not 1 <= n < self.max_seq_len:
-            raise ValueError(f"prompt length must be in [1, {self.max_seq_len - 1}], got {n}")
-        bad = [t for t in tokens if not 0 <= t < self.model.vocab_size]
-        if bad:
-            raise ValueError(f"token ids must be in [0, {self.model.vocab_size}), got {bad[:5]}")
-        if params.temperature < 0 or params.top_k < 0 or not 0 < params.top_p <= 1:
-            raise ValueError(
-                f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got temperature="
-                f"{params.temperature} top_k={params.top_k} top_p={params.top_p}"
-            )
-        if params.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
-
     def prefill(self, tokens: list[int], params: SamplingParams) -> Prefix:
-        self._check(tokens, params)
+        check_request(tokens, params, self.max_seq_len, self.model.vocab_size)
         n = len(tokens)
-        floats = self._put(np.array([params.temperature, params.top_p], np.float32))
-        head = [n, params.seed % 2**31, params.top_k, self.vocab_size]
+        args = lambda start: self._put(PrefillArgs.of(n, params, self.vocab_size, start))
         if n <= self.chunk:
             t = next(b for b in self.prefill_buckets if b >= n)
             padded = np.zeros(t, np.int32)
             padded[:n] = tokens
-            ints = self._put(np.array(head, np.int32))
-            kv, tok = self._prefill_exe(t)(self.params, self._put(padded), ints, floats)
+            kv, tok = self._prefill_exe(t)(self.params, self._put(padded), args(0))
         else:
             zeros, step = self._chunk_exes()
             kv = zeros()
             padded = np.zeros(self.chunked_len, np.int32)
             padded[:n] = tokens
             for start in range(0, n, self.chunk):
-                ints = self._put(np.array([*head, start], np.int32))
                 chunk = self._put(padded[start : start + self.chunk])
-                kv, tok = step(self.params, chunk, ints, floats, kv)
+                kv, tok = step(self.params, chunk, args(start), kv)
         first = int(tok)
         eos = first == self.eos_id and params.min_tokens == 0 and not params.ignore_eos
         return Prefix(kv, n, first, params, done=eos or params.max_tokens <= 1)
@@ -377,11 +328,10 @@ class JaxEngine:
         bucket = self.pick_bucket(state.lengths, state.active, steps)
         exe = self._generate_exe(bucket)
         key = (steps, self.vocab_size, self.eos_id)
-        args = self._step_args.get(key)
-        if args is None:
-            consts = np.array([self.vocab_size, self.eos_id], np.int32)
-            args = self._step_args[key] = (self._put(np.int32(steps)), self._put(consts))
-        arrays, packed = exe(self.params, state.arrays, *args)
+        consts = self._consts.get(key)
+        if consts is None:
+            consts = self._consts[key] = self._put(StepConsts(*map(np.int32, key)))
+        arrays, packed = exe(self.params, state.arrays, consts)
         host = np.asarray(packed)  # the one host sync
         out = host[:-1].reshape(self.config.decode_steps, 3, self.rows)[:steps]
         lengths = host[-1].copy()
@@ -393,146 +343,3 @@ class JaxEngine:
             out[:, 0, :n].copy(), out[:, 1, :n].astype(bool), done[:, :n], lengths[:n].copy()
         )
         return SlotState(arrays, lengths, active), result
-
-
-# --- jitted bodies (pure) ---------------------------------------------------------------------
-
-
-def _sample_one(logits: jax.Array, ints: jax.Array, floats: jax.Array) -> jax.Array:
-    """ints: [true_len, seed, top_k, vocab_limit, ...]; the key position is the new token's."""
-    one = lambda x: x[None]
-    return sampling.sample(
-        logits[None],
-        one(ints[1]),
-        one(ints[0]),
-        one(floats[0]),
-        one(ints[2]),
-        one(floats[1]),
-        ints[3],
-    )[0]
-
-
-def _prefill_fn(params: dict, tokens: jax.Array, ints: jax.Array, floats: jax.Array, *, m):
-    logits, kv = model.prefill(params, tokens, ints[0], m)
-    return kv, _sample_one(logits, ints, floats)
-
-
-def _chunk_fn(params, tokens, ints, floats, prior, *, m):
-    logits, kv = model.prefill(params, tokens, ints[0], m, start=ints[4], prior=prior)
-    return kv, _sample_one(logits, ints, floats)
-
-
-def _zeros_prefix(*, n_layers: int, shape: tuple[int, ...], dtype) -> list:
-    return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(n_layers)]
-
-
-def _generate_fn(
-    params,
-    state,
-    n_steps,
-    consts,
-    *,
-    m,
-    n_live: int,
-    max_steps: int,
-    max_len: int,
-    slots: int,
-    native: bool,
-):
-    """Up to max_steps decode steps (n_steps of them run) -> (state, packed int32 array).
-
-    packed rows: for each step s, [tokens, valid, done] (3 rows of [slots]), then lengths.
-    """
-    vocab_limit, eos_id = consts[0], consts[1]
-
-    def step(i, carry):
-        st, out = carry
-        active = st["active"]
-        pos = jnp.where(active, st["lengths"], 0)
-        logits, cache = model.decode(
-            params, st["cache"], st["tokens"], pos, n_live, m, slots, native=native
-        )
-        live = lambda a: a[:slots]
-        tok = sampling.sample(
-            logits,
-            live(st["seed"]),
-            live(pos + 1),
-            live(st["temperature"]),
-            live(st["top_k"]),
-            live(st["top_p"]),
-            vocab_limit,
-        )
-        tok = jnp.pad(tok, (0, pos.shape[0] - slots))  # spare rows (see JaxEngine.rows)
-        lengths = st["lengths"] + active
-        generated = st["generated"] + active
-        eos = (tok == eos_id) & ~st["ignore_eos"] & (st["generated"] >= st["min_tokens"])
-        done = active & (eos | (generated >= st["max_tokens"]) | (lengths >= max_len))
-        st = dict(
-            st,
-            cache=cache,
-            lengths=lengths,
-            generated=generated,
-            tokens=jnp.where(active, tok, st["tokens"]),
-            active=active & ~done,
-        )
-        row = jnp.stack([tok, active.astype(jnp.int32), done.astype(jnp.int32)])
-        return st, lax.dynamic_update_index_in_dim(out, row, i, 0)
-
-    out = jnp.zeros((max_steps, 3, state["lengths"].shape[0]), jnp.int32)
-    state, out = lax.fori_loop(0, n_steps, step, (state, out))
-    return state, jnp.concatenate([out.reshape(max_steps * 3, -1), state["lengths"][None]])
-
-
-def plan_engines(config: ServeConfig, devices: list) -> list[tuple[str, list, int]]:
-    """[(role, devices, dp)] of the engines `config` builds on `devices`, checked without
-    building them: a sharding the devices cannot hold, or kernels='native' where the native
-    kernels cannot run, raises ConfigError naming the value and the fix (start-up and
-    reconfigure ask before anything is bound, drained or built).
-    """
-    m, tp, dp = config.model, config.tp, config.dp
-    pre, gen = sharding.split_devices(devices, config.mode, config.prefill_devices)
-    if config.mode == "disaggregated" and len(pre) % tp:
-        raise ConfigError(
-            "prefill_devices", config.prefill_devices, f"prefill devices ({len(pre)}) must be "
-            f"a multiple of tp={tp}", f"use a multiple of {tp} below {len(devices)}",
-        )  # fmt: skip
-    platform = devices[0].platform if devices else ""
-    sharding.validate(m, tp=tp, dp=dp, n_devices=len(gen), platform=platform)
-    if config.mode == "interleaved":
-        plan = [("both", gen[: tp * dp], dp)]
-    else:
-        plan = [("prefill", pre, len(pre) // tp), ("generate", gen[: tp * dp], dp)]
-    for _, devs, d in plan if config.kernels == "native" else ():
-        why_not = native.unusable(config, devs, dp=d, tp=tp)
-        if why_not:
-            raise ConfigError("kernels", "native", f"kernels='native' is not usable here: "
-                              f"{why_not}", "use kernels auto or xla")  # fmt: skip
-    return plan
-
-
-def build_engines(
-    config: ServeConfig,
-    devices: list[jax.Device] | None = None,
-    *,
-    vocab_size: int | None = None,
-    eos_id: int = -1,
-    host_params: dict | None = None,
-) -> tuple[JaxEngine, JaxEngine]:
-    """(prefill engine, generate engine); the same object twice when interleaved.
-
-    Weights are made (or read) once on the host and placed on each mesh, so every mesh and
-    mode computes with identical values. `vocab_size`/`eos_id` come from the tokenizer.
-    """
-    m = config.model
-    plan = plan_engines(config, list(devices or jax.devices()))
-    if host_params is None:
-        if config.weights:
-            host_params = weights.load_safetensors(config.weights, m, config.dtype)
-        else:
-            host_params = weights.dummy_params(m, config.seed, config.dtype)
-    kw = {"vocab_size": vocab_size, "eos_id": eos_id}
-    engines = [
-        JaxEngine(config, host_params, devs, dp=dp, tp=config.tp, role=role, **kw)
-        for role, devs, dp in plan
-    ]
-    return (engines[0], engines[0]) if len(engines) == 1 else (engines[0], engines[1])

@@ -4,6 +4,10 @@ An engine owns one compiled model on one device set. The scheduler drives it wit
 verbs that take state and return state; `FakeEngine` in the tests implements the same protocol
 with outputs computable by hand. Nothing here imports JAX.
 
+An `EngineFactory` builds the (prefill, generate) pair for a config and checks a config before
+anything is built; an engine says what it is with `describe()` (mesh, kernels, bytes), so
+nobody probes it for attributes.
+
 Decode state holds, per slot: the KV cache row, the live length, the last token, the sampling
 parameters and the stop counters. `generate` runs `steps` decode steps and returns one packed
 host array; the scheduler reads tokens and done flags from it and never touches device arrays.
@@ -13,9 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from scaletui.serve.config import ServeConfig
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,50 @@ class StepOutput:
     lengths: np.ndarray  # int32 [slots]
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine is, for /stats and the memory check (`Engine.describe()`)."""
+
+    data: int  # the 'data' mesh axis (dp)
+    model: int  # the 'model' mesh axis (tp)
+    devices: tuple[int, ...]  # device ids of its mesh
+    kernels: str  # "native" (serve/native C++ kernels) | "xla" | "none" (FakeEngine)
+    weight_bytes: int  # summed over its devices (replicas counted on each)
+    kv_cache_bytes: int  # summed over its devices
+    weight_bytes_per_device: int
+    kv_cache_bytes_per_device: int
+    warmup_total: int  # compile units `warmup` reports progress in
+
+    def mesh(self) -> dict:
+        """The /stats `mesh.prefill` / `mesh.generate` object."""
+        return {"data": self.data, "model": self.model, "devices": list(self.devices),
+                "kernels": self.kernels}  # fmt: skip
+
+    @property
+    def held_bytes(self) -> int:
+        """Device memory this engine holds (weights and KV cache), freed when it is dropped."""
+        return self.weight_bytes + self.kv_cache_bytes
+
+
+def check_request(
+    tokens: list[int], params: SamplingParams, max_seq_len: int, vocab_size: int
+) -> None:
+    """ValueError naming the value when a prompt or its parameters cannot be prefilled."""
+    n = len(tokens)
+    if not 1 <= n < max_seq_len:
+        raise ValueError(f"prompt length must be in [1, {max_seq_len - 1}], got {n}")
+    bad = [t for t in tokens if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"token ids must be in [0, {vocab_size}), got {bad[:5]}")
+    if params.temperature < 0 or params.top_k < 0 or not 0 < params.top_p <= 1:
+        raise ValueError(
+            f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got temperature="
+            f"{params.temperature} top_k={params.top_k} top_p={params.top_p}"
+        )
+    if params.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+
+
 class DecodeState(Protocol):
     """Engine-private; the scheduler keeps it and passes it back."""
 
@@ -76,11 +127,13 @@ class Engine(Protocol):
     eos_id: int
     vocab_size: int  # ids the tokenizer can decode; sampling never goes beyond
 
-    warmup_total: int  # steps warmup reports progress in (compile units)
+    def describe(self) -> EngineInfo:
+        """Mesh, kernels, bytes held and compile units; cheap (polled by /stats)."""
+        ...
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> float:
         """Compile every bucket and phase; returns seconds spent. Called before serving;
-        `progress(done, warmup_total)` after each compile unit."""
+        `progress(done, describe().warmup_total)` after each compile unit."""
         ...
 
     def init_decode_state(self) -> DecodeState:
@@ -110,3 +163,22 @@ class Engine(Protocol):
     def compile_count(self) -> int:
         """Compilations so far (to prove none happen on the request path)."""
         ...
+
+
+class EngineFactory(Protocol):
+    """Builds engines for a config; the scheduler calls `check` before it drains anything."""
+
+    def build(self, config: ServeConfig) -> tuple[Engine, Engine]:
+        """(prefill engine, generate engine); the same object twice when interleaved."""
+        ...
+
+    def check(self, config: ServeConfig, current: tuple[Engine, Engine] | None = None) -> None:
+        """Raise ConfigError when `config` cannot be built here (sharding, kernels, memory);
+        `current`: the engines running now, whose memory a rebuild frees."""
+        ...
+
+
+def distinct(engines: tuple[Engine, Engine]) -> tuple[Engine, ...]:
+    """The pair's engines once each (interleaved: one engine serves both roles)."""
+    prefill, generate = engines
+    return (prefill,) if prefill is generate else (prefill, generate)

@@ -4,6 +4,7 @@ Prefill's first token is (last prompt token + 1) % vocab_size; each decode step 
 (previous token + 1) % vocab_size. With the byte tokenizer the prompt "a" continues "bcd...",
 and a sequence reaches EOS (257) after byte 255 and BOS 256. `step_s` / `prefill_s` sleep to
 mimic compute, so timing behaviour (continuous batching, disconnects) is observable.
+`FakeEngineFactory` builds them the way `build.JaxEngineFactory` builds the real ones.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scaletui.serve.config import ServeConfig
-from scaletui.serve.engine_api import Prefix, SamplingParams, StepOutput
+from scaletui.serve.engine_api import Engine, EngineInfo, Prefix, SamplingParams, StepOutput
+
+WARMUP_UNITS = 2  # "shapes": prefill and generate
 
 
 @dataclass
@@ -42,24 +45,28 @@ class FakeEngine:
         prefill_s: float = 0.0,
         warmup_s: float = 0.0,
         name: str = "fake",
+        *,
+        devices: tuple[int, ...] = (0,),  # ids it pretends to run on (for /stats)
+        dp: int = 1,
+        tp: int = 1,
     ) -> None:
         self.slots, self.max_seq_len = slots, max_seq_len
         self.vocab_size, self.eos_id = vocab_size, eos_id
         self.step_s, self.prefill_s, self.warmup_s = step_s, prefill_s, warmup_s
-        self.name = name
-        self.weight_bytes = 0
-        self.kv_cache_bytes = 0
+        self.name, self.devices, self.dp, self.tp = name, devices, dp, tp
         self._compiles = 0
 
-    warmup_total = 2  # "shapes": prefill and generate
+    def describe(self) -> EngineInfo:
+        """No kernels, no device memory; the mesh the config asked for."""
+        return EngineInfo(self.dp, self.tp, self.devices, "none", 0, 0, 0, 0, WARMUP_UNITS)
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> float:
         t0 = time.perf_counter()
-        for i in range(1, self.warmup_total + 1):
-            time.sleep(self.warmup_s / self.warmup_total)
+        for i in range(1, WARMUP_UNITS + 1):
+            time.sleep(self.warmup_s / WARMUP_UNITS)
             self._compiles += 1
             if progress is not None:
-                progress(i, self.warmup_total)
+                progress(i, WARMUP_UNITS)
         return time.perf_counter() - t0
 
     def compile_count(self) -> int:
@@ -128,25 +135,33 @@ class FakeEngine:
         return token == self.eos_id and not params.ignore_eos and generated >= params.min_tokens
 
 
-def build_fake_engines(
-    config: ServeConfig,
-    devices: object = None,
-    *,
-    vocab_limit: int | None = None,
-    eos_id: int = 257,
-    step_s: float = 0.002,
-    prefill_s: float = 0.002,
-    warmup_s: float = 0.0,
-) -> tuple[FakeEngine, FakeEngine]:
-    """Same shape as `engine.build_engines`: one engine twice when interleaved, else two."""
-    vocab = vocab_limit or config.model.vocab_size
+@dataclass(frozen=True)
+class FakeEngineFactory:
+    """`engine_api.EngineFactory` for FakeEngines: one engine twice when interleaved, else two
+    on consecutive (pretend) device ids. Every config the ServeConfig accepts is buildable."""
 
-    def make(name: str) -> FakeEngine:
-        return FakeEngine(
-            config.slots, config.max_seq_len, vocab, eos_id, step_s, prefill_s, warmup_s, name
-        )
+    vocab_limit: int | None = None  # the tokenizer's vocabulary (default: the model's)
+    eos_id: int = 257
+    step_s: float = 0.002
+    prefill_s: float = 0.002
+    warmup_s: float = 0.0
+    engine: type[FakeEngine] = FakeEngine  # tests pass a subclass that fails on purpose
 
-    if config.mode == "interleaved":
-        engine = make("fake")
-        return engine, engine
-    return make("fake-prefill"), make("fake-generate")
+    def build(self, config: ServeConfig) -> tuple[Engine, Engine]:
+        vocab = self.vocab_limit or config.model.vocab_size
+        n = config.tp * config.dp
+
+        def make(name: str, first: int) -> FakeEngine:
+            return self.engine(
+                config.slots, config.max_seq_len, vocab, self.eos_id, self.step_s,
+                self.prefill_s, self.warmup_s, name, devices=tuple(range(first, first + n)),
+                dp=config.dp, tp=config.tp,
+            )  # fmt: skip
+
+        if config.mode == "interleaved":
+            engine = make("fake", 0)
+            return engine, engine
+        return make("fake-prefill", 0), make("fake-generate", n)
+
+    def check(self, config: ServeConfig, current: tuple[Engine, Engine] | None = None) -> None:
+        """Nothing to check: fakes hold no device memory and run on any 'mesh'."""

@@ -13,6 +13,9 @@ K/V into one slot's row.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +42,42 @@ SLOT_FIELDS = {
     "min_tokens": jnp.int32,
     "ignore_eos": jnp.bool_,
 }
+
+
+class DecodeState(NamedTuple):
+    """The engine's device-side decode state (a pytree; donated into every call).
+
+    `cache`: per layer {"k": [B, K, H, C+1] x n_chunks, "v": [B, K, C+1, H] x n_chunks}; every
+    other field is a [B] vector (B = slot rows) with the dtype SLOT_FIELDS gives.
+    """
+
+    cache: list
+    lengths: jax.Array  # tokens in the slot's cache
+    tokens: jax.Array  # the next input token
+    active: jax.Array
+    generated: jax.Array  # tokens produced, the prefill one included
+    temperature: jax.Array
+    top_k: jax.Array
+    top_p: jax.Array
+    seed: jax.Array
+    max_tokens: jax.Array
+    min_tokens: jax.Array
+    ignore_eos: jax.Array
+
+
+assert DecodeState._fields[1:] == tuple(SLOT_FIELDS)
+
+
+@dataclass
+class SlotState:
+    """What an engine hands the scheduler: the device state (donated into each call) and a
+    host mirror of two vectors, so picking a decode bucket needs no device sync."""
+
+    arrays: DecodeState
+    lengths: np.ndarray  # int32 [rows], tokens in each slot's cache
+    active: np.ndarray  # bool [rows]
+
+
 # insert() packs a request's integer and float fields into two small arrays, in this order
 INT_FIELDS = ("slot", "lengths", "tokens", "active", "top_k", "seed", "max_tokens", "min_tokens")
 INT_FIELDS += ("ignore_eos",)
@@ -49,14 +88,19 @@ def kv_bytes_per_token(m: ModelSpec, itemsize: int) -> int:
     return 2 * m.n_layers * m.n_kv_heads * m.head_dim * itemsize
 
 
-def state_shardings(m: ModelSpec, mesh: Mesh, slots: int, chunk: int, n_chunks: int) -> dict:
+def chunking(max_seq_len: int) -> tuple[int, int]:
+    """(positions per chunk, chunks): 128-position chunks, or a quarter of a short cache."""
+    chunk = min(128, max(8, 1 << (max(max_seq_len // 4, 1).bit_length() - 1)))
+    return chunk, -(-max_seq_len // chunk)
+
+
+def state_shardings(m: ModelSpec, mesh: Mesh, slots: int, chunk: int, n_chunks: int) -> DecodeState:
     k, h = m.n_kv_heads, m.head_dim
     ks = sharding.named(mesh, K_AXES, (slots, k, h, chunk + 1))
     vs = sharding.named(mesh, V_AXES, (slots, k, chunk + 1, h))
     vec = sharding.named(mesh, ("slots",), (slots,))
-    out: dict = {"cache": [{"k": [ks] * n_chunks, "v": [vs] * n_chunks} for _ in range(m.n_layers)]}
-    out.update({name: vec for name in SLOT_FIELDS})
-    return out
+    cache = [{"k": [ks] * n_chunks, "v": [vs] * n_chunks} for _ in range(m.n_layers)]
+    return DecodeState(cache, **{name: vec for name in SLOT_FIELDS})
 
 
 def prefix_shardings(m: ModelSpec, mesh: Mesh, length: int) -> list:
@@ -64,30 +108,30 @@ def prefix_shardings(m: ModelSpec, mesh: Mesh, length: int) -> list:
     return [(s, s) for _ in range(m.n_layers)]
 
 
-def empty_state(m: ModelSpec, slots: int, chunk: int, n_chunks: int, dtype: jnp.dtype) -> dict:
+def empty_state(
+    m: ModelSpec, slots: int, chunk: int, n_chunks: int, dtype: jnp.dtype
+) -> DecodeState:
     """Zero cache, every slot inactive (a pure function: jit it with out_shardings)."""
     k, h = m.n_kv_heads, m.head_dim
-    state: dict = {
-        "cache": [
-            {
-                "k": [jnp.zeros((slots, k, h, chunk + 1), dtype) for _ in range(n_chunks)],
-                "v": [jnp.zeros((slots, k, chunk + 1, h), dtype) for _ in range(n_chunks)],
-            }
-            for _ in range(m.n_layers)
-        ]
-    }
-    state.update({name: jnp.zeros((slots,), dt) for name, dt in SLOT_FIELDS.items()})
-    state["top_p"] = jnp.ones((slots,), jnp.float32)
-    return state
+    cache = [
+        {
+            "k": [jnp.zeros((slots, k, h, chunk + 1), dtype) for _ in range(n_chunks)],
+            "v": [jnp.zeros((slots, k, chunk + 1, h), dtype) for _ in range(n_chunks)],
+        }
+        for _ in range(m.n_layers)
+    ]
+    vectors = {name: jnp.zeros((slots,), dt) for name, dt in SLOT_FIELDS.items()}
+    vectors["top_p"] = jnp.ones((slots,), jnp.float32)
+    return DecodeState(cache, **vectors)
 
 
-def insert(state: dict, kv: list, ints: jax.Array, floats: jax.Array) -> dict:
+def insert(state: DecodeState, kv: list, ints: jax.Array, floats: jax.Array) -> DecodeState:
     """Write prefix K/V (per layer (k, v) [T, K, H]) into row `ints[0]`; set its fields."""
     fields = dict(zip(INT_FIELDS, ints, strict=True))
     fields.update(zip(FLOAT_FIELDS, floats, strict=True))
     slot = fields.pop("slot")
     cache = []
-    for layer, (pk, pv) in zip(state["cache"], kv, strict=True):
+    for layer, (pk, pv) in zip(state.cache, kv, strict=True):
         ks, vs = list(layer["k"]), list(layer["v"])
         c = vs[0].shape[2] - 1  # the last column of a chunk is decode's scratch
         for i in range(len(ks)):
@@ -99,15 +143,15 @@ def insert(state: dict, kv: list, ints: jax.Array, floats: jax.Array) -> dict:
             ks[i] = lax.dynamic_update_slice(ks[i], kpart, (slot, 0, 0, 0))
             vs[i] = lax.dynamic_update_slice(vs[i], vpart, (slot, 0, 0, 0))
         cache.append({"k": ks, "v": vs})
-    new = dict(state, cache=cache)
-    for name, value in fields.items():
-        new[name] = state[name].at[slot].set(value.astype(state[name].dtype))
-    new["generated"] = state["generated"].at[slot].set(1)
-    return new
+    now = state._asdict()
+    new = {name: now[name].at[slot].set(value.astype(now[name].dtype))
+           for name, value in fields.items()}  # fmt: skip
+    new["generated"] = state.generated.at[slot].set(1)
+    return state._replace(cache=cache, **new)
 
 
-def release(state: dict, slot: jax.Array) -> dict:
-    return dict(state, active=state["active"].at[slot].set(False))
+def release(state: DecodeState, slot: jax.Array) -> DecodeState:
+    return state._replace(active=state.active.at[slot].set(False))
 
 
 def pack_insert_args(

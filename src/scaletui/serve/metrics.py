@@ -118,6 +118,14 @@ class ServerMetrics:
             "batch": {"mean_active_slots": float(np.mean(gen)) if gen else 0.0},
         }
 
+    def request_counts(self) -> dict[str, int]:
+        """/stats `requests.finished|aborted|rejected`, read from the Prometheus counters."""
+        return {
+            "finished": int(self.counter_value(self.success)),  # summed over finish reasons
+            "aborted": int(self.counter_value(self.aborted)),
+            "rejected": int(self.counter_value(self.rejected)),
+        }
+
     def counter_value(self, counter: Counter) -> float:
         samples = (s for m in counter.collect() for s in m.samples)
         return sum(s.value for s in samples if s.name.endswith("_total"))

@@ -7,12 +7,16 @@ rotate-half convention of HF checkpoints. Three entry points: `forward` (full ca
 the reference), `prefill` (one prompt chunk, returning its K/V) and `decode` (one token per
 slot against a slot cache, attending over a static bucket of the cache only).
 
-The same functions take the native layout (`native.pack_params`: fused, packed projections,
-told apart by a layer's `wqkv`): matmuls then run the native dense kernel, and `decode` with
-`native=True` runs the native attention kernel, which writes the step's K/V in place.
+The op set is an argument, picked once when the engine is built: `XLA` (the default, over the
+layout above) or `NATIVE` (over `native.pack_params`' fused, packed projections), whose matmuls
+run the native dense kernel and whose decode attention runs the native kernel, writing the
+step's K/V in place.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,22 +50,12 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x.astype(jnp.float32) * c + rot.astype(jnp.float32) * s).astype(x.dtype)
 
 
-def is_native(params: dict) -> bool:
-    return "wqkv" in params["layers"][0]
-
-
-def embed_tokens(params: dict, tokens: jax.Array) -> jax.Array:
-    """Token ids [...] -> embeddings [..., D]. The native layout of a tied model keeps the table
-    only once, packed for the lm head (table^T as [V/64, D, 64]), and gathers from that."""
-    if "embed" in params:
-        return params["embed"][tokens]
-    return params["lm_head"][tokens // native_ops.PANEL, :, tokens % native_ops.PANEL]
+def embed_tokens(params: dict, tokens: jax.Array, m: ModelSpec) -> jax.Array:
+    """Token ids [...] -> embeddings [..., D]."""
+    return params["embed"][tokens]
 
 
 def mlp(p: dict, h: jax.Array, m: ModelSpec) -> jax.Array:
-    if "w_gateup" in p:
-        gate, up = jnp.split(native_ops.dense(h, p["w_gateup"], 2 * m.d_ff), 2, axis=-1)
-        return native_ops.dense(jax.nn.silu(gate) * up, p["w_down"], m.d_model)
     gate = jnp.einsum("...D,DF->...F", h, p["w_gate"])
     up = jnp.einsum("...D,DF->...F", h, p["w_up"])
     return jnp.einsum("...F,FD->...D", jax.nn.silu(gate) * up, p["w_down"])
@@ -70,18 +64,11 @@ def mlp(p: dict, h: jax.Array, m: ModelSpec) -> jax.Array:
 def logits_of(params: dict, x: jax.Array, m: ModelSpec) -> jax.Array:
     """Final norm and output projection: x [..., D] -> f32 logits [..., V]."""
     h = rms_norm(x, params["norm"], m.norm_eps)
-    if is_native(params):
-        return native_ops.dense(h, params["lm_head"], m.vocab_size)
     table = params.get("lm_head", params["embed"])  # [V, D]
     return jnp.einsum("...D,VD->...V", h, table, preferred_element_type=jnp.float32)
 
 
 def qkv_proj(p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array, m: ModelSpec) -> tuple:
-    if "wqkv" in p:
-        n, k, hd = m.n_heads, m.n_kv_heads, m.head_dim
-        y = native_ops.dense(h, p["wqkv"], (n + 2 * k) * hd).astype(h.dtype)
-        q, k, v = jnp.split(y.reshape(*y.shape[:-1], n + 2 * k, hd), [n, n + k], axis=-2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
     q = apply_rope(jnp.einsum("...D,DNH->...NH", h, p["wq"]), cos, sin)
     k = apply_rope(jnp.einsum("...D,DKH->...KH", h, p["wk"]), cos, sin)
     v = jnp.einsum("...D,DKH->...KH", h, p["wv"])
@@ -91,10 +78,62 @@ def qkv_proj(p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array, m: ModelSpec
 def out_proj(p: dict, o: jax.Array, m: ModelSpec) -> jax.Array:
     """Attention output o [..., N, H] -> [..., D]."""
     flat = o.reshape(*o.shape[:-2], -1)
-    if "wqkv" in p:
-        return native_ops.dense(flat, p["wo"], m.d_model).astype(o.dtype)
     wo = p["wo"].reshape(flat.shape[-1], -1)  # 2-D, so XLA does not re-lay out the weight
     return jnp.einsum("...E,ED->...D", flat, wo)
+
+
+# --- the native layout (native.pack_params): fused projections packed in panels -----------------
+
+
+def native_embed(params: dict, tokens: jax.Array, m: ModelSpec) -> jax.Array:
+    """A tied model's native layout keeps the table only once, packed for the lm head
+    (table^T as [V/64, D, 64]), and gathers from that."""
+    if not m.tied_embeddings:
+        return params["embed"][tokens]
+    return params["lm_head"][tokens // native_ops.PANEL, :, tokens % native_ops.PANEL]
+
+
+def native_mlp(p: dict, h: jax.Array, m: ModelSpec) -> jax.Array:
+    gate, up = jnp.split(native_ops.dense(h, p["w_gateup"], 2 * m.d_ff), 2, axis=-1)
+    return native_ops.dense(jax.nn.silu(gate) * up, p["w_down"], m.d_model)
+
+
+def native_logits(params: dict, x: jax.Array, m: ModelSpec) -> jax.Array:
+    h = rms_norm(x, params["norm"], m.norm_eps)
+    return native_ops.dense(h, params["lm_head"], m.vocab_size)
+
+
+def native_qkv(p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array, m: ModelSpec) -> tuple:
+    n, k, hd = m.n_heads, m.n_kv_heads, m.head_dim
+    y = native_ops.dense(h, p["wqkv"], (n + 2 * k) * hd).astype(h.dtype)
+    q, k, v = jnp.split(y.reshape(*y.shape[:-1], n + 2 * k, hd), [n, n + k], axis=-2)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def native_out(p: dict, o: jax.Array, m: ModelSpec) -> jax.Array:
+    flat = o.reshape(*o.shape[:-2], -1)
+    return native_ops.dense(flat, p["wo"], m.d_model).astype(o.dtype)
+
+
+def native_decode_attention(q, k, v, positions, ks, vs, n_live: int) -> tuple:
+    """The native kernel: writes and attends exactly each slot's live positions."""
+    o, ks[:n_live], vs[:n_live] = native_ops.decode_attention(
+        q, k, v, positions, ks[:n_live], vs[:n_live]
+    )
+    return o, ks, vs
+
+
+class Ops(NamedTuple):
+    """The functions a forward pass runs with, for one params layout (see the docstring)."""
+
+    embed: Callable  # (params, tokens [...], m) -> [..., D]
+    qkv: Callable  # (layer, h [..., D], cos, sin, m) -> q [..., N, H], k, v [..., K, H]
+    out: Callable  # (layer, o [..., N, H], m) -> [..., D]
+    mlp: Callable  # (layer, h [..., D], m) -> [..., D]
+    logits: Callable  # (params, x [..., D], m) -> f32 [..., V]
+    # (q [R, N, H], k/v [R, K, H], positions [B], k/v chunk lists, n_live) -> (o [R, N, H],
+    # k chunks, v chunks) with the step's K/V written at each slot's position
+    decode_attention: Callable
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -109,17 +148,18 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
     return o.reshape(b, t, n, hd)
 
 
-def forward(params: dict, tokens: jax.Array, m: ModelSpec) -> jax.Array:
+def forward(params: dict, tokens: jax.Array, m: ModelSpec, ops: Ops | None = None) -> jax.Array:
     """Reference: tokens [B, T] -> logits [B, T, V], causal over the whole sequence."""
+    ops = ops or XLA
     t = tokens.shape[1]
-    x = embed_tokens(params, tokens)  # [B, T, D]
+    x = ops.embed(params, tokens, m)  # [B, T, D]
     cos, sin = rope(jnp.arange(t), m.head_dim, m.rope_theta)
     mask = jnp.tril(jnp.ones((t, t), bool))[None]
     for p in params["layers"]:
-        q, k, v = qkv_proj(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
-        x = x + out_proj(p, _attend(q, k, v, mask), m)
-        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
-    return logits_of(params, x, m)
+        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        x = x + ops.out(p, _attend(q, k, v, mask), m)
+        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+    return ops.logits(params, x, m)
 
 
 def prefill(
@@ -129,6 +169,7 @@ def prefill(
     m: ModelSpec,
     start: jax.Array | int = 0,
     prior: list[tuple[jax.Array, jax.Array]] | None = None,
+    ops: Ops | None = None,
 ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
     """One prompt chunk. tokens [T] at positions start..start+T-1; true_len = prompt length.
 
@@ -137,13 +178,14 @@ def prefill(
     chunks at 0..start-1), the chunk's K/V are written into it at `start` and attention reads
     the whole buffer; returns the updated buffer.
     """
+    ops = ops or XLA
     t = tokens.shape[0]
     pos = start + jnp.arange(t)
-    x = embed_tokens(params, tokens)[None]  # [1, T, D]
+    x = ops.embed(params, tokens, m)[None]  # [1, T, D]
     cos, sin = rope(pos, m.head_dim, m.rope_theta)
     kv_out = []
     for i, p in enumerate(params["layers"]):
-        q, k, v = qkv_proj(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
         if prior is None:
             keys, vals = k[0], v[0]  # [T, K, H]
             kpos = pos
@@ -153,11 +195,11 @@ def prefill(
             kpos = jnp.arange(keys.shape[0])
         kv_out.append((keys, vals))
         mask = (kpos[None, :] <= pos[:, None])[None]  # [1, T, S]
-        x = x + out_proj(p, _attend(q, keys[None], vals[None], mask), m)
-        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+        x = x + ops.out(p, _attend(q, keys[None], vals[None], mask), m)
+        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
     last = jnp.clip(true_len - 1 - start, 0, t - 1)
     h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
-    return logits_of(params, h, m), kv_out
+    return ops.logits(params, h, m), kv_out
 
 
 def _write_chunk(
@@ -186,7 +228,7 @@ def decode(
     n_live: int,
     m: ModelSpec,
     n_rows: int | None = None,
-    native: bool = False,
+    ops: Ops | None = None,
 ) -> tuple[jax.Array, list[dict]]:
     """One token per slot. tokens, positions [B]; returns (logits [R, V], updated cache).
 
@@ -195,26 +237,21 @@ def decode(
     chunks (the bucket), each as its own buffer: no slice copies, no work past the bucket.
     Needs positions < n_live * C. Only the first R = n_rows slots run the matmuls (the cache
     may carry spare rows: XLA CPU's batch-1 GEMV is far faster than a batch-2 matmul).
-    `native`: write and attend with the native kernel (exactly each slot's live positions).
     """
+    ops = ops or XLA
     b = tokens.shape[0]
     r = n_rows or b
-    x = embed_tokens(params, tokens[:r])  # [R, D]
+    x = ops.embed(params, tokens[:r], m)  # [R, D]
     cos, sin = rope(positions[:r], m.head_dim, m.rope_theta)
     out = []
     for layer, p in zip(cache, params["layers"], strict=True):
-        q, k, v = qkv_proj(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
-        ks, vs = list(layer["k"]), list(layer["v"])
-        if native:
-            o, ks[:n_live], vs[:n_live] = native_ops.decode_attention(
-                q, k, v, positions, ks[:n_live], vs[:n_live]
-            )
-        else:
-            o = _chunk_attention(q, k, v, positions, ks, vs, n_live)[:r]
+        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        o, ks, vs = ops.decode_attention(q, k, v, positions, list(layer["k"]), list(layer["v"]),
+                                         n_live)  # fmt: skip
         out.append({"k": ks, "v": vs})
-        x = x + out_proj(p, o, m)
-        x = x + mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
-    return logits_of(params, x, m), out
+        x = x + ops.out(p, o[:r], m)
+        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+    return ops.logits(params, x, m), out
 
 
 def _chunk_attention(
@@ -226,7 +263,8 @@ def _chunk_attention(
     vs: list[jax.Array],
     n_live: int,
 ) -> jax.Array:
-    """XLA decode attention: q [R, N, H], k/v [R, K, H]; writes into ks/vs (lists, in place)."""
+    """XLA decode attention: q [R, N, H], k/v [R, K, H]; writes into ks/vs (lists, in place)
+    and returns (o [B, N, H], ks, vs)."""
     b = positions.shape[0]
     pad = lambda a: jnp.pad(a, [(0, b - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
     q, k, v = pad(q), pad(k), pad(v)
@@ -250,4 +288,9 @@ def _chunk_attention(
     o = sum(
         jnp.einsum("BKGS,BKSH->BKGH", pr[..., i * w : (i + 1) * w], vs[i]) for i in range(n_live)
     )
-    return o.reshape(b, n, hd)
+    return o.reshape(b, n, hd), ks, vs
+
+
+XLA = Ops(embed_tokens, qkv_proj, out_proj, mlp, logits_of, _chunk_attention)
+NATIVE = Ops(native_embed, native_qkv, native_out, native_mlp, native_logits,
+             native_decode_attention)  # fmt: skip

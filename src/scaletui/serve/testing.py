@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from scaletui.serve.api import WATCHDOG, ApiSettings, create_app
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.connections import start_site
-from scaletui.serve.fake_engine import build_fake_engines
+from scaletui.serve.fake_engine import FakeEngineFactory
 from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.tokenizer import load_tokenizer
 from scaletui.specs import load_model
@@ -30,12 +30,7 @@ async def fake_server(
     cfg = ServeConfig(load_model("tiny"), **config)
     tok = load_tokenizer(None, cfg.model.vocab_size)
 
-    def factory(c: ServeConfig):
-        return build_fake_engines(
-            c, vocab_limit=tok.vocab_size, eos_id=tok.eos_id, step_s=step_s, prefill_s=step_s,
-            warmup_s=warmup_s,
-        )  # fmt: skip
-
+    factory = FakeEngineFactory(tok.vocab_size, tok.eos_id, step_s, step_s, warmup_s)
     sched = Scheduler(cfg, factory)
     app = create_app(sched, tok, settings or ApiSettings(log_interval_s=0))
     async with TestClient(TestServer(app)) as client:

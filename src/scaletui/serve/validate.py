@@ -4,6 +4,8 @@ Every check here is a 4xx at the API edge (never a 5xx): wrong types, empty prom
 beyond the context, values outside their range, and behaviour we cannot honour (n > 1,
 logprobs, echo, penalties) are refused with a message that says so. Harmless fields vLLM-era
 clients send (`user`, `logprobs: null`, `repetition_penalty: 1`, ...) are accepted.
+`http_error` gives the answer for each `events.ErrorKind` (a table keyed by the kind), and
+`config_changes` checks a POST /admin/config body.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from dataclasses import dataclass
 
 import orjson
 
+from scaletui.serve.config import RECONFIGURABLE
 from scaletui.serve.engine_api import SamplingParams
+from scaletui.serve.events import ErrorKind
 from scaletui.serve.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -51,6 +55,25 @@ class ApiError(Exception):
                 "code": self.code if self.code is not None else self.status,
             }
         }
+
+
+# kind -> (status, OpenAI error type, code, message template)
+HTTP_ERRORS: dict[ErrorKind, tuple[int, str, str, str]] = {
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error", "invalid_request", "{}"),
+    ErrorKind.OVERLOADED: (429, "rate_limit_error", "rate_limit_exceeded",
+                           "server overloaded: {}; retry later"),
+    ErrorKind.UNAVAILABLE: (503, "server_error", "unavailable",
+                            "server not ready ({}); retry later"),
+    ErrorKind.BUSY: (409, "invalid_request_error", "conflict", "{}"),
+    ErrorKind.ABORTED: (503, "server_error", "aborted", "{}"),
+    ErrorKind.FAILED: (500, "server_error", "aborted", "{}"),
+}  # fmt: skip
+
+
+def http_error(kind: ErrorKind, message: str) -> ApiError:
+    """The OpenAI-shaped answer to a refusal or failure of `kind`."""
+    status, type_, code, template = HTTP_ERRORS[kind]
+    return ApiError(status, template.format(message), code=code, type=type_)
 
 
 @dataclass(frozen=True)
@@ -243,3 +266,17 @@ def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> G
         ignore_eos=ignore_eos,
     )
     return Generation(prompt, params, tuple(stop), stream, include, continuous)
+
+
+def config_changes(body: dict) -> dict:
+    """A POST /admin/config body: reconfigurable keys only, each of its type (400 naming it)."""
+    unknown = sorted(set(body) - set(RECONFIGURABLE))
+    if unknown:
+        raise ApiError(400, f"unknown config key(s) {unknown}; reconfigurable: "
+                       f"{list(RECONFIGURABLE)}", unknown[0])  # fmt: skip
+    for key, value in body.items():
+        want = str if key == "mode" else int
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ApiError(400, f"'{key}' must be {'a string' if want is str else 'an integer'},"
+                           f" got {value!r}", key)  # fmt: skip
+    return body

@@ -1,0 +1,118 @@
+"""Engine building: the plan a config makes on these devices, and the JAX engine factory.
+
+`plan_engines` checks a config without building anything (sharding the devices cannot hold,
+native kernels that cannot run) and says which engines it builds where; `build_engines` makes
+the weights once on the host and places them on each engine's mesh; `JaxEngineFactory` is the
+`engine_api.EngineFactory` the scheduler drives (build, and check before a drain, memory
+included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+
+from scaletui.serve import memory, native, sharding, weights
+from scaletui.serve.config import ConfigError, ServeConfig
+from scaletui.serve.engine import JaxEngine
+from scaletui.serve.engine_api import Engine, distinct
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """One engine of a plan."""
+
+    role: str  # "both" (interleaved) | "prefill" | "generate"
+    devices: list
+    dp: int
+    native: bool  # runs the native CPU kernels (else XLA ops)
+
+
+def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
+    """The engines `config` builds on `devices`, checked without building them: a sharding the
+    devices cannot hold, or kernels='native' where the native kernels cannot run, raises
+    ConfigError naming the value and the fix (start-up and reconfigure ask before anything is
+    bound, drained or built).
+    """
+    m, tp, dp = config.model, config.tp, config.dp
+    pre, gen = sharding.split_devices(devices, config.mode, config.prefill_devices)
+    if config.mode == "disaggregated" and len(pre) % tp:
+        raise ConfigError(
+            "prefill_devices", config.prefill_devices, f"prefill devices ({len(pre)}) must be "
+            f"a multiple of tp={tp}", f"use a multiple of {tp} below {len(devices)}",
+        )  # fmt: skip
+    platform = devices[0].platform if devices else ""
+    sharding.validate(m, tp=tp, dp=dp, n_devices=len(gen), platform=platform)
+    if config.mode == "interleaved":
+        roles = [("both", gen[: tp * dp], dp)]
+    else:
+        roles = [("prefill", pre, len(pre) // tp), ("generate", gen[: tp * dp], dp)]
+    plan = []
+    for role, devs, d in roles:
+        why_not = None if config.kernels == "xla" else native.unusable(config, devs, dp=d, tp=tp)
+        if config.kernels == "native" and why_not:
+            raise ConfigError("kernels", "native", f"kernels='native' is not usable here: "
+                              f"{why_not}", "use kernels auto or xla")  # fmt: skip
+        if config.kernels == "auto" and why_not is None:
+            why_not = native.slower_here()  # they run, but XLA's ops are faster on this CPU
+        plan.append(EnginePlan(role, devs, d, config.kernels != "xla" and why_not is None))
+    return plan
+
+
+def build_engines(
+    config: ServeConfig,
+    devices: list[jax.Device] | None = None,
+    *,
+    vocab_size: int | None = None,
+    eos_id: int = -1,
+    host_params: dict | None = None,
+) -> tuple[JaxEngine, JaxEngine]:
+    """(prefill engine, generate engine); the same object twice when interleaved.
+
+    Weights are made (or read) once on the host and placed on each mesh, so every mesh and
+    mode computes with identical values. `vocab_size`/`eos_id` come from the tokenizer.
+    """
+    m = config.model
+    plan = plan_engines(config, list(devices or jax.devices()))
+    if host_params is None:
+        if config.weights:
+            host_params = weights.load_safetensors(config.weights, m, config.dtype)
+        else:
+            host_params = weights.dummy_params(m, config.seed, config.dtype)
+    engines = [
+        JaxEngine(
+            config,
+            host_params,
+            p.devices,
+            dp=p.dp,
+            tp=config.tp,
+            role=p.role,
+            vocab_size=vocab_size,
+            eos_id=eos_id,
+            native=p.native,
+        )  # fmt: skip
+        for p in plan
+    ]
+    return (engines[0], engines[0]) if len(engines) == 1 else (engines[0], engines[1])
+
+
+@dataclass(frozen=True)
+class JaxEngineFactory:
+    """`engine_api.EngineFactory` for the JAX engine, told the tokenizer's vocabulary and EOS."""
+
+    vocab_size: int | None = None  # sampling never goes beyond (default: the model's)
+    eos_id: int = -1
+
+    def build(self, config: ServeConfig) -> tuple[Engine, Engine]:
+        return build_engines(config, vocab_size=self.vocab_size, eos_id=self.eos_id)
+
+    def check(self, config: ServeConfig, current: tuple[Engine, Engine] | None = None) -> None:
+        """The plan on these devices, then the memory it needs against what they have (on CPU
+        counting the bytes the `current` engines hold, which a rebuild frees)."""
+        devices = jax.devices()
+        plan = plan_engines(config, devices)
+        held = sum(e.describe().held_bytes for e in distinct(current)) if current else 0
+        cap = memory.capacity(devices, held)
+        if cap is not None:
+            memory.check_fits(config, sum(p.dp for p in plan), cap)
