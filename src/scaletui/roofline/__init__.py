@@ -1,8 +1,10 @@
 """The book's roofline ("How to Scale Your Model"): pure arithmetic over specs, no JAX.
 
-`estimate(model, hardware, ...)` answers a whole serving config; `costs` (params, FLOPs, KV),
-`collectives` (all-gather, reduce-scatter, all-reduce, all-to-all) and `basics` (T_math,
-critical batch, decode step, memory) are the pieces it is built from.
+`estimate(model, hardware, ...)` answers a whole serving config (the floor); `costs` (params,
+FLOPs, KV), `collectives` (all-gather, reduce-scatter, all-reduce, all-to-all) and `basics`
+(T_math, critical batch, decode step, memory) are the pieces it is built from. `costmodel` is the
+expectation (those bytes and FLOPs over fitted rates, `fitstore` keeps fits per host and config)
+and `simulate` the prediction under load (our scheduler over a cost model).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from scaletui.roofline.basics import (
     t_comms,
     t_math,
 )
-from scaletui.roofline.calibrated import Calibration, calibrated_step_s, fit_calibration
 from scaletui.roofline.collectives import (
     Link,
     all_gather_s,
@@ -34,6 +35,13 @@ from scaletui.roofline.collectives import (
     point_to_point_s,
     reduce_scatter_s,
     tp_comms_limit,
+)
+from scaletui.roofline.costmodel import (
+    CostModel,
+    DecodeSample,
+    PrefillSample,
+    fit,
+    share_host,
 )
 from scaletui.roofline.costs import (
     active_param_count,
@@ -49,22 +57,23 @@ from scaletui.roofline.costs import (
 from scaletui.roofline.estimate import Estimate, estimate, full_hbm_step_s
 
 __all__ = [
-    "Calibration",
+    "CostModel",
     "DecodeBreakdown",
+    "DecodeSample",
     "Estimate",
     "Link",
+    "PrefillSample",
     "active_param_count",
     "all_gather_s",
     "all_reduce_s",
     "all_to_all_s",
     "attention_flops",
-    "calibrated_step_s",
     "collective_intensity",
     "critical_batch",
     "decode_step_breakdown",
     "dense_flops_per_token",
     "estimate",
-    "fit_calibration",
+    "fit",
     "flops_per_token",
     "flops_per_token_by_part",
     "full_hbm_step_s",
@@ -84,6 +93,7 @@ __all__ = [
     "prefill_generate_ratio",
     "queries_per_s_per_chip",
     "reduce_scatter_s",
+    "share_host",
     "t_comms",
     "t_math",
     "tp_comms_limit",

@@ -10,7 +10,9 @@ import sys
 
 import orjson
 
+from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.estimate import Estimate, estimate
+from scaletui.roofline.fitstore import load_fit
 from scaletui.specs import SpecError, hardware_names, load_hardware, load_model, model_names
 
 
@@ -37,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-bytes", type=float, default=2, help="bytes per KV cache element")
     p.add_argument("--compute-dtype", default="bf16", choices=["bf16", "int8", "fp8", "f32"])
     p.add_argument("--mfu", type=float, default=1.0, help="prefill efficiency, 0-1 (default 1.0)")
+    p.add_argument("--fit", help="cost model YAML: print the expectation beside the floor")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--list", action="store_true", help="list the shipped model and hardware specs")
     return p
@@ -127,6 +130,39 @@ def format_table(e: Estimate) -> str:
     return "\n".join(f"{k:<{width}}  {v}" if k else "" for k, v in rows)
 
 
+def expected(e: Estimate, cost: CostModel) -> dict:
+    """The fitted expectation for this estimate's batch, context and prompt, beside the floor
+    (the `expected` object of `--json`)."""
+    c = e.config
+    step = cost.decode_step_s(c["batch"], c["context"])
+    prefill = cost.prefill_s(c["prompt_len"])
+    return {
+        "source": cost.source,
+        "fit_config": {k: getattr(cost, k) for k in ("model", "hardware", "dtype", "tp", "dp")},
+        "decode_step_s": step,
+        "decode_tokens_per_s": c["batch"] / step,
+        "prefill_s": prefill,
+        "ttft_s": prefill,
+        "decode_step_over_floor": step / e.decode_step_s,
+        "prefill_over_floor": prefill / e.prefill_s,
+    }
+
+
+def format_expected(x: dict) -> str:
+    f = x["fit_config"]
+    rows = [
+        ("expected", f"{x['source']} cost model for {f['model']} on {f['hardware']} "
+                     f"({f['dtype']}, tp={f['tp']}, dp={f['dp']})"),
+        ("decode step", f"{_si(x['decode_step_s'], 's')} "
+                        f"({x['decode_step_over_floor']:.2f}x the floor)"),
+        ("decode tokens/s", f"{x['decode_tokens_per_s']:,.1f}"),
+        ("prefill / TTFT", f"{_si(x['prefill_s'], 's')} "
+                           f"({x['prefill_over_floor']:.2f}x the floor)"),
+    ]  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -154,11 +190,15 @@ def main(argv: list[str] | None = None) -> int:
             compute_dtype=args.compute_dtype,
             mfu=args.mfu,
         )
+        exp = expected(est, load_fit(args.fit)) if args.fit else None
     except (SpecError, ValueError) as exc:
         print(f"scaletui roofline: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        sys.stdout.write(orjson.dumps(est.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        out = est.to_dict() | ({"expected": exp} if exp else {})
+        sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(format_table(est))
+        if exp:
+            print("\n" + format_expected(exp))
     return 0

@@ -1,0 +1,363 @@
+"""Prediction under load (DESIGN.md §4, level 3): a discrete-event simulation of our scheduler
+(serve/scheduler.py) over a CostModel, returning loadgen's summary keys.
+
+What it replays, as the server does it:
+1. A request is sent at its offset (open loop), or when one of `concurrency` permits frees (the
+   client's cap; a closed loop sends at the permit). Prompt + max_tokens past max_seq_len fails
+   at once (HTTP 400); a waiting queue past `max_waiting` requests or `max_waiting_tokens` prompt
+   tokens rejects it (429). Both free the permit.
+2. Prefill is FCFS. A prompt is padded to its power-of-two bucket; past the largest bucket it
+   runs in bucket-sized chunks. The first token reaches the client when prefill ends.
+3. Interleaved: one thread prefills while a slot is free and requests wait, then runs one
+   generate call. Disaggregated: prefill (and the KV transfer) runs concurrently on its own
+   devices into a bounded hand-over queue (max(2, slots)); generate inserts between calls.
+4. A generate call runs min(decode_steps, most tokens any slot still needs) steps; its tokens
+   reach the clients together at the call's end (one chunk per request: this drives TPOT/ITL).
+   The engine computes every slot row over the KV bucket of the longest row (`padded_decode`).
+Not modelled: EOS before max_tokens (loadgen ignores EOS), cancels, the client's back-off after
+a failure, HTTP and tokenizer time, and on CPU the two disaggregated threads sharing cores.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scaletui.roofline import simreport
+from scaletui.roofline.costmodel import CostModel
+
+__all__ = ["Load", "ServerShape", "SimResult", "pow2_buckets", "simulate"]
+
+MODES = ("interleaved", "disaggregated")
+
+
+def pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
+    """lo, 2 lo, 4 lo, ... below top, then top (serve.config.pow2_buckets, re-expressed here
+    because roofline imports nothing of serve; a test keeps the two equal)."""
+    out, b = [], lo
+    while b < top:
+        out.append(b)
+        b *= 2
+    return (*out, top)
+
+
+@dataclass(frozen=True)
+class ServerShape:
+    """The scheduler's knobs that shape timing (names as in serve.config.ServeConfig)."""
+
+    slots: int = 8  # concurrent sequences in the decode batch
+    max_seq_len: int = 1024  # KV positions per slot: prompt + generated
+    decode_steps: int = 4  # decode steps per host sync
+    mode: str = "interleaved"  # interleaved | disaggregated
+    min_prefill_bucket: int = 16
+    max_prefill_bucket: int = 0  # 0 = max_seq_len; longer prompts are chunked
+    max_waiting: int = 256  # waiting requests beyond which 429
+    max_waiting_tokens: int = 262144  # waiting prompt tokens beyond which 429
+    padded_decode: bool = True  # a step costs slots rows x KV bucket (the JAX engine's shapes)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode should be one of {MODES}, got {self.mode!r}")
+        for name in ("slots", "decode_steps", "min_prefill_bucket", "max_waiting",
+                     "max_waiting_tokens"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} should be >= 1, got {getattr(self, name)}")
+        if self.max_seq_len < 2:
+            raise ValueError(f"max_seq_len should be >= 2, got {self.max_seq_len}")
+
+    @property
+    def prefill_buckets(self) -> tuple[int, ...]:
+        top = self.max_prefill_bucket or self.max_seq_len
+        buckets = pow2_buckets(self.min_prefill_bucket, max(top, self.min_prefill_bucket))
+        return tuple(b for b in buckets if b <= self.max_seq_len) or (self.max_seq_len,)
+
+    @property
+    def decode_buckets(self) -> tuple[int, ...]:
+        """KV lengths the generate step is compiled for (serve.kv_cache.chunking)."""
+        s = self.max_seq_len
+        chunk = min(128, max(8, 1 << (max(s // 4, 1).bit_length() - 1)))
+        return tuple(b * chunk for b in pow2_buckets(1, -(-s // chunk)))
+
+
+@dataclass(frozen=True, eq=False)
+class Load:
+    """The client side: one row per request, as loadgen's workload draws them."""
+
+    offsets: np.ndarray  # intended send times, s after t0 (ignored in a closed loop)
+    input_len: np.ndarray  # prompt tokens (shared prefix included)
+    output_len: np.ndarray  # max_tokens (exact: loadgen ignores EOS)
+    concurrency: int | None = None  # cap on requests in flight (closed loop without a rate)
+    closed_loop: bool = False  # send at a permit, not at an offset
+    duration: float | None = None  # stop sending at this many seconds
+    requested_rate: float | None = None  # the offered rate, for the summary
+
+    def __post_init__(self) -> None:
+        n = len(self.offsets)
+        if len(self.input_len) != n or len(self.output_len) != n:
+            raise ValueError("offsets, input_len and output_len should have one row per request")
+        if self.closed_loop and not self.concurrency:
+            raise ValueError("a closed loop needs a concurrency")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency should be >= 1, got {self.concurrency}")
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """Per-request times (s after t0; nan where it never happened) and the loadgen summary."""
+
+    t_sched: np.ndarray
+    t_send: np.ndarray
+    t_first: np.ndarray
+    t_last: np.ndarray
+    outcome: np.ndarray  # "ok" | "rejected" (429) | "failed" (400) | "unsent"
+    summary: dict = field(repr=False)
+
+
+class _Sim:
+    """The mutable state of one run: the client, the waiting queue, the slots, the clocks."""
+
+    def __init__(self, shape: ServerShape, decode: CostModel, prefill: CostModel, load: Load):
+        self.shape, self.decode, self.prefill_cost, self.load = shape, decode, prefill, load
+        n = len(load.offsets)
+        self.offsets = np.asarray(load.offsets, float).tolist()
+        self.inp = np.asarray(load.input_len, int).tolist()
+        self.out = np.asarray(load.output_len, int).tolist()
+        nan = [math.nan] * n
+        self.t_sched, self.t_send = nan.copy(), nan.copy()
+        self.first, self.second, self.last = nan.copy(), nan.copy(), nan.copy()
+        self.outcome = ["unsent"] * n
+        self.arrivals: list[tuple[float, int]] = []  # heap of (t_send, request)
+        self.next_unsent = 0
+        self.end = load.duration if load.duration is not None else math.inf
+        self.waiting: deque[int] = deque()
+        self.waiting_tokens = 0
+        self.left, self.length, self.prev = [0] * n, [0] * n, [0.0] * n
+        self.active: list[int] = []
+        self.chunk_t: list[float] = []  # per token chunk after the first: time, gap, tokens
+        self.chunk_gap: list[float] = []
+        self.chunk_n: list[int] = []
+        self.call_s = 0.0  # time in generate calls
+        self.call_batch_s = 0.0  # running requests x call time
+        self.occupied_s = 0.0  # slots in use x time, all the time
+        self.calls = 0
+        self._prefill_memo: dict[int, float] = {}
+        self._call_memo: dict[tuple[int, int, int], float] = {}
+        buckets = shape.prefill_buckets
+        self._pbuckets, self._chunk = buckets, buckets[-1]
+        self._dbuckets = shape.decode_buckets
+        cap = load.concurrency if load.concurrency else n
+        for _ in range(min(cap, n)):
+            self._send_next(0.0)
+
+    # -- the client -------------------------------------------------------------------------
+
+    def _send_next(self, t_permit: float) -> None:
+        """Send the next unsent request once a permit is free at `t_permit`."""
+        if self.next_unsent >= len(self.offsets):
+            return
+        i = self.next_unsent
+        sched = t_permit if self.load.closed_loop else self.offsets[i]
+        if sched >= self.end:
+            self.next_unsent = len(self.offsets)  # dispatch stops at the duration
+            return
+        self.next_unsent += 1
+        self.t_sched[i], self.t_send[i] = sched, max(sched, t_permit)
+        heapq.heappush(self.arrivals, (self.t_send[i], i))
+
+    def _done(self, i: int, t: float, outcome: str) -> None:
+        self.outcome[i] = outcome
+        if outcome == "ok":
+            self.last[i] = t
+        if self.load.concurrency:
+            self._send_next(t)
+
+    def admit(self, now: float) -> None:
+        """Requests sent by `now` reach the waiting queue, or 400 / 429, in send order."""
+        shape, arrivals = self.shape, self.arrivals
+        while arrivals and arrivals[0][0] <= now:
+            t, i = heapq.heappop(arrivals)
+            n = self.inp[i]
+            if n + self.out[i] > shape.max_seq_len:
+                self._done(i, t, "failed")
+            elif len(self.waiting) >= shape.max_waiting or (
+                self.waiting and self.waiting_tokens + n > shape.max_waiting_tokens
+            ):
+                self._done(i, t, "rejected")
+            else:
+                self.waiting.append(i)
+                self.waiting_tokens += n
+
+    def next_arrival(self) -> float:
+        return self.arrivals[0][0] if self.arrivals else math.inf
+
+    # -- the server's verbs -----------------------------------------------------------------
+
+    def prefill_s(self, n: int) -> float:
+        s = self._prefill_memo.get(n)
+        if s is None:
+            cost, chunk = self.prefill_cost, self._chunk
+            if n <= chunk:
+                s = cost.prefill_s(next(b for b in self._pbuckets if b >= n))
+            else:
+                s = sum(cost.prefill_s(chunk, start) for start in range(0, n, chunk))
+            self._prefill_memo[n] = s
+        return s
+
+    def pop_prefill(self, now: float) -> tuple[int, float] | None:
+        """FCFS: the next waiting request and when its prefill (and first token) ends."""
+        if not self.waiting:
+            return None
+        i = self.waiting.popleft()
+        self.waiting_tokens -= self.inp[i]
+        t = now + self.prefill_s(self.inp[i])
+        self.first[i] = t
+        if self.out[i] == 1:
+            self._done(i, t, "ok")
+        return i, t
+
+    def insert(self, i: int, now: float) -> None:
+        self.length[i], self.left[i], self.prev[i] = self.inp[i], self.out[i] - 1, now
+        self.active.append(i)
+
+    def generate(self, now: float) -> float:
+        """One generate call from `now`; returns when its tokens reach the clients."""
+        active, left, length = self.active, self.left, self.length
+        steps = min(self.shape.decode_steps, max(left[i] for i in active))
+        if self.shape.padded_decode:
+            need = max(length[i] for i in active) + steps
+            ctx = next((b for b in self._dbuckets if b >= need), self._dbuckets[-1])
+            batch = self.shape.slots
+        else:
+            ctx = sum(length[i] for i in active) // len(active) + steps // 2
+            batch = len(active)
+        key = (batch, ctx, steps)
+        dt = self._call_memo.get(key)
+        if dt is None:
+            dt = self._call_memo[key] = self.decode.decode_call_s(batch, ctx, steps)
+        t = now + dt
+        self.calls += 1
+        self.call_s += dt
+        self.call_batch_s += len(active) * dt
+        self.occupied_s += len(active) * dt
+        still = []
+        prev, second = self.prev, self.second
+        ct, cg, cn = self.chunk_t.append, self.chunk_gap.append, self.chunk_n.append
+        for i in active:
+            g = left[i] if left[i] < steps else steps
+            left[i] -= g
+            length[i] += g
+            ct(t)
+            cg(t - prev[i])
+            cn(g)
+            prev[i] = t
+            if second[i] != second[i]:  # nan: this is the second chunk
+                second[i] = t
+            if left[i]:
+                still.append(i)
+            else:
+                self._done(i, t, "ok")
+        self.active = still
+        return t
+
+
+def _interleaved(sim: _Sim) -> None:
+    now, slots = 0.0, sim.shape.slots
+    while True:
+        while len(sim.active) < slots:
+            sim.admit(now)
+            got = sim.pop_prefill(now)
+            if got is None:
+                break
+            i, t = got
+            sim.occupied_s += len(sim.active) * (t - now)
+            now = t
+            if sim.out[i] > 1:
+                sim.insert(i, now)
+        if sim.active:
+            now = sim.generate(now)
+        elif sim.arrivals:
+            now = max(now, sim.next_arrival())
+        else:
+            return
+
+
+def _disaggregated(sim: _Sim) -> None:
+    """Two clocks: the prefill thread's and the generate thread's; the earlier one moves.
+    A thread that waits on the other (an empty hand-over queue, a full one, no request yet)
+    parks at inf and is woken at the other's clock."""
+    t_pf, t_gen = 0.0, 0.0
+    slots, cap = sim.shape.slots, max(2, sim.shape.slots)
+    handover: deque[int] = deque()
+    put: tuple[int, float] | None = None  # a prefilled request waiting to enter the queue
+    pf_on_queue = False  # the prefill thread waits for room in the queue
+    while t_pf < math.inf or t_gen < math.inf:
+        if t_pf <= t_gen:
+            if put is not None:
+                if len(handover) >= cap:
+                    pf_on_queue, t_pf = True, math.inf
+                    continue
+                handover.append(put[0])
+                put = None
+                if t_gen == math.inf:  # generate was idle: wake it at the hand-over
+                    t_gen = t_pf
+                continue
+            sim.admit(t_pf)
+            got = sim.pop_prefill(t_pf)
+            if got is None:
+                t_pf = sim.next_arrival()  # inf: wait for the client (woken by generate)
+                continue
+            i, t_pf = got
+            if sim.out[i] > 1:
+                t_pf += sim.prefill_cost.transfer_s(sim.inp[i])
+                put = (i, t_pf)
+        else:
+            while len(sim.active) < slots and handover:
+                sim.insert(handover.popleft(), t_gen)
+                if pf_on_queue:
+                    pf_on_queue, t_pf = False, t_gen
+            if not sim.active:
+                t_gen = math.inf
+                continue
+            t_gen = sim.generate(t_gen)
+            if t_pf == math.inf and not pf_on_queue and put is None and sim.arrivals:
+                t_pf = sim.next_arrival()  # a permit freed: the client sent again
+    assert not sim.active and not handover and put is None, "simulation stopped with work left"
+
+
+def simulate(
+    shape: ServerShape, decode: CostModel, load: Load, prefill: CostModel | None = None
+) -> SimResult:
+    """Run `load` through a server of `shape` whose steps cost what `decode` says (and prefill
+    what `prefill` says: the prefill devices' model when disaggregated; default `decode`)."""
+    sim = _Sim(shape, decode, prefill or decode, load)
+    (_interleaved if shape.mode == "interleaved" else _disaggregated)(sim)
+    return _result(sim)
+
+
+def _result(sim: _Sim) -> SimResult:
+    arr = lambda xs, dtype=float: np.asarray(xs, dtype)  # noqa: E731
+    outcome = np.asarray(sim.outcome)
+    t_sched, t_send, t_first, t_last = map(arr, (sim.t_sched, sim.t_send, sim.first, sim.last))
+    ok = outcome == "ok"
+    t_start = float(np.nanmin(t_sched)) if (~np.isnan(t_send)).any() else 0.0
+    t_end = float(np.nanmax(np.where(ok, t_last, t_send))) if (~np.isnan(t_send)).any() else 0.0
+    span = t_end - t_start
+    extra = {
+        "generate_calls": sim.calls,
+        # running requests per generate call, weighted by the call's time (what a step sees)
+        "mean_running_batch": sim.call_batch_s / sim.call_s if sim.call_s else None,
+        # slots in use averaged over the whole run (the server's num_requests_running)
+        "mean_running": sim.occupied_s / span if span > 0 else None,
+        "generate_busy_frac": sim.call_s / span if span > 0 else None,
+    }
+    summary = simreport.summary(
+        t_sched=t_sched, t_send=t_send, t_first=t_first, t_second=arr(sim.second),
+        t_last=t_last, outcome=outcome, input_len=arr(sim.inp, int),
+        output_len=arr(sim.out, int), chunk_t=arr(sim.chunk_t), chunk_gap=arr(sim.chunk_gap),
+        chunk_n=arr(sim.chunk_n, int), requested_rate=sim.load.requested_rate, extra=extra,
+    )  # fmt: skip
+    return SimResult(t_sched, t_send, t_first, t_last, outcome, summary)

@@ -1,0 +1,205 @@
+"""`scaletui simulate`: what loadgen would measure, predicted by simulating our scheduler.
+
+The workload flags are loadgen's, and loadgen's own `iter_requests` draws the request list, so
+the same flags and seed give the same offsets and lengths as a real run. The cost of each step
+comes from a fitted cost model (`--fit FILE`, else the stored fit for this server configuration
+when `--hardware local`) or from the spec's roofs times assumed efficiencies. Prints loadgen's
+table, or (`--json`, `--out FILE`) loadgen's summary JSON keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from scaletui.loadgen.output import table
+from scaletui.loadgen.workload import ARRIVALS, DISTS, Lengths, Workload, iter_requests
+from scaletui.roofline.costmodel import DTYPE_BYTES, CostModel
+from scaletui.roofline.fitstore import find_fit, load_fit
+from scaletui.roofline.simulate import MODES, Load, ServerShape, SimResult, simulate
+from scaletui.specs import SpecError, load_hardware, load_model
+
+MAX_REQUESTS = 1_000_000  # a --duration run draws at most this many
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scaletui simulate", description=__doc__.splitlines()[0])
+    a = p.add_argument
+    a("--model", required=True, help="model spec name or YAML path")
+    a("--hardware", help="hardware spec ('local', a name, a YAML path); optional with --fit")
+    a("--fit", help="cost model YAML (default: the stored fit for this config on --hardware local)")
+    a("--no-fit", action="store_true", help="ignore stored fits: use assumed efficiencies")
+    a("--efficiency", type=float, default=1.0, help="assumed: fraction of the spec's bandwidth")
+    a("--flops-efficiency", type=float, help="assumed: fraction of peak FLOP/s (default: same)")
+    a("--overhead-ms", type=float, default=0.0, help="assumed: fixed ms per step and per prefill")
+    s = p.add_argument_group("server (scaletui serve's knobs)")
+    s.add_argument("--slots", type=int, default=8)
+    s.add_argument("--decode-steps", type=int, default=4)
+    s.add_argument("--tp", type=int, default=1)
+    s.add_argument("--dp", type=int, default=1)
+    s.add_argument("--mode", choices=MODES, default="interleaved")
+    s.add_argument("--prefill-devices", type=int, default=0, help="disaggregated (0 = as many "
+                   "as generate has)")  # fmt: skip
+    s.add_argument("--max-seq-len", type=int, help="default: min(1024, the model's)")
+    s.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="default: f32 on CPU, else bf16")
+    s.add_argument("--kernels", choices=("auto", "native", "xla"), default="auto")
+    s.add_argument("--max-waiting", type=int, default=256)
+    s.add_argument("--max-waiting-tokens", type=int, default=262144)
+    s.add_argument("--max-prefill-bucket", type=int, default=0, help="0 = max_seq_len; longer "
+                   "prompts are chunked")  # fmt: skip
+    g = p.add_argument_group("workload (loadgen's flags)")
+    g.add_argument("--qps", type=float, help="offered request rate (req/s)")
+    g.add_argument("--arrival", choices=ARRIVALS, default="poisson")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape k (CV=1/sqrt k)")
+    g.add_argument("--concurrency", type=int, help="max requests in flight (alone: closed loop)")
+    g.add_argument("--num-requests", type=int, help="requests to send (default 200)")
+    g.add_argument("--duration", type=float, help="seconds to send for")
+    g.add_argument("--input-len", type=int, default=128)
+    g.add_argument("--input-dist", choices=DISTS, default="fixed")
+    g.add_argument("--input-spread", type=float, default=0.0)
+    g.add_argument("--output-len", type=int, help="max_tokens (default 128; overrides dataset)")
+    g.add_argument("--output-dist", choices=DISTS, default="fixed")
+    g.add_argument("--output-spread", type=float, default=0.0)
+    g.add_argument("--dataset", help="ShareGPT-format JSON file (first turn of each)")
+    g.add_argument("--chars-per-token", type=float, default=4.0)
+    g.add_argument("--prefix-len", type=int, default=0)
+    g.add_argument("--prefix-groups", type=int, default=1)
+    g.add_argument("--seed", type=int, default=0)
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
+    o.add_argument("--out", help="write the summary JSON here")
+    return p
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    """loadgen's Workload for these flags (ids prompts: the lengths are drawn from their own
+    random stream, so the prompt format changes nothing but the drawing time)."""
+    out_len = args.output_len if args.output_len is not None else 128
+    return Workload(
+        input=Lengths(args.input_len, args.input_dist, args.input_spread),
+        output=Lengths(out_len, args.output_dist, args.output_spread),
+        dataset=args.dataset,
+        dataset_output=args.output_len is None,
+        chars_per_token=args.chars_per_token,
+        prefix_len=args.prefix_len,
+        prefix_groups=args.prefix_groups,
+        prompt_format="text" if args.dataset else "ids",
+        qps=args.qps,
+        arrival=args.arrival,
+        burstiness=args.burstiness,
+        concurrency=args.concurrency,
+        seed=args.seed,
+    )
+
+
+def draw(workload: Workload, n: int | None, duration: float | None) -> tuple[np.ndarray, ...]:
+    """(offsets, input_len, output_len) of the first n requests, or of those an open loop
+    schedules before `duration`."""
+    rows = []
+    for spec in itertools.islice(iter_requests(workload), n or MAX_REQUESTS):
+        if n is None and not workload.closed_loop and spec.offset >= duration:
+            break
+        rows.append((spec.offset, spec.input_len, spec.max_tokens))
+    offsets, inp, out = zip(*rows, strict=True) if rows else ((), (), ())
+    return np.array(offsets, float), np.array(inp, int), np.array(out, int)
+
+
+def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
+    """(decode, prefill, words saying where the costs come from)."""
+    path = Path(args.fit) if args.fit else None
+    dtype = args.dtype
+    if path is None and not args.no_fit and args.hardware == "local":
+        hw = load_hardware("local")
+        dtype = dtype or ("f32" if hw.kind == "cpu" else "bf16")
+        path = find_fit(model.name, dtype, args.tp, args.dp, args.kernels)
+    if path is not None:
+        cost = load_fit(path)
+        if (cost.model, cost.tp, cost.dp) != (model.name, args.tp, args.dp):
+            print(f"scaletui simulate: warning: the fit is for {cost.model} tp {cost.tp} dp "
+                  f"{cost.dp}, not {model.name} tp {args.tp} dp {args.dp}",
+                  file=sys.stderr)  # fmt: skip
+        made = cost.info.get("date", "an unknown date")
+        return cost, cost, f"cost model: fit {path} ({cost.source}, {made})"
+    if not args.hardware:
+        raise ValueError("give --hardware (a spec) or --fit FILE")
+    hw = load_hardware(args.hardware)
+    dtype = dtype or ("f32" if hw.kind == "cpu" else "bf16")
+    gen_devices = args.tp * args.dp
+    pre_devices = args.prefill_devices or gen_devices
+    host = gen_devices + (pre_devices if shape.mode == "disaggregated" else 0)
+    kw = dict(dtype=dtype, efficiency=args.efficiency, flops_efficiency=args.flops_efficiency,
+              overhead_s=args.overhead_ms / 1e3, kernels=args.kernels)  # fmt: skip
+    decode = CostModel.assumed(model, hw, tp=args.tp, dp=args.dp, host_devices=host, **kw)
+    prefill = CostModel.assumed(model, hw, tp=args.tp, dp=max(pre_devices // args.tp, 1),
+                                host_devices=host, **kw)  # fmt: skip
+    eff = args.flops_efficiency or args.efficiency
+    words = (f"cost model: assumed, {args.efficiency:.0%} of {hw.name}'s bandwidth, {eff:.0%} of "
+             f"its FLOP/s, {args.overhead_ms:g} ms overhead (no fit)")  # fmt: skip
+    if hw.kind == "cpu" and host > 1:
+        words += f"; {host} virtual devices share the host's roofs"
+    return decode, prefill, words
+
+
+def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
+    model = load_model(args.model)
+    shape = ServerShape(
+        slots=args.slots, max_seq_len=args.max_seq_len or min(1024, model.max_seq_len),
+        decode_steps=args.decode_steps, mode=args.mode, max_waiting=args.max_waiting,
+        max_waiting_tokens=args.max_waiting_tokens, max_prefill_bucket=args.max_prefill_bucket,
+    )  # fmt: skip
+    decode, prefill, words = cost_models(args, model, shape)
+    workload = workload_from(args)
+    n = args.num_requests or (None if args.duration else 200)
+    growing = n is None and workload.closed_loop  # how many a closed loop sends: run and see
+    take = 1000 if growing else n
+    t0 = time.perf_counter()
+    while True:
+        offsets, inp, out = draw(workload, take, args.duration)
+        load = Load(offsets, inp, out, concurrency=args.concurrency,
+                    closed_loop=workload.closed_loop, duration=args.duration,
+                    requested_rate=args.qps)  # fmt: skip
+        result = simulate(shape, decode, load, prefill)
+        if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
+            break
+        take = min(take * 4, MAX_REQUESTS)
+    seconds = time.perf_counter() - t0
+    result.summary["config"] = {
+        "simulated": True,
+        "server": asdict(shape),
+        "tp": args.tp,
+        "dp": args.dp,
+        "workload": asdict(replace(workload, prompt_format="text")),
+        "cost_model": decode.to_dict(),
+        "cost_source": words,
+    }
+    return result, words, seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.qps is None and args.concurrency is None:
+            raise ValueError("give --qps RATE and/or --concurrency N")
+        result, words, seconds = run(args)
+    except (SpecError, ValueError, OSError) as exc:
+        print(f"scaletui simulate: error: {exc}", file=sys.stderr)
+        return 2
+    s = result.summary
+    if args.out:
+        Path(args.out).write_bytes(orjson.dumps(s, option=orjson.OPT_INDENT_2))
+    if args.json:
+        sys.stdout.write(orjson.dumps(s, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    print(f"simulated {s['num_prompts']} requests in {seconds:.2f} s; {words}")
+    print(table(s))
+    batch = s.get("mean_running_batch")
+    print(f"mean running batch {batch:.2f} over {s['generate_calls']} generate calls"
+          if batch is not None else "no generate call")  # fmt: skip
+    return 0

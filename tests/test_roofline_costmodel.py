@@ -1,0 +1,159 @@
+"""The expectation: a fit of timed calls recovers the overhead and rates that produced them, the
+assumed model is the floor's bytes and FLOPs over the spec's roofs, fits round-trip through the
+user config dir, and virtual CPU devices share one host's roofs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from scaletui import roofline as rl
+from scaletui.roofline import fitstore
+from scaletui.specs import HardwareSpec, load_hardware, load_model
+
+CPU = HardwareSpec(
+    name="cpu-test",
+    kind="cpu",
+    flops_per_s={"f32": 4e11, "bf16": 4e11},
+    hbm_bytes=24e9,
+    hbm_bw=3.2e10,
+    ici_bw=1e10,
+    ici_bidirectional=False,
+    dcn_bw=1e10,
+    chips_per_host=1,
+)
+TRUE = {  # a machine: 1.5 ms per step, 2 ms per host sync, 20 GB/s, 100 / 60 GFLOP/s
+    "step_overhead_s": 1.5e-3,
+    "sync_s": 2e-3,
+    "read_bw": 2e10,
+    "decode_flops_per_s": 1e11,
+    "prefill_overhead_s": 3e-3,
+    "prefill_flops_per_s": 6e10,
+}
+
+
+def _base(tp: int = 1, dp: int = 1) -> rl.CostModel:
+    return rl.CostModel.assumed(load_model("small"), CPU, dtype="f32", tp=tp, dp=dp)
+
+
+def _samples(noise: float, steps=(1, 4, 8), seed: int = 0):
+    truth = dataclasses.replace(_base(), **TRUE)
+    rng = np.random.default_rng(seed)
+    jitter = lambda: 1 + noise * rng.standard_normal()  # noqa: E731
+    decode = [
+        rl.DecodeSample(b, c, truth.decode_call_s(b, c, k) * jitter(), steps=k)
+        for b in (1, 2, 4, 8, 16, 32)
+        for c in (128, 512, 1536)
+        for k in steps
+    ]
+    prompts = (16, 32, 64, 128, 256, 512, 1024) * 2
+    prefill = [rl.PrefillSample(t, truth.prefill_s(t) * jitter()) for t in prompts]
+    return truth, decode, prefill
+
+
+def test_fit_recovers_known_coefficients_from_noisy_steps():
+    truth, decode, prefill = _samples(noise=0.02)
+    got = rl.fit(_base(), decode, prefill, host="test")
+    assert got.source == "fit" and got.info["host"] == "test"
+    for key in ("read_bw", "decode_flops_per_s", "sync_s", "prefill_flops_per_s"):
+        assert getattr(got, key) == pytest.approx(TRUE[key], rel=0.15), key
+    assert got.step_overhead_s == pytest.approx(TRUE["step_overhead_s"], abs=4e-4)
+    assert got.prefill_overhead_s == pytest.approx(TRUE["prefill_overhead_s"], abs=1.5e-3)
+    assert got.info["decode_rms_rel_error"] < 0.04
+    # and it predicts a point it never saw
+    assert got.decode_call_s(12, 1024, 4) == pytest.approx(
+        truth.decode_call_s(12, 1024, 4), rel=0.05
+    )
+    assert got.prefill_s(512) == pytest.approx(truth.prefill_s(512), rel=0.05)
+
+
+def test_fit_is_exact_without_noise_and_folds_the_sync_into_steps_when_steps_never_vary():
+    truth, decode, prefill = _samples(noise=0.0, steps=(4,))
+    got = rl.fit(_base(), decode, prefill)
+    assert got.sync_s == 0  # not separable from the per-step overhead with one `steps`
+    assert got.step_overhead_s == pytest.approx(TRUE["step_overhead_s"] + TRUE["sync_s"] / 4)
+    assert got.read_bw == pytest.approx(TRUE["read_bw"], rel=1e-6)
+    for b, c in ((3, 200), (32, 1536)):
+        assert got.decode_call_s(b, c, 4) == pytest.approx(truth.decode_call_s(b, c, 4), rel=1e-6)
+
+
+def test_fit_keeps_coefficients_non_negative_and_refuses_bad_input():
+    truth = _base()
+    # a machine with no per-step overhead at all: the term is dropped, not fitted negative
+    decode = [rl.DecodeSample(b, c, truth.decode_step_s(b, c)) for b in (1, 8) for c in (64, 1024)]
+    got = rl.fit(truth, decode)
+    assert got.step_overhead_s >= 0 and got.sync_s >= 0
+    assert got.read_bw == pytest.approx(CPU.hbm_bw, rel=1e-6)
+    assert "prefill not fitted" in got.info["notes"][0]
+    with pytest.raises(ValueError, match=">= 3"):
+        rl.fit(truth, decode[:2])
+    with pytest.raises(ValueError, match="> 0"):
+        rl.fit(truth, [*decode, rl.DecodeSample(1, 64, 0.0)])
+
+
+def test_assumed_is_the_floors_bytes_and_flops_over_the_roofs():
+    model, hw = load_model("llama3-8b"), load_hardware("h200")
+    e = rl.estimate(model, hw, batch=16, context=2048, chips=2, tp=2)
+    cost = rl.CostModel.assumed(model, hw, dtype="bf16", tp=2)
+    assert cost.decode_bytes(16, 2048) / hw.hbm_bw == pytest.approx(
+        e.decode_weight_s + e.decode_kv_s
+    )
+    assert cost.prefill_flops(1024) == pytest.approx(e.prefill_flops / 2, rel=1e-9)  # per device
+    half = rl.CostModel.assumed(model, hw, efficiency=0.5)
+    assert half.decode_step_s(1, 128) == pytest.approx(2 * rl.CostModel.assumed(
+        model, hw).decode_step_s(1, 128))  # fmt: skip
+    with pytest.raises(ValueError, match="efficienc"):
+        rl.CostModel.assumed(model, hw, efficiency=1.5)
+
+
+def test_virtual_cpu_devices_share_the_hosts_roofs():
+    shared = rl.share_host(CPU, 4)
+    assert shared.hbm_bw == CPU.hbm_bw / 4 and shared.flops("f32") == CPU.flops("f32") / 4
+    assert shared.hbm_bytes == CPU.hbm_bytes / 4
+    h200 = load_hardware("h200")
+    assert rl.share_host(h200, 8) is h200  # real chips each have their own
+    # tp 2 on one CPU host is no faster than tp 1; on two GPUs the weight read halves
+    one, two = _base(tp=1), _base(tp=2)
+    assert two.decode_step_s(8, 512) == pytest.approx(one.decode_step_s(8, 512))
+    model = load_model("small")
+    g1 = rl.CostModel.assumed(model, h200, tp=1)
+    g2 = rl.CostModel.assumed(model, h200, tp=2)
+    assert g2.decode_step_s(8, 512) == pytest.approx(g1.decode_step_s(8, 512) / 2)
+    # disaggregated prefill devices on the same host take their share too
+    assert rl.CostModel.assumed(model, CPU, dtype="f32", host_devices=2).read_bw == CPU.hbm_bw / 2
+
+
+def test_fits_are_stored_per_host_model_dtype_kernels_and_mesh(private_config):
+    _, decode, prefill = _samples(noise=0.0)
+    got = dataclasses.replace(rl.fit(_base(tp=2), decode, prefill), kernels="native")
+    path = fitstore.save_fit(got, host="box")
+    assert path == fitstore.fit_path("small", "f32", "native", 2, 1, host="box")
+    assert path.parent == private_config / "scaletui" / "hardware" / "fits"
+    assert "box" in path.name and "tp2-dp1" in path.name
+    back = fitstore.load_fit(path)
+    assert back == got and back.info == got.info
+    assert fitstore.find_fit("small", "f32", 2, 1, "auto", host="box") == path
+    assert fitstore.find_fit("small", "f32", 2, 1, "xla", host="box") is None
+    assert fitstore.find_fit("small", "f32", 1, 1, host="box") is None
+    path.write_text("just: words\n")
+    with pytest.raises(ValueError, match="missing"):
+        fitstore.load_fit(path)
+
+
+def test_roofline_cli_prints_the_expectation_beside_the_floor(tmp_path, capsys):
+    from scaletui.roofline.cli import main
+
+    cost = rl.CostModel.assumed(load_model("small"), load_hardware("h200"), efficiency=0.5)
+    path = fitstore.save_fit(cost, tmp_path / "fit.yaml")
+    argv = ["--model", "small", "--hardware", "h200", "--batch", "4", "--fit", str(path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "expected" in out and "x the floor" in out
+    assert main([*argv, "--json"]) == 0
+    import orjson
+
+    exp = orjson.loads(capsys.readouterr().out)["expected"]
+    assert exp["decode_step_s"] == pytest.approx(cost.decode_step_s(4, 1024))
+    assert exp["decode_step_over_floor"] > 1

@@ -1,0 +1,221 @@
+"""The serving simulator against cases computable by hand, queueing laws on random workloads,
+and the scheduler behaviours a user would see (saturation, 429s, closed loops, disaggregation);
+plus `scaletui simulate` end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import orjson
+import pytest
+import yaml
+
+from scaletui.loadgen.workload import Lengths, Workload, iter_requests
+from scaletui.roofline import fitstore
+from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.simulate import Load, ServerShape, simulate
+from scaletui.serve.config import ServeConfig, pow2_buckets
+from scaletui.simulate_cli import main as simulate_main
+from scaletui.specs import load_hardware, load_model, local_hardware_path
+
+
+def flat(step=1e-3, sync=5e-4, prefill_per_token=1e-4, prefill_fixed=2e-3) -> CostModel:
+    """Hand-computable costs: no bytes, no attention; a decode step costs `step` + 1 us per
+    row, a prefill `prefill_fixed` + `prefill_per_token` per (padded) token."""
+    return CostModel(
+        model="hand", hardware="hand", dtype="f32", tp=1, dp=1, weight_bytes=0.0,
+        kv_bytes_per_token=0.0, flops_per_token=1e6, attn_flops_per_pair=0.0,
+        step_overhead_s=step, sync_s=sync, read_bw=1.0, decode_flops_per_s=1e12,
+        prefill_overhead_s=prefill_fixed, prefill_flops_per_s=1e6 / prefill_per_token,
+        transfer_bw=1e12,
+    )  # fmt: skip
+
+
+def fixed(n, gap, inp, out, **kw) -> Load:
+    return Load(np.arange(n) * gap, np.full(n, inp), np.full(n, out), **kw)
+
+
+def drawn(workload: Workload, n: int) -> Load:
+    rows = [
+        (r.offset, r.input_len, r.max_tokens)
+        for r, _ in zip(iter_requests(workload), range(n), strict=False)
+    ]
+    o, i, m = map(np.array, zip(*rows, strict=True))
+    return Load(o, i, m, concurrency=workload.concurrency, closed_loop=workload.closed_loop,
+                requested_rate=workload.qps)  # fmt: skip
+
+
+def in_system(t_in: np.ndarray, t_out: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """How many [t_in, t_out) intervals hold each grid time."""
+    return np.searchsorted(np.sort(t_in), grid, "right") - np.searchsorted(np.sort(t_out), grid,
+                                                                           "right")  # fmt: skip
+
+
+def test_buckets_match_the_servers():
+    assert pow2_buckets(16, 100) == (16, 32, 64, 100)
+    model = load_model("small")
+    for seq, top in ((1024, 0), (1000, 0), (2048, 256), (512, 64)):
+        want = ServeConfig(model, max_seq_len=seq, max_prefill_bucket=top).prefill_buckets
+        got = ServerShape(max_seq_len=seq, max_prefill_bucket=top).prefill_buckets
+        assert got == tuple(b for b in want if b <= seq)
+    assert ServerShape(max_seq_len=1024).decode_buckets == (128, 256, 512, 1024)
+
+
+def test_one_slot_slow_constant_arrivals_give_exact_latencies():
+    cost = flat()
+    shape = ServerShape(slots=1, decode_steps=4, max_seq_len=1024)
+    r = simulate(shape, cost, fixed(5, gap=1.0, inp=100, out=8, requested_rate=1.0))
+    s = r.summary
+    ttft = cost.prefill_s(128)  # 100 tokens pad to the 128 bucket
+    assert ttft == pytest.approx(2e-3 + 128e-4)
+    call4, call3 = cost.decode_call_s(1, 128, 4), cost.decode_call_s(1, 128, 3)
+    e2el = ttft + call4 + call3  # 7 tokens after the first: one call of 4 steps, one of 3
+    assert s["completed"] == 5 and s["rejected"] == s["failed"] == 0
+    for stat in ("mean", "median", "p99"):
+        assert s[f"{stat}_ttft_ms"] == pytest.approx(ttft * 1e3)
+        assert s[f"{stat}_e2el_ms"] == pytest.approx(e2el * 1e3)
+        assert s[f"{stat}_tpot_ms"] == pytest.approx((call4 + call3) / 7 * 1e3)
+    itl = np.array([call4 / 4] * 4 + [call3 / 3] * 3)
+    assert s["median_itl_ms"] == pytest.approx(np.median(itl) * 1e3)
+    assert s["max_icl_ms"] == pytest.approx(call4 * 1e3)
+    assert s["median_ttst_ms"] == pytest.approx((ttft + call4) * 1e3)
+    assert s["duration"] == pytest.approx(4.0 + e2el)
+    assert s["output_throughput"] == pytest.approx(40 / (4.0 + e2el))
+    assert s["achieved_rate"] == pytest.approx(1.25)  # 5 sent over 4 s, as loadgen counts
+    assert s["mean_running_batch"] == pytest.approx(1.0) and s["generate_calls"] == 10
+    assert np.allclose(r.t_first - r.t_send, ttft)
+
+
+def test_chunked_prefill_and_too_long_requests():
+    cost = flat()
+    shape = ServerShape(slots=1, max_seq_len=512, max_prefill_bucket=64)
+    s = simulate(shape, cost, fixed(1, 1.0, inp=200, out=4)).summary
+    chunks = sum(cost.prefill_s(64, start) for start in (0, 64, 128, 192))
+    assert s["mean_ttft_ms"] == pytest.approx(chunks * 1e3)
+    s = simulate(shape, cost, fixed(3, 1.0, inp=500, out=20)).summary  # 520 > 512: HTTP 400
+    assert s["failed"] == 3 and s["completed"] == 0 and s["mean_ttft_ms"] is None
+
+
+def test_saturation_grows_ttft_and_rejects_past_the_queue_limit():
+    cost = flat(step=2e-3)
+    # capacity: 2 slots x 64 tokens over ~16 calls of ~8.5 ms -> ~14 req/s; offer 100 req/s
+    shape = ServerShape(slots=2, decode_steps=4, max_waiting=10_000)
+    load = fixed(400, 0.01, inp=32, out=64, requested_rate=100.0)
+    r = simulate(shape, cost, load)
+    ttft = r.t_first - r.t_send
+    assert ttft[-50:].mean() > 20 * ttft[:5].mean()  # the queue builds over the run
+    assert r.summary["saturated"] and r.summary["sustained_rate"] < 0.3 * 100
+    assert r.summary["rejected"] == 0
+    limited = simulate(dataclasses.replace(shape, max_waiting=8), cost, load)
+    s = limited.summary
+    assert s["rejected"] > 300 and s["completed"] + s["rejected"] == 400
+    assert (limited.outcome == "rejected").sum() == s["rejected"]
+    assert s["p99_ttft_ms"] < r.summary["p99_ttft_ms"] / 10  # a short queue, short waits
+    tokens = simulate(dataclasses.replace(shape, max_waiting_tokens=100), cost, load).summary
+    assert tokens["rejected"] > 300  # 3 prompts of 32 tokens fill a 100-token queue
+
+
+@pytest.mark.parametrize("mode", ["interleaved", "disaggregated"])
+def test_littles_law_on_random_poisson_workloads(mode):
+    model, hw = load_model("small"), load_hardware("h200")
+    cost = CostModel.assumed(model, hw, efficiency=0.02, overhead_s=2e-4)
+    shape = ServerShape(slots=8, decode_steps=4, mode=mode)
+    w = Workload(input=Lengths(200, "uniform", 150), output=Lengths(64, "uniform", 50),
+                 qps=40.0, seed=7)  # fmt: skip
+    r = simulate(shape, cost, drawn(w, 4000))
+    s = r.summary
+    assert s["completed"] == 4000 and not s["saturated"]
+    e2el = r.t_last - r.t_send
+    grid = np.linspace(r.t_send.min(), r.t_last.max(), 200_000)
+    mean_in_system = in_system(r.t_send, r.t_last, grid).mean()
+    assert mean_in_system == pytest.approx(40.0 * e2el.mean(), rel=0.05)
+    assert s["mean_concurrency"] == pytest.approx(mean_in_system, rel=0.01)
+    # the slots: the simulator's own occupancy over time vs throughput x time in a slot
+    # (a slot is taken when the prefix is inserted: at the first token when interleaved)
+    if mode == "interleaved":
+        in_slot = r.t_last - r.t_first
+        assert s["mean_running"] == pytest.approx(
+            s["request_throughput"] * in_slot.mean(), rel=0.02
+        )
+
+
+def test_closed_loop_keeps_concurrency_in_flight():
+    cost = flat()
+    c, n = 5, 300
+    w = Workload(input=Lengths(64, "uniform", 40), output=Lengths(32, "uniform", 20),
+                 concurrency=c, seed=3)  # fmt: skip
+    r = simulate(ServerShape(slots=8), cost, drawn(w, n))
+    s = r.summary
+    assert s["completed"] == n and s["peak_concurrency"] == c
+    # every request after the first c leaves when one finishes, at that instant
+    assert np.allclose(np.sort(r.t_send[c:]), np.sort(r.t_last)[: n - c])
+    assert np.allclose(r.t_sched, r.t_send)  # a closed loop schedules at the permit
+    grid = np.linspace(0, np.sort(r.t_last)[n - c] - 1e-9, 50_000)  # while some are unsent
+    assert np.all(in_system(r.t_send, r.t_last, grid) == c)
+
+
+def test_duration_stops_dispatch():
+    r = simulate(ServerShape(), flat(), fixed(100, 0.1, 16, 4, duration=2.05))
+    assert r.summary["sent"] == 21 and (r.outcome == "unsent").sum() == 79
+
+
+def test_disaggregated_prefill_no_longer_blocks_decode():
+    # long prompts (an expensive prefill) arriving while others decode: interleaved, each
+    # prefill stalls every running request's next chunk; disaggregated, it runs beside them
+    cost = flat(step=1e-3, prefill_per_token=1e-4)  # a 512-token prefill: 53 ms; a call ~4.5 ms
+    load = fixed(200, 0.05, inp=500, out=64, requested_rate=20.0)
+    inter = simulate(ServerShape(slots=8, mode="interleaved"), cost, load).summary
+    disagg = simulate(ServerShape(slots=8, mode="disaggregated"), cost, load).summary
+    call = cost.decode_call_s(8, 1024, 4)
+    prefill = cost.prefill_s(512)
+    assert inter["max_icl_ms"] >= (prefill + call) * 1e3 * 0.999  # a gap holds a prefill
+    assert disagg["max_icl_ms"] == pytest.approx(call * 1e3, rel=1e-3)  # never more than a call
+    assert disagg["p99_tpot_ms"] < inter["p99_tpot_ms"] / 2
+    assert disagg["completed"] == inter["completed"] == 200
+
+
+def test_more_decode_steps_per_sync_mean_bigger_token_chunks():
+    cost = flat(step=1e-3, sync=3e-3)
+    load = fixed(20, 1.0, inp=16, out=33)
+    one = simulate(ServerShape(slots=1, decode_steps=1), cost, load).summary
+    eight = simulate(ServerShape(slots=1, decode_steps=8), cost, load).summary
+    assert one["median_icl_ms"] == pytest.approx(cost.decode_call_s(1, 128, 1) * 1e3)
+    assert eight["median_icl_ms"] == pytest.approx(cost.decode_call_s(1, 128, 8) * 1e3)
+    assert eight["mean_tpot_ms"] < one["mean_tpot_ms"]  # the sync is paid once per 8 tokens
+
+
+def test_simulate_cli_prints_loadgen_keys_and_says_where_costs_come_from(capsys, tmp_path):
+    argv = ["--model", "small", "--hardware", "h200", "--qps", "5", "--num-requests", "50",
+            "--input-len", "64", "--output-len", "16", "--efficiency", "0.1"]  # fmt: skip
+    assert simulate_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Serving Benchmark Result" in out and "assumed, 10% of h200" in out
+    assert simulate_main([*argv, "--json"]) == 0
+    s = orjson.loads(capsys.readouterr().out)
+    plain = (int, float, str, bool, type(None), dict, list)
+    assert all(isinstance(v, plain) for v in s.values())
+    for key in ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+                "median_itl_ms", "output_throughput", "request_throughput", "achieved_rate",
+                "mean_running_batch", "completed", "rejected"):  # fmt: skip
+        assert s[key] is not None, key
+    assert s["completed"] == 50 and s["total_output_tokens"] == 50 * 16
+    # the same flags and seed draw loadgen's offsets: the achieved rate is loadgen's
+    w = Workload(input=Lengths(64), output=Lengths(16), qps=5.0)
+    offsets = [r.offset for r, _ in zip(iter_requests(w), range(50), strict=False)]
+    assert s["achieved_rate"] == pytest.approx(50 / offsets[-1])  # sent / send span
+    # a fit by path, and the stored fit for `--hardware local`
+    cost = CostModel.assumed(load_model("small"), load_hardware("h200"), efficiency=0.1)
+    path = fitstore.save_fit(cost, tmp_path / "fit.yaml")
+    assert simulate_main([*argv, "--fit", str(path)]) == 0
+    assert f"fit {path}" in capsys.readouterr().out
+    spec = {k: v for k, v in dataclasses.asdict(load_hardware("h200")).items() if k != "extra"}
+    local_hardware_path().parent.mkdir(parents=True, exist_ok=True)
+    local_hardware_path().write_text(yaml.safe_dump({**spec, "name": "local"}))
+    stored = fitstore.save_fit(dataclasses.replace(cost, source="fit"))
+    local_argv = [a if a != "h200" else "local" for a in argv]
+    assert simulate_main(local_argv) == 0
+    assert f"fit {stored}" in capsys.readouterr().out
+    assert simulate_main([*local_argv, "--no-fit"]) == 0
+    assert "assumed" in capsys.readouterr().out
+    assert simulate_main(["--model", "small", "--hardware", "h200"]) == 2
