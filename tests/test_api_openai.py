@@ -21,6 +21,8 @@ from scaletui.serve.testing import serve_in_thread
 from scaletui.serve.tokenizer import load_tokenizer
 from scaletui.specs import load_model
 
+pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
+
 PROMPTS = ["The quick brown fox", "hello", "Once upon a time there", "JAX", "é日本", "x" * 30]
 
 

@@ -40,6 +40,7 @@ def cache(tmp_path, monkeypatch, caplog):
 
 
 @pytest.mark.skipif(toolchain.compiler() is None, reason=toolchain.missing_compiler())
+@pytest.mark.slow  # one real compile (~3-10 s)
 def test_build_kernels_compiles_once_then_hits_the_cache(cache, caplog, capsys):
     assert cli.main(["build-kernels"]) == 0
     first = capsys.readouterr().out

@@ -12,6 +12,8 @@ from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.specs import load_model
 
+pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
+
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 
 

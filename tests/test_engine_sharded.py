@@ -13,6 +13,8 @@ from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.specs import load_model
 
+pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
+
 TINY = load_model("tiny")  # 4 heads, 2 KV heads
 TINY8 = dataclasses.replace(TINY, name="tiny8", n_heads=8, head_dim=8)  # for tp=8
 PROMPTS = [np.random.default_rng(0).integers(0, 512, n).tolist() for n in (6, 13, 11)]

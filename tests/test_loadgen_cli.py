@@ -96,6 +96,7 @@ def test_sweep_prints_a_latency_throughput_table(tmp_path, capsys):
     assert [s["requested_rate"] for s in summaries] == [20.0, 60.0]
 
 
+@pytest.mark.slow  # starts a server process
 def test_embedded_server_starts_answers_and_stops(tmp_path):
     with EmbeddedServer(MOCK_CMD, timeout=60, verbose=False) as srv:
         with urllib.request.urlopen(srv.url + "/health", timeout=10) as resp:
@@ -108,6 +109,7 @@ def test_embedded_server_starts_answers_and_stops(tmp_path):
         pass
 
 
+@pytest.mark.slow  # starts a server process
 def test_no_url_runs_against_the_embedded_server(tmp_path, monkeypatch):
     monkeypatch.setenv("LOADGEN_SERVER_CMD", MOCK_CMD)
     out = tmp_path / "r.json"
@@ -174,6 +176,7 @@ def test_odd_or_silent_model_list_is_one_line(capsys, monkeypatch):
     one_error_line(capsys, "no answer from /v1/models")
 
 
+@pytest.mark.slow  # starts a server process
 def test_embedded_server_that_failed_is_reported_at_once(tmp_path):
     script = tmp_path / "failed_server.py"
     script.write_text(

@@ -243,6 +243,7 @@ def test_no_tty_no_progress_escape_codes(monkeypatch):
 MOCK_CMD = f"{{python}} {MOCK} --port {{port}} --ttft 0.005 --gap 0.001"
 
 
+@pytest.mark.slow  # starts a server process
 def test_embedded_server_output_goes_to_a_log_not_the_terminal(tmp_path, capfd, monkeypatch):
     monkeypatch.setenv("LOADGEN_SERVER_CMD", MOCK_CMD)
     log = tmp_path / "server.log"

@@ -6,9 +6,12 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from scaletui.serve import kv_cache, model, weights
 from scaletui.specs import load_model
+
+pytestmark = pytest.mark.slow  # JAX forward passes and engines (README: the fast subset)
 
 
 def test_prefill_then_decode_logits_equal_full_forward(tiny):

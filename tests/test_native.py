@@ -17,6 +17,8 @@ from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.native import toolchain
 from scaletui.specs import load_model
 
+pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
+
 
 def _no_kernels() -> str | None:
     """Why the kernel tests skip: no compiler at all, or the kernels switched off. A compiler

@@ -1,7 +1,7 @@
 """The embedded server for `loadgen` without --url: a child process in its own process group.
 
-By default `python -m scaletui serve --model small --port PORT` (a subprocess, so loadgen
-imports nothing of scaletui); `--server-cmd` or $LOADGEN_SERVER_CMD replace it (a template
+By default `python -m scaletui serve --model small --port PORT` (a subprocess: loadgen imports
+no server code, only the stdlib-only `scaletui.procs`); `--server-cmd` or $LOADGEN_SERVER_CMD replace it (a template
 with {python} and {port}). Stopped with SIGTERM, then SIGKILL, always. Its stdout and stderr go
 to a log file, never to the terminal (they would break loadgen's progress line): a temporary
 file, removed after a clean run, kept and its tail shown otherwise.
@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,13 +19,9 @@ import time
 import urllib.error
 import urllib.request
 
+from scaletui.procs import free_port, stop_groups
+
 DEFAULT_CMD = "{python} -m scaletui serve --model small --port {port}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 TAIL_LINES = 10  # of the server's log, shown when something went wrong
@@ -144,14 +138,9 @@ class EmbeddedServer:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
+        stop_groups([proc.pid], grace_s=15)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
-        except ProcessLookupError:
-            pass
 
     def __exit__(self, exc_type, *exc) -> None:
         self.finish(clean=exc_type is None)

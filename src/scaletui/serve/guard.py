@@ -9,21 +9,14 @@ which a cross-site page cannot send without a preflight this server never answer
 
 from __future__ import annotations
 
-import ipaddress
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from scaletui.procs import is_loopback_host
 from scaletui.serve.validate import ApiError
 
-
-def is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host.lower() == "localhost"
+is_loopback = is_loopback_host  # a host name or IP, not a URL
 
 
 def _hostname(authority: str) -> str | None:

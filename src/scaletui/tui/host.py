@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from scaletui import specs
-from scaletui.procs import is_loopback_host
+from scaletui.procs import is_loopback_host, signal_group
 from scaletui.tui.knobs import Knobs
 
 MAX_DEFAULT_HOST_DEVICES = 8
@@ -139,8 +139,7 @@ async def run_calibrate(
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         await proc.wait()
         return f"no result after {timeout:.0f} s", ""
     if proc.returncode != 0 or not local_exists():
