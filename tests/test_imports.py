@@ -96,14 +96,15 @@ def test_no_import_cycle_in_src():
 
 
 def test_layers_import_only_what_they_may():
-    """specs and the shared records/procs modules import nothing of ours; roofline only specs;
-    loadgen only itself and the stdlib-only shared modules; tui never serve (HTTP only)."""
-    shared = {"scaletui.records", "scaletui.procs"}
+    """specs and the shared records/procs/latency modules import nothing of ours; roofline only
+    specs and latency; loadgen only itself and the shared modules; tui never serve (HTTP only)."""
+    shared = {"scaletui.records", "scaletui.procs", "scaletui.latency"}
     allowed = {
         "scaletui.specs": set(),
         "scaletui.records": set(),
         "scaletui.procs": set(),
-        "scaletui.roofline": {"scaletui.specs"},
+        "scaletui.latency": set(),
+        "scaletui.roofline": {"scaletui.specs", "scaletui.latency"},
         "scaletui.loadgen": shared,
         "scaletui.tui": {"scaletui.specs", "scaletui.roofline", "scaletui.loadgen", *shared},
     }

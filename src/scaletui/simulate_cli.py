@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from scaletui.loadgen import cli as loadgen_cli
 from scaletui.loadgen.output import table
-from scaletui.loadgen.workload import ARRIVALS, DISTS, Lengths, Workload, iter_requests
+from scaletui.loadgen.workload import ARRIVALS, DISTS, Workload, iter_requests
 from scaletui.roofline.costmodel import DTYPE_BYTES, CostModel
 from scaletui.roofline.fitstore import find_fit, load_fit
 from scaletui.roofline.simulate import MODES, Load, ServerShape, SimResult, simulate
@@ -79,24 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def workload_from(args: argparse.Namespace) -> Workload:
-    """loadgen's Workload for these flags (ids prompts: the lengths are drawn from their own
-    random stream, so the prompt format changes nothing but the drawing time)."""
-    out_len = args.output_len if args.output_len is not None else 128
-    return Workload(
-        input=Lengths(args.input_len, args.input_dist, args.input_spread),
-        output=Lengths(out_len, args.output_dist, args.output_spread),
-        dataset=args.dataset,
-        dataset_output=args.output_len is None,
-        chars_per_token=args.chars_per_token,
-        prefix_len=args.prefix_len,
-        prefix_groups=args.prefix_groups,
+    """loadgen's own Workload for these flags (ids prompts: the lengths are drawn from their
+    own random stream, so the prompt format changes nothing but the drawing time)."""
+    as_loadgen = argparse.Namespace(
+        **vars(args),
+        sweep=None,
+        cancel_rate=0.0,
         prompt_format="text" if args.dataset else "ids",
-        qps=args.qps,
-        arrival=args.arrival,
-        burstiness=args.burstiness,
-        concurrency=args.concurrency,
-        seed=args.seed,
     )
+    return loadgen_cli.workload_from(as_loadgen)
 
 
 def draw(workload: Workload, n: int | None, duration: float | None) -> tuple[np.ndarray, ...]:

@@ -1,10 +1,10 @@
 """The embedded server for `loadgen` without --url: a child process in its own process group.
 
 By default `python -m scaletui serve --model small --port PORT` (a subprocess: loadgen imports
-no server code, only the stdlib-only `scaletui.procs`); `--server-cmd` or $LOADGEN_SERVER_CMD replace it (a template
-with {python} and {port}). Stopped with SIGTERM, then SIGKILL, always. Its stdout and stderr go
-to a log file, never to the terminal (they would break loadgen's progress line): a temporary
-file, removed after a clean run, kept and its tail shown otherwise.
+no server code, only the stdlib-only `scaletui.procs`); `--server-cmd` or $LOADGEN_SERVER_CMD
+replace it (a template with {python} and {port}). Stopped with SIGTERM, then SIGKILL, always.
+Its stdout and stderr go to a log file, never to the terminal (they would break loadgen's
+progress line): a temporary file, removed after a clean run, kept and its tail shown otherwise.
 """
 
 from __future__ import annotations

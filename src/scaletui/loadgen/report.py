@@ -14,9 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scaletui.latency import (
+    SATURATION,
+    SATURATION_MIN_REQUESTS,
+    stats_ms,
+    sustained_rate,
+)
 from scaletui.loadgen.client import FAILED, OUTCOMES, RequestRecord
 
-PERCENTILES = (50, 90, 95, 99, 99.9)
 # metric -> JSON stem; every one gets mean_/median_/std_/min_/max_/pNN_<stem>_ms keys
 LATENCIES = (
     "ttft", "tpot", "itl", "e2el", "ttft_sched", "e2el_sched", "schedule_delay", "ntpot", "ttst",
@@ -52,8 +57,6 @@ METRIC_DEFINITIONS = {
     "over t_sched of completed requests: the completion rate the server kept up with (open loop)",
     "failure_rate": "(failed + rejected) / (sent - cancelled)",
 }
-SATURATION = 0.9  # below this fraction of the offered rate or count, a run is "saturated"
-SATURATION_MIN_REQUESTS = 10  # fewer sent requests: too few to judge
 
 
 @dataclass(frozen=True)
@@ -141,17 +144,6 @@ def latencies(records: Sequence[RequestRecord]) -> Latencies:
         icl=np.array(icl),
         schedule_delay=np.array([r.t_send - r.t_sched for r in sent]),
     )
-
-
-def stats_ms(name: str, seconds: np.ndarray) -> dict[str, float | None]:
-    """mean_/median_/std_/min_/max_/pNN_<name>_ms of a sample in seconds (null when empty)."""
-    keys = ["mean", "median", "std", "min", "max"] + [f"p{p:g}" for p in PERCENTILES]
-    if seconds.size == 0:
-        return {f"{k}_{name}_ms": None for k in keys}
-    ms = seconds * 1e3
-    values = [ms.mean(), np.median(ms), ms.std(), ms.min(), ms.max()]
-    values += list(np.percentile(ms, PERCENTILES))
-    return {f"{k}_{name}_ms": float(v) for k, v in zip(keys, values, strict=True)}
 
 
 def quantiles_ms(seconds: np.ndarray | list[float]) -> dict[str, float | None]:
@@ -286,21 +278,8 @@ def summarize(
 
 
 def _sustained_rate(ok: Sequence[RequestRecord], offered: float | None) -> float | None:
-    """The rate the server kept up with: offered / (1 + slope of t_done - t_sched over t_sched).
-
-    A server that keeps up has latencies that do not grow over the run (slope 0); one that
-    serves mu < lambda req/s builds a backlog, and request i (sent at i/lambda, done at i/mu)
-    waits t_sched * (lambda/mu - 1) longer: slope b = lambda/mu - 1, mu = lambda / (1 + b).
-    Noise in the lengths of single requests does not bias the slope, unlike a completion count
-    over a time span.
-    """
-    if offered is None or len(ok) < SATURATION_MIN_REQUESTS:
-        return None
-    t = np.array([r.t_sched for r in ok])
-    if np.ptp(t) <= 0:
-        return None
-    slope = float(np.polyfit(t - t.min(), np.array([r.t_done - r.t_sched for r in ok]), 1)[0])
-    return offered / (1 + max(slope, 0.0))
+    t_sched = np.array([r.t_sched for r in ok])
+    return sustained_rate(t_sched, np.array([r.t_done for r in ok]), offered)
 
 
 def _saturation(s: dict, answerable: int) -> str | None:

@@ -11,22 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PERCENTILES", "stats_ms", "summary"]
+from scaletui.latency import (
+    SATURATION,
+    SATURATION_MIN_REQUESTS,
+    stats_ms,
+    sustained_rate,
+)
 
-PERCENTILES = (50, 90, 95, 99, 99.9)  # loadgen.report.PERCENTILES
-SATURATION = 0.9  # loadgen.report.SATURATION
-SATURATION_MIN_REQUESTS = 10
-
-
-def stats_ms(name: str, seconds: np.ndarray) -> dict[str, float | None]:
-    """mean_/median_/std_/min_/max_/pNN_<name>_ms of a sample in seconds (null when empty)."""
-    keys = ["mean", "median", "std", "min", "max"] + [f"p{p:g}" for p in PERCENTILES]
-    if seconds.size == 0:
-        return {f"{k}_{name}_ms": None for k in keys}
-    ms = seconds * 1e3
-    values = [ms.mean(), np.median(ms), ms.std(), ms.min(), ms.max()]
-    values += list(np.percentile(ms, PERCENTILES))
-    return {f"{k}_{name}_ms": float(v) for k, v in zip(keys, values, strict=True)}
+__all__ = ["summary"]
 
 
 def _rate(count: float, span: float) -> float | None:
@@ -103,7 +95,7 @@ def summary(
         "requested_rate": requested_rate,
         "scheduled_rate": scheduled_rate,
         "achieved_rate": _rate(int(sent.sum()), send_span),
-        "sustained_rate": _sustained(t_sched[ok], t_last[ok], scheduled_rate)
+        "sustained_rate": sustained_rate(t_sched[ok], t_last[ok], scheduled_rate)
         if requested_rate
         else None,
     }
@@ -132,11 +124,3 @@ def summary(
         out.update(stats_ms(name, values))
     out.update(extra or {})
     return out
-
-
-def _sustained(t_sched: np.ndarray, t_done: np.ndarray, offered: float | None) -> float | None:
-    """loadgen.report._sustained_rate: offered / (1 + slope of t_done - t_sched over t_sched)."""
-    if offered is None or t_sched.size < SATURATION_MIN_REQUESTS or np.ptp(t_sched) <= 0:
-        return None
-    slope = float(np.polyfit(t_sched - t_sched.min(), t_done - t_sched, 1)[0])
-    return offered / (1 + max(slope, 0.0))
