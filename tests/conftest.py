@@ -21,10 +21,14 @@ os.environ["XDG_CACHE_HOME"] = _CACHE.name
 
 @pytest.fixture(autouse=True)
 def private_config(tmp_path_factory, monkeypatch) -> Path:
-    """An empty $XDG_CONFIG_HOME per test: no `local` spec unless the test writes one."""
+    """An empty $XDG_CONFIG_HOME per test: no `local` spec unless the test writes one; and
+    temporary files (log folders, server logs) under pytest's own temporary tree, not /tmp."""
     config = tmp_path_factory.mktemp("xdg-config")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
     monkeypatch.setenv("XDG_CACHE_HOME", _CACHE.name)
+    scratch = tmp_path_factory.mktemp("tmp")
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     return config
 
 

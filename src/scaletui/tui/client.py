@@ -21,11 +21,17 @@ class ServerClient:
         return self._session
 
     async def get(self, path: str) -> tuple[int, dict]:
-        """(status, JSON body; {} on a 5xx). Raises aiohttp.ClientError, TimeoutError or
-        ValueError (not JSON)."""
+        """(status, JSON body; {} for an error answer that is not a JSON object). Raises
+        aiohttp.ClientError, TimeoutError, or ValueError for a 2xx/4xx body that is not JSON."""
         timeout = aiohttp.ClientTimeout(1.5)
         async with self._http().get(self.url + path, timeout=timeout) as r:
-            return r.status, (await r.json(loads=orjson.loads)) if r.status < 500 else {}
+            if r.status < 500:
+                return r.status, await r.json(loads=orjson.loads)
+            try:  # /health: 503 {"status": "compiling"}, 500 {"status": "failed", "error": ...}
+                body = orjson.loads(await r.read())
+            except orjson.JSONDecodeError:
+                body = {}
+            return r.status, body if isinstance(body, dict) else {}
 
     async def probe(self) -> str | None:
         """None when GET /health answers 200, else why not, in words."""

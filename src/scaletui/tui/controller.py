@@ -267,7 +267,7 @@ class Controller:
             if why is None:
                 self.event("server ready (/health OK)", server="serving", phase="idle")
                 return await self.client.config()
-            if self.attached or self._up is not None:
+            if self.attached:  # our own server compiles first (503): its progress is in its log
                 if why != said:
                     self.event(
                         f"server at {self.url} is not ready: {why}; retrying", "warning",
