@@ -108,7 +108,7 @@ class Latencies:
         if not parts:
             return latencies([])
         names = cls.__dataclass_fields__
-        return cls(**{n: np.concatenate([getattr(p, n) for p in parts]) for n in names})
+        return cls(**{n: np.concatenate([vars(p)[n] for p in parts]) for n in names})
 
 
 def latencies(records: Sequence[RequestRecord]) -> Latencies:
@@ -268,7 +268,7 @@ def summarize(
     summary["saturation"] = _saturation(summary, answerable) if requested_rate else None
     summary["saturated"] = summary["saturation"] is not None
     for name in LATENCIES:
-        summary.update(stats_ms(name, getattr(lat, name)))
+        summary.update(stats_ms(name, vars(lat)[name]))
     summary["warnings"] = _warnings(summary)
     summary["metric_definitions"] = METRIC_DEFINITIONS
     summary["config"] = config or {}

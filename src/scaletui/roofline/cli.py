@@ -138,7 +138,7 @@ def expected(e: Estimate, cost: CostModel) -> dict:
     prefill = cost.prefill_s(c["prompt_len"])
     return {
         "source": cost.source,
-        "fit_config": {k: getattr(cost, k) for k in ("model", "hardware", "dtype", "tp", "dp")},
+        "fit_config": {k: vars(cost)[k] for k in ("model", "hardware", "dtype", "tp", "dp")},
         "decode_step_s": step,
         "decode_tokens_per_s": c["batch"] / step,
         "prefill_s": prefill,

@@ -90,11 +90,11 @@ class CostModel:
 
     def __post_init__(self) -> None:
         for name in ("read_bw", "decode_flops_per_s", "prefill_flops_per_s", "transfer_bw"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} should be > 0, got {getattr(self, name)!r}")
+            if not vars(self)[name] > 0:
+                raise ValueError(f"{name} should be > 0, got {vars(self)[name]!r}")
         for name in ("step_overhead_s", "sync_s", "prefill_overhead_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} should be >= 0, got {getattr(self, name)!r}")
+            if vars(self)[name] < 0:
+                raise ValueError(f"{name} should be >= 0, got {vars(self)[name]!r}")
         if self.tp < 1 or self.dp < 1:
             raise ValueError(f"tp and dp should be >= 1, got tp={self.tp} dp={self.dp}")
 

@@ -64,8 +64,8 @@ class ServerShape:
             raise ValueError(f"mode should be one of {MODES}, got {self.mode!r}")
         for name in ("slots", "decode_steps", "min_prefill_bucket", "max_waiting",
                      "max_waiting_tokens"):  # fmt: skip
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} should be >= 1, got {getattr(self, name)}")
+            if vars(self)[name] < 1:
+                raise ValueError(f"{name} should be >= 1, got {vars(self)[name]}")
         if self.max_seq_len < 2:
             raise ValueError(f"max_seq_len should be >= 2, got {self.max_seq_len}")
 

@@ -187,8 +187,8 @@ def main(argv: list[str]) -> int:
     except (SpecError, ValueError, ImportError) as e:
         return _error(str(e))
     for name in ("header_timeout", "body_timeout", "keepalive_timeout"):
-        if not getattr(args, name) > 0:
-            return _error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+        if not vars(args)[name] > 0:
+            return _error(f"--{name.replace('_', '-')} must be > 0, got {vars(args)[name]}")
     try:
         sock = _listen(args.host, args.port)
     except OSError as e:  # the port is taken, or the address is not this host's

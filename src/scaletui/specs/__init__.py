@@ -7,7 +7,6 @@ are checked with the file, the key and what was expected named in the error; any
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -247,5 +246,5 @@ def load_hardware(ref: str | os.PathLike) -> HardwareSpec:
 
 def as_dict(spec: ModelSpec | HardwareSpec) -> dict:
     """The spec as plain YAML-able data (the `extra` keys folded back in)."""
-    data = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name != "extra"}
+    data = {k: v for k, v in vars(spec).items() if k != "extra"}
     return {**data, **spec.extra}

@@ -44,7 +44,7 @@ def _load() -> str | None:
         lib = ctypes.cdll.LoadLibrary(str(toolchain.ensure().path))
         symbols = {DENSE: "ScaletuiDenseF32", ATTENTION: "ScaletuiDecodeAttentionF32"}
         for name, symbol in symbols.items():
-            capsule = jax.ffi.pycapsule(getattr(lib, symbol))
+            capsule = jax.ffi.pycapsule(lib[symbol])
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     except (OSError, RuntimeError, AttributeError) as e:  # toolchain.BuildError is a RuntimeError
         toolchain.log.warning("native CPU kernels unavailable (XLA's ops run instead): %s", e)

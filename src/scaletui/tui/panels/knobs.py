@@ -34,7 +34,7 @@ class KnobsPanel(Static):
                 now = v.applied.hardware or f"auto ({v.hardware})"
                 new = v.knobs.hardware or now
             else:
-                now, new = str(getattr(v.applied, key)), str(getattr(v.knobs, key))
+                now, new = str(v.applied.to_dict()[key]), str(v.knobs.to_dict()[key])
             cell = Text(now)
             if new != now:
                 cell = Text.assemble((now, "dim strike"), " → ", (new, "bold yellow"))
