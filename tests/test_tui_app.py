@@ -343,17 +343,24 @@ async def test_ctrl_p_opens_palette_with_our_commands():
         assert app.state.knobs.tp == 2
 
 
+async def help_rows(app: ScaleTUI, pilot) -> list[list[str]]:
+    """Open help with `?`; its key table's rows as text."""
+    from textual.widgets import DataTable
+
+    await settle(app, pilot)
+    await pilot.press("question_mark")
+    await pilot.pause()
+    table = app.screen.query_one("#help-keys", DataTable)
+    return [list(map(str, table.get_row_at(i))) for i in range(table.row_count)]
+
+
 async def test_help_lists_keys_with_glossary_and_dimmed_state():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await settle(app, pilot)
-        await pilot.press("question_mark")
-        await pilot.pause()
-        from textual.widgets import DataTable, Markdown
+        rows = await help_rows(app, pilot)
+        from textual.widgets import Markdown
 
-        table = app.screen.query_one("#help-keys", DataTable)
-        rows = [table.get_row_at(i) for i in range(table.row_count)]
-        assert ["a", "Apply", "unavailable"] in [list(map(str, r)) for r in rows]
+        assert ["a", "Apply", "unavailable"] in rows
         assert "arithmetic intensity" in app.screen.query_one(Markdown).source
         await pilot.press("escape")
         assert app.screen.__class__.__name__ != "HelpScreen"
@@ -551,14 +558,8 @@ async def test_sweep_status_names_the_point_running(tmp_path):
 async def test_help_shows_keys_as_typed_not_by_internal_name():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await settle(app, pilot)
-        await pilot.press("question_mark")
-        await pilot.pause()
-        from textual.widgets import DataTable
-
-        table = app.screen.query_one("#help-keys", DataTable)
-        keys = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
-        assert "?" in keys and "^p" in keys or "ctrl+p" in keys
+        keys = [row[0] for row in await help_rows(app, pilot)]
+        assert "?" in keys and ("^p" in keys or "ctrl+p" in keys), keys
         assert not [k for k in keys if "_" in k], keys  # no question_mark, full_stop, ...
 
 
