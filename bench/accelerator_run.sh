@@ -40,8 +40,22 @@ WHL=${WHL:-$ROOT/.whl}
 IMAGE_PACKAGES=(jax==0.11.2 jaxlib==0.11.2 numpy aiohttp pyyaml prometheus-client tokenizers
                 safetensors psutil uvloop rich pygments markdown-it-py mdurl typing-extensions)
 
+# A Python 3.12 that runs: $PY312, else python3.12 on PATH (a pyenv shim only works when 3.12
+# is selected, so it is tried, not trusted), else pyenv's own 3.12 install.
+find_py312() {
+  local c
+  for c in "$PY312" "$(command -v python3.12)" \
+           "$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")"/versions/3.12*/bin/python3.12; do
+    [[ -n $c ]] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null \
+      && { echo "$c"; return 0; }
+  done
+  echo "accelerator_run: no Python 3.12 found (set PY312=/path/to/python3.12)" >&2
+  return 1
+}
+
 make_dry_env() {
-  local py312=${PY312:-$(command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python3)}
+  local py312
+  py312=$(find_py312) || return 1
   echo "accelerator_run: creating $DRYENV with $py312 and the GPU image's packages"
   rm -rf "$DRYENV"
   "$py312" -m venv "$DRYENV" && "$DRYENV/bin/python" -m pip install -q "${IMAGE_PACKAGES[@]}"
