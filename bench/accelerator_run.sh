@@ -44,7 +44,7 @@ IMAGE_PACKAGES=(jax==0.11.2 jaxlib==0.11.2 numpy aiohttp pyyaml prometheus-clien
 # is selected, so it is tried, not trusted), else pyenv's own 3.12 install.
 find_py312() {
   local c
-  for c in "$PY312" "$(command -v python3.12)" \
+  for c in "${PY312:-}" "$(command -v python3.12)" \
            "$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")"/versions/3.12*/bin/python3.12; do
     [[ -n $c ]] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null \
       && { echo "$c"; return 0; }
