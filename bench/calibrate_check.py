@@ -44,7 +44,7 @@ def figures(spec: dict) -> dict[str, float]:
     out["best hbm_bw"] = m["memory"]["bytes_moved"] / m["memory"]["min_s"]
     for dtype in ("f32", "bf16"):
         mm = m["matmul"][dtype]
-        out[f"best {dtype}"] = 2 * mm["n"] ** 3 / mm["min_s"]
+        out[f"best {dtype}"] = mm["flops"] / mm["min_s"]
     return out
 
 

@@ -1,6 +1,8 @@
 """`scaletui calibrate --quick` on the 8 virtual CPU devices: it writes a `local` spec that loads,
-prints the same YAML on stdout with progress on stderr, and feeds an f32 roofline estimate.
-Speeds are not asserted (bench/calibrate_check.py measures them)."""
+prints the same YAML on stdout with progress on stderr, and feeds an f32 roofline estimate; the
+working-set rule and the bandwidth picker on a mocked cache listing and a mocked probe. Runs at
+TINY sizes (a few MB), never the real 1 GiB stream. Speeds are not asserted
+(bench/calibrate_check.py measures them)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,24 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scaletui import calibrate as cal
 from scaletui import roofline
-from scaletui.calibrate import main
+from scaletui.calibrate import Sizes, main
 from scaletui.specs import load_hardware, load_model, local_hardware_path
+
+GiB = 1 << 30
+# What the tests measure with: a 4 MB read stream, 2 MB copy, 64x128 matmuls.
+TINY = Sizes(
+    read_bytes=4 << 20,
+    copy_bytes=2 << 20,
+    d=64,
+    f=128,
+    thin_batches=(2, 8),
+    prefill_t=32,
+    allreduce_bytes=1 << 20,
+    reps=2,
+    dispatch_calls=5,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -19,18 +36,83 @@ def _config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
 
 
+@pytest.fixture
+def tiny_sizes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """`main` measures at TINY sizes; returns the `quick` flags it asked for."""
+    asked: list[bool] = []
+
+    def for_backend(backend: str, *, quick: bool = False, **_: object) -> Sizes:
+        asked.append(quick)
+        return TINY
+
+    monkeypatch.setattr(cal.Sizes, "for_backend", staticmethod(for_backend))
+    return asked
+
+
+def _cache_listing(root: Path, caches: list[tuple[int, str]]) -> Path:
+    """A fake /sys/devices/system/cpu/cpu0/cache: index<i>/{level,size}."""
+    for i, (level, size) in enumerate(caches):
+        (root / f"index{i}").mkdir(parents=True)
+        (root / f"index{i}" / "level").write_text(f"{level}\n")
+        (root / f"index{i}" / "size").write_text(f"{size}\n")
+    return root
+
+
+def test_llc_is_the_largest_cache_listed(tmp_path: Path) -> None:
+    root = _cache_listing(tmp_path, [(1, "32K"), (1, "32K"), (2, "512K"), (3, "32768K")])
+    assert cal.last_level_cache_bytes(root) == 32 << 20
+    assert cal.last_level_cache_bytes(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize(
+    ("llc", "want"),
+    [(32 << 20, GiB), (256 << 20, 2 * GiB), (None, GiB), (2 << 20, GiB)],
+)
+def test_working_set_is_past_the_cache(tmp_path: Path, llc: int | None, want: int) -> None:
+    assert cal.read_working_set("cpu", llc) == want
+    root = _cache_listing(tmp_path, [(2, "1M"), (3, f"{llc >> 10}K")] if llc else [])
+    for quick in (False, True):  # --quick keeps the working set, times fewer runs
+        sizes = Sizes.for_backend("cpu", quick=quick, cache_dir=root)
+        assert sizes.read_bytes == want >= 8 * (llc or 0)
+        assert min(sizes.read_points) >= 2 * (llc or 0)  # every curve point is past the LLC
+    assert (
+        Sizes.for_backend("cpu", quick=True, cache_dir=root).reps
+        < Sizes.for_backend("cpu", cache_dir=root).reps
+    )
+
+
+def test_working_set_on_accelerators_is_2gib_capped_by_free_memory() -> None:
+    assert cal.read_working_set("gpu", None) == 2 * GiB
+    assert cal.read_working_set("tpu", None, free_bytes=64 * GiB) == 2 * GiB
+    assert cal.read_working_set("gpu", None, free_bytes=GiB) == GiB // 2
+
+
+def test_roofs_fall_as_the_working_set_leaves_the_cache() -> None:
+    llc = 32 << 20
+    # A mocked probe: in-cache sizes stream fast, then the curve falls to DRAM's plateau.
+    probe = {1 << 20: 200e9, 8 << 20: 120e9, 32 << 20: 60e9, 256 << 20: 30e9, GiB: 29e9}
+    probe[512 << 20] = 31e9
+    curve = [{"bytes": b, "bw": probe[b]} for b in sorted(probe)]
+    in_cache = [p["bw"] for p in curve if p["bytes"] <= llc]
+    assert min(in_cache) > max(p["bw"] for p in curve if p["bytes"] > llc)  # it falls
+    assert cal.pick_read_bw(curve, llc) == 30e9  # the median past 8x LLC, no in-cache figure
+    assert cal.pick_read_bw(curve, None) == pytest.approx(45.5e9)  # unknown LLC: all points
+    assert cal.pick_read_bw(curve[:3], llc) == 60e9  # nothing past: the largest size
+
+
 @pytest.mark.timeout(120)
 def test_calibrate_writes_a_loadable_local_spec(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_sizes: list[bool]
 ) -> None:
     import jax
 
     assert main(["--quick"]) == 0
+    assert tiny_sizes == [True]
     out = capsys.readouterr()
     path = local_hardware_path()
     assert path == tmp_path / "config" / "scaletui" / "hardware" / "local.yaml"
     assert yaml.safe_load(out.out) == yaml.safe_load(path.read_text())
-    assert "[1/4] memory bandwidth" in out.err and f"wrote {path}" in out.err
+    assert "[1/5] memory bandwidth" in out.err and f"wrote {path}" in out.err
 
     hw = load_hardware("local")
     n = len(jax.devices())
@@ -38,12 +120,30 @@ def test_calibrate_writes_a_loadable_local_spec(
     assert hw.hbm_bw > 0 and hw.flops("f32") > 0 and hw.flops("bf16") > 0
     assert hw.hbm_bytes > 1e9  # host RAM on a CPU
     measured = hw.extra["measured"]
-    assert measured["memory"]["bytes_moved"] == 2 * (32 << 20)  # read + write of the array
-    assert measured["matmul"]["f32"]["n"] == 512
+    # hbm_bw is the read stream's plateau; the copy (read + write) stays for reference.
+    assert hw.hbm_bw == pytest.approx(measured["memory"]["bw"])
+    assert measured["memory"]["working_set_bytes"] == TINY.read_points[-1]
+    assert [p["bytes"] for p in measured["memory"]["curve"]] == TINY.read_points
+    assert measured["memory_copy"]["bytes_moved"] == 2 * TINY.copy_bytes  # read + write
+    for dtype in ("f32", "bf16"):  # flops_per_s is the prefill GEMM; thin ones beside it
+        assert measured["matmul"][dtype]["shape"] == [TINY.prefill_t, TINY.d, TINY.f]
+        assert hw.flops(dtype) == pytest.approx(measured["matmul"][dtype]["flops_per_s"])
+        assert set(measured["matmul_thin"][dtype]) == set(TINY.thin_batches)
+        for b, thin in measured["matmul_thin"][dtype].items():
+            assert thin["shape"] == [b, TINY.d, TINY.f] and thin["flops_per_s"] > 0
+            assert f"[{b}, {TINY.d}] x [{TINY.d}, {TINY.f}] {dtype}" in thin["method"]
+    assert 0 < measured["dispatch_s"] < 1
+    assert "jit" in measured["dispatch_method"]
+    # Every figure says how it was measured.
+    methods = hw.extra["methods"]
+    assert str(TINY.read_points[-1]) in methods["hbm_bw"] and "read-only" in methods["hbm_bw"]
+    assert f"[{TINY.prefill_t}, {TINY.d}]" in methods["flops_per_s"]["bf16"]
+    assert all(m["method"] for m in (measured["memory"], measured["memory_copy"]))
     if n > 1:  # conftest gives 8 virtual devices: the all-reduce path runs
         assert measured["all_reduce"]["devices"] == n
         assert hw.ici_bw == pytest.approx(measured["all_reduce"]["bw"])
         assert hw.ici_latency_s > 0
+        assert "psum" in methods["ici_bw"] and measured["all_reduce"]["method"]
     assert hw.dcn_bw == hw.ici_bw
     assert "date" in hw.extra
 
@@ -55,7 +155,9 @@ def test_calibrate_writes_a_loadable_local_spec(
 
 
 @pytest.mark.timeout(120)
-def test_calibrate_out_and_no_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_calibrate_out_and_no_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_sizes: list[bool]
+) -> None:
     assert main(["--quick", "--no-write"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["name"] == "local"
@@ -75,7 +177,7 @@ def test_calibrate_one_device_uses_memory_bandwidth_for_ici() -> None:
 
     from scaletui.calibrate import calibrate
 
-    spec = calibrate(quick=True, devices=jax.devices()[:1], log=lambda msg: None)
+    spec = calibrate(sizes=TINY, devices=jax.devices()[:1], log=lambda msg: None)
     assert spec["measured"]["all_reduce"] is None
     assert spec["ici_bw"] == spec["hbm_bw"] == spec["dcn_bw"]
     assert "ici_latency_s" not in spec

@@ -1,11 +1,14 @@
 """`scaletui calibrate`: measure this host's JAX devices and write the `local` hardware spec.
 
 Measures, on device 0 unless stated, each figure the median of several timed runs after a warm-up
-(compile) run:
-1. memory bandwidth: an in-place scale of a large f32 array (buffer donated, so nothing is
-   allocated per run); bytes read + bytes written = 2 * array size;
-2. matmul FLOP/s in f32 (highest precision) and bf16: [n,n]x[n,n] = 2n^3 FLOPs, n by backend;
-3. with more than one device: all-reduce (psum under shard_map) bandwidth over all of them, as
+(compile) run, and writes beside each how it was measured (`method`):
+1. `hbm_bw`: the READ bandwidth a decode step meets: a read-only row sum `x[R, C] @ ones[C]` over
+   working sets past the last-level cache (>= 1 GiB and 8x the LLC on CPU, 2 GiB on GPU/TPU), the
+   plateau past the cache; the old in-place scale (read + write) stays as `measured.memory_copy`;
+2. matmul FLOP/s at serving shapes: thin [B, D] x [D, F] (decode, B = 16/64/256) and a
+   prefill-sized [T, D] x [D, F] GEMM in f32 and bf16; `flops_per_s` is the prefill GEMM;
+3. the dispatch floor: one tiny jitted call plus its host sync (`measured.dispatch_s`);
+4. with more than one device: all-reduce (psum under shard_map) bandwidth over all of them, as
    the ring's bus bandwidth 2*V*(n-1)/(n*t), and a per-hop latency from a tiny all-reduce.
 The spec goes to `scaletui.specs.local_hardware_path()` (XDG) and to stdout as YAML; progress to
 stderr. Predictions for "this machine" then use `--hardware local`.
@@ -27,26 +30,94 @@ import yaml
 
 from scaletui.specs import load_hardware, local_hardware_path
 
-__all__ = ["Sizes", "calibrate", "main"]
+__all__ = [
+    "Sizes",
+    "calibrate",
+    "last_level_cache_bytes",
+    "main",
+    "pick_read_bw",
+    "read_working_set",
+]
+
+GiB = 1 << 30
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+READ_COLS = 4096  # C: row length of the read-stream matrix (16 KiB of f32 per row)
+
+
+def last_level_cache_bytes(cache_dir: Path = CACHE_DIR) -> int | None:
+    """The largest cache the OS lists for cpu0 (`index*/size`, e.g. "32768K"); None if unlisted."""
+    sizes = []
+    for index in sorted(cache_dir.glob("index*")):
+        try:
+            text = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * mult)
+    return max(sizes) if sizes else None
+
+
+def read_working_set(backend: str, llc_bytes: int | None, free_bytes: int | None = None) -> int:
+    """Bytes the read stream must cover to leave the cache: on CPU max(1 GiB, 8 x LLC) (1 GiB
+    when the LLC is unknown); on GPU/TPU 2 GiB, capped at half the device's free memory."""
+    if backend == "cpu":
+        return max(GiB, 8 * (llc_bytes or 0))
+    want = 2 * GiB
+    return min(want, free_bytes // 2) if free_bytes else want
+
+
+def pick_read_bw(curve: list[dict], llc_bytes: int | None) -> float:
+    """The plateau past the cache: the median bandwidth over the points of a size -> bandwidth
+    curve at >= 8x the LLC (all points when the LLC is unknown; the largest if none qualify)."""
+    floor = 8 * llc_bytes if llc_bytes else 0
+    past = [p["bw"] for p in curve if p["bytes"] >= floor]
+    return statistics.median(past) if past else max(curve, key=lambda p: p["bytes"])["bw"]
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """How big and how often: chosen by backend, smaller with --quick."""
+    """How big and how often: chosen by backend; --quick keeps the sizes and times fewer runs."""
 
-    copy_bytes: int  # array for the bandwidth test
-    matmul_n: int  # square matmul side
+    read_bytes: int  # largest read-stream working set (past the LLC)
+    copy_bytes: int  # array for the in-place scale (read + write), kept for reference
+    d: int  # D of the matmuls [B, D] x [D, F]
+    f: int  # F
+    thin_batches: tuple[int, ...]  # B of the thin (decode) matmuls
+    prefill_t: int  # T of the prefill GEMM [T, D] x [D, F]
     allreduce_bytes: int  # per-device buffer for the all-reduce
     reps: int  # at least this many timed runs per figure (median taken)
     min_time_s: float = 0.0  # ... and keep timing until this long has passed (a loaded host)
+    dispatch_calls: int = 200  # timed calls of the tiny jitted op
+    llc_bytes: int | None = None  # the LLC the OS reports (None: unknown / not a CPU)
+
+    @property
+    def read_points(self) -> list[int]:
+        """Working sets of the read curve: R x C f32 rows, at 1/4, 1/2 and all of read_bytes."""
+        row = READ_COLS * 4
+        return sorted({max(self.read_bytes // k // row, 1) * row for k in (4, 2, 1)})
 
     @classmethod
-    def for_backend(cls, backend: str, *, quick: bool = False) -> Sizes:
+    def for_backend(
+        cls,
+        backend: str,
+        *,
+        quick: bool = False,
+        cache_dir: Path = CACHE_DIR,
+        free_bytes: int | None = None,
+    ) -> Sizes:
+        llc = last_level_cache_bytes(cache_dir) if backend == "cpu" else None
+        ws = read_working_set(backend, llc, free_bytes)
+        if backend == "cpu":  # D, F of a 1B model; the prefill GEMM at 512 tokens
+            shapes = dict(d=2048, f=8192, thin_batches=(16, 64, 256), prefill_t=512)
+            runs = dict(reps=9, min_time_s=2.0, allreduce_bytes=64 << 20)
+        else:  # D, F of an 8B model
+            shapes = dict(d=4096, f=14336, thin_batches=(16, 64, 256), prefill_t=4096)
+            runs = dict(reps=20, min_time_s=1.0, allreduce_bytes=256 << 20)
         if quick:
-            return cls(copy_bytes=32 << 20, matmul_n=512, allreduce_bytes=4 << 20, reps=3)
-        if backend == "cpu":
-            return cls(256 << 20, 2048, 64 << 20, reps=9, min_time_s=3.0)
-        return cls(2 << 30, 8192, 256 << 20, reps=20, min_time_s=1.0)
+            runs = dict(reps=3, min_time_s=0.0, allreduce_bytes=4 << 20, dispatch_calls=50)
+        return cls(read_bytes=ws, copy_bytes=ws // 4, llc_bytes=llc, **shapes, **runs)
 
 
 def _median_time(
@@ -68,7 +139,44 @@ def _summary(median: float, runs: list[float]) -> dict:
     return {"median_s": median, "min_s": min(runs), "max_s": max(runs), "runs": len(runs)}
 
 
-def _memory_bw(jax, jnp, device, nbytes: int, reps: int, min_s: float) -> dict:
+def _read_bw(jax, jnp, device, sizes: Sizes) -> dict:
+    """Read-only stream over each working set of `sizes.read_points`; `bw` is the plateau.
+
+    A row sum written as a matrix-vector product: the decode step's own op, nothing written back
+    but R floats. Every core the server uses: XLA:CPU runs one op on its intra-op thread pool, one
+    thread per host core, shared by the server's jitted steps; this runs on that same default
+    backend unpinned (pinned to one core with taskset it falls from ~27 to ~19 GB/s on a 2-core
+    EPYC). Its GEMV streams faster than XLA's own reduce loop (`jnp.sum`: ~22 GB/s there)."""
+    rowsum = jax.jit(lambda x, v: x @ v)
+    v = jax.device_put(jnp.ones((READ_COLS,), jnp.float32), device)  # [C]
+    curve, last = [], {}
+    for nbytes in sizes.read_points:
+        x = jax.device_put(jnp.ones((nbytes // (4 * READ_COLS), READ_COLS), jnp.float32), device)
+        t, runs = _median_time(
+            lambda x=x: rowsum(x, v).block_until_ready(), sizes.reps, sizes.min_time_s / 3
+        )
+        del x
+        curve.append({"bytes": nbytes, "bw": nbytes / t})
+        last = _summary(t, runs)
+    bw = pick_read_bw(curve, sizes.llc_bytes)
+    llc = f"LLC {sizes.llc_bytes} B" if sizes.llc_bytes else "LLC unknown"
+    method = (
+        f"read-only row sum x[R, {READ_COLS}] f32 @ ones[{READ_COLS}] (jit, block_until_ready) "
+        f"at working sets {[p['bytes'] for p in curve]} B ({llc}); median of >= {sizes.reps} "
+        "runs each after a warm-up; bw = median of the points >= 8x LLC; bytes read only"
+    )
+    return {
+        "bw": bw,
+        "method": method,
+        "working_set_bytes": sizes.read_points[-1],
+        "llc_bytes": sizes.llc_bytes,
+        "curve": curve,
+        "bytes_moved": sizes.read_points[-1],
+        **last,
+    }
+
+
+def _copy_bw(jax, jnp, device, nbytes: int, reps: int, min_s: float) -> dict:
     n = nbytes // 4
     scale = jax.jit(lambda x, s: x * s, donate_argnums=0)
     s = jax.device_put(jnp.float32(1.0), device)
@@ -80,17 +188,38 @@ def _memory_bw(jax, jnp, device, nbytes: int, reps: int, min_s: float) -> dict:
 
     t, runs = _median_time(run, reps, min_s)
     moved = 2 * n * 4  # read + write
-    return {"bw": moved / t, "bytes_moved": moved, **_summary(t, runs)}
+    method = (
+        f"in-place x * s over {n * 4} B f32, buffer donated; bytes = read + write = {moved}; "
+        f"median of >= {reps} runs; reference only (a decode step reads, it does not copy)"
+    )
+    return {"bw": moved / t, "method": method, "bytes_moved": moved, **_summary(t, runs)}
 
 
-def _matmul(jax, jnp, device, n: int, dtype: str, reps: int, min_s: float) -> dict:
+def _matmul(jax, jnp, device, b: int, d: int, f: int, dtype: str, sizes: Sizes) -> dict:
+    """[b, d] x [d, f]: 2*b*d*f FLOPs; f32 at highest precision."""
     jdt = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
     key = jax.random.PRNGKey(0)
-    a = jax.device_put(jax.random.normal(key, (n, n), jdt), device)  # [n, n]
-    b = jax.device_put(jax.random.normal(key, (n, n), jdt), device)
-    mm = jax.jit(lambda a, b: jnp.matmul(a, b, precision=jax.lax.Precision.HIGHEST))
-    t, runs = _median_time(lambda: mm(a, b).block_until_ready(), reps, min_s)
-    return {"flops_per_s": 2 * n**3 / t, "n": n, **_summary(t, runs)}
+    x = jax.device_put(jax.random.normal(key, (b, d), jdt), device)  # [B, D]
+    w = jax.device_put(jax.random.normal(key, (d, f), jdt), device)  # [D, F]
+    mm = jax.jit(lambda x, w: jnp.matmul(x, w, precision=jax.lax.Precision.HIGHEST))
+    t, runs = _median_time(lambda: mm(x, w).block_until_ready(), sizes.reps, sizes.min_time_s)
+    flops = 2 * b * d * f
+    method = f"[{b}, {d}] x [{d}, {f}] {dtype} (jit), {flops} FLOPs, median of >= {sizes.reps} runs"
+    return {
+        "flops_per_s": flops / t,
+        "method": method,
+        "shape": [b, d, f],
+        "flops": flops,
+        **_summary(t, runs),
+    }
+
+
+def _dispatch(jax, jnp, device, calls: int) -> tuple[float, str]:
+    """The floor under every step: one jitted call on a scalar plus its host sync."""
+    inc = jax.jit(lambda x: x + 1)
+    x = jax.device_put(jnp.float32(0.0), device)
+    t, _ = _median_time(lambda: inc(x).block_until_ready(), calls)
+    return t, f"median of {calls} calls of jit(x + 1) on an f32 scalar, each block_until_ready"
 
 
 def _all_reduce(jax, jnp, devices: list, nbytes: int, reps: int, min_s: float) -> dict:
@@ -133,6 +262,15 @@ def _host_memory_bytes(device) -> float:
     return float(psutil.virtual_memory().total)
 
 
+def _free_bytes(device) -> int | None:
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # backends without stats raise various errors
+        return None
+    limit = stats.get("bytes_limit")
+    return int(limit - stats.get("bytes_in_use", 0)) if limit else None
+
+
 def calibrate(
     *,
     quick: bool = False,
@@ -150,26 +288,44 @@ def calibrate(
     kind = backend if backend in ("cpu", "tpu") else "gpu"
     devices = list(devices or jax.devices())
     dev = devices[0]
-    sizes = sizes or Sizes.for_backend(backend, quick=quick)
+    free = _free_bytes(dev) if kind != "cpu" else None
+    sizes = sizes or Sizes.for_backend(backend, quick=quick, free_bytes=free)
     log(f"calibrate: {len(devices)} {backend} device(s) ({dev.device_kind}); {sizes}")
 
-    log(f"calibrate: [1/4] memory bandwidth, {sizes.copy_bytes / 1e6:.0f} MB in-place scale ...")
-    mem = _memory_bw(jax, jnp, dev, sizes.copy_bytes, sizes.reps, sizes.min_time_s)
-    log(f"calibrate:       {mem['bw'] / 1e9:.1f} GB/s (read + write)")
-    flops = {}
+    log(f"calibrate: [1/5] memory bandwidth, read-only stream over {sizes.read_points} B ...")
+    read = _read_bw(jax, jnp, dev, sizes)
+    log(f"calibrate:       {read['bw'] / 1e9:.1f} GB/s read (past the cache)")
+    copy = _copy_bw(jax, jnp, dev, sizes.copy_bytes, sizes.reps, sizes.min_time_s)
+    log(f"calibrate:       {copy['bw'] / 1e9:.1f} GB/s copy (read + write, reference)")
+    flops, thin = {}, {}
     for i, dtype in enumerate(("f32", "bf16"), start=2):
-        log(f"calibrate: [{i}/4] {dtype} matmul {sizes.matmul_n}^3 ...")
-        flops[dtype] = _matmul(jax, jnp, dev, sizes.matmul_n, dtype, sizes.reps, sizes.min_time_s)
-        log(f"calibrate:       {flops[dtype]['flops_per_s'] / 1e9:.1f} GFLOP/s")
+        d, f = sizes.d, sizes.f
+        log(
+            f"calibrate: [{i}/5] {dtype} matmul [B, {d}] x [{d}, {f}], B = {sizes.thin_batches} "
+            f"and {sizes.prefill_t} ..."
+        )
+        thin[dtype] = {b: _matmul(jax, jnp, dev, b, d, f, dtype, sizes) for b in sizes.thin_batches}
+        flops[dtype] = _matmul(jax, jnp, dev, sizes.prefill_t, d, f, dtype, sizes)
+        figs = ", ".join(f"B={b} {m['flops_per_s'] / 1e9:.0f}" for b, m in thin[dtype].items())
+        log(f"calibrate:       GFLOP/s {figs}; prefill {flops[dtype]['flops_per_s'] / 1e9:.0f}")
+    log("calibrate: [4/5] dispatch floor ...")
+    dispatch_s, dispatch_method = _dispatch(jax, jnp, dev, sizes.dispatch_calls)
+    log(f"calibrate:       {dispatch_s * 1e6:.1f} us per jitted call + sync")
     notes = ["dcn_bw: no off-host link measured; set equal to ici_bw"]
     if len(devices) > 1:
-        log(f"calibrate: [4/4] all-reduce over {len(devices)} devices ...")
+        log(f"calibrate: [5/5] all-reduce over {len(devices)} devices ...")
         ar = _all_reduce(jax, jnp, devices, sizes.allreduce_bytes, sizes.reps, sizes.min_time_s)
         log(f"calibrate:       {ar['bw'] / 1e9:.1f} GB/s bus bandwidth")
         ici_bw, latency = ar["bw"], ar["latency_s"]
+        ar["method"] = (
+            f"psum of {sizes.allreduce_bytes} B per device over {len(devices)} devices "
+            "(shard_map); bus bw = 2V(n-1)/(n t); latency from a 4-byte psum / (2(n-1))"
+        )
+        ici_method = ar["method"]
     else:
-        log("calibrate: [4/4] one device: no all-reduce; ici_bw set to the memory bandwidth")
-        ar, ici_bw, latency = None, mem["bw"], None
+        log("calibrate: [5/5] one device: no all-reduce; ici_bw set to the memory bandwidth")
+        ar, ici_bw, latency = None, read["bw"], None
+        ici_method = "one device: not measured, set to hbm_bw"
         notes.append("ici_bw: one device, no collective measured; set to hbm_bw")
     if kind == "cpu":
         notes.append("cpu: virtual devices share one host's cores and memory bandwidth")
@@ -184,7 +340,7 @@ def calibrate(
             "f32": flops["f32"]["flops_per_s"],
         },
         "hbm_bytes": _host_memory_bytes(dev),
-        "hbm_bw": mem["bw"],
+        "hbm_bw": read["bw"],
         "ici_bw": ici_bw,
         "ici_bidirectional": False,
         "dcn_bw": ici_bw,
@@ -192,11 +348,27 @@ def calibrate(
     }
     if latency is not None:
         spec["ici_latency_s"] = latency
+    spec["methods"] = {
+        "hbm_bw": read["method"],
+        "flops_per_s": {dt_: flops[dt_]["method"] for dt_ in flops},
+        "hbm_bytes": "device bytes_limit, else host RAM (psutil)",
+        "ici_bw": ici_method,
+        "dcn_bw": "not measured; set to ici_bw",
+    }
     spec["source"] = f"scaletui calibrate on {platform.node()} (jax {jax.__version__})"
     spec["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     spec["device_kind"] = dev.device_kind
     spec["notes"] = notes
-    spec["measured"] = {"memory": mem, "matmul": flops, "all_reduce": ar, "sizes": vars(sizes)}
+    spec["measured"] = {
+        "memory": read,  # hbm_bw: the read stream
+        "memory_copy": copy,  # the old read + write figure, for reference
+        "matmul": flops,  # flops_per_s: the prefill GEMM per dtype
+        "matmul_thin": thin,  # decode-shaped [B, D] x [D, F] per dtype and B
+        "dispatch_s": dispatch_s,
+        "dispatch_method": dispatch_method,
+        "all_reduce": ar,
+        "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(sizes).items()},
+    }
     return spec
 
 
@@ -216,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="scaletui calibrate",
         description="Measure this host's JAX devices; write the 'local' hardware spec.",
     )
-    p.add_argument("--quick", action="store_true", help="small sizes, 3 runs (seconds; noisier)")
+    p.add_argument(
+        "--quick", action="store_true", help="same working sets, 3 runs each (seconds; noisier)"
+    )
     p.add_argument("--out", type=Path, help=f"write here instead of {local_hardware_path()}")
     p.add_argument("--no-write", action="store_true", help="print the spec only")
     args = p.parse_args(argv)
