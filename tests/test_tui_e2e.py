@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import sys
 
 import pytest
 from rich.console import Console
 
 from scaletui import specs
+from scaletui.procs import group_alive
 from scaletui.serve import native
 from scaletui.tui.controller import Controller
 from scaletui.tui.knobs import Knobs
@@ -35,14 +35,6 @@ path.parent.mkdir(parents=True, exist_ok=True)
 path.write_text(yaml.safe_dump(spec))
 sys.stdout.write(yaml.safe_dump(spec))
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 def text_of(renderable) -> str:
@@ -133,4 +125,4 @@ async def drive(app: ScaleTUI, ctl: Controller, tmp_path) -> None:
         server_pid = ctl.server.pid
         await pilot.press("q")
         await pilot.pause()
-    assert await wait_for(lambda: not alive(server_pid), 5), "quit left the server running"
+    assert await wait_for(lambda: not group_alive(server_pid), 5), "quit left the server running"
