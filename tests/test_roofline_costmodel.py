@@ -157,3 +157,97 @@ def test_roofline_cli_prints_the_expectation_beside_the_floor(tmp_path, capsys):
     exp = orjson.loads(capsys.readouterr().out)["expected"]
     assert exp["decode_step_s"] == pytest.approx(cost.decode_step_s(4, 1024))
     assert exp["decode_step_over_floor"] > 1
+
+
+# -- the knots: a CPU whose step is concave in the batch --------------------------------------
+
+
+def _concave(batch: float) -> float:
+    """A 2-core CPU's step without KV: 9 ms at one row, x2 at 4, x5 at 32 (power 0.46)."""
+    return 9e-3 * batch**0.46
+
+
+def _concave_samples(batches, noise: float, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    kv_s, sync = 1e-6, 2e-3  # 16 KiB of KV per position at ~16 GB/s
+    jitter = lambda: 1 + noise * rng.standard_normal()  # noqa: E731
+    return [
+        rl.DecodeSample(b, c, (sync + k * (_concave(b) + b * c * kv_s)) * jitter(), steps=k)
+        for b in batches
+        for c in (128, 512, 1536)
+        for k in (1, 4)
+    ]
+
+
+def test_knots_recover_a_concave_step_that_one_straight_line_cannot():
+    decode = _concave_samples((1, 4, 16, 32), noise=0.01)
+    got = rl.fit(_base(), decode)
+    batches = [k[0] for k in got.decode_knots]
+    assert batches == [1, 4, 16, 32]
+    for b, step_s, kv_s in got.decode_knots:
+        assert step_s == pytest.approx(_concave(b), rel=0.05)
+        assert kv_s == pytest.approx(1e-6, rel=0.1)
+    assert got.sync_s == pytest.approx(2e-3, rel=0.3)
+    assert got.info["decode_rms_rel_error"] < 0.02
+    assert got.info["linear_decode_rms_rel_error"] > 3 * got.info["decode_rms_rel_error"]
+    # between knots the chord: a held-out batch 8 within a few % of the concave truth
+    truth8 = 2e-3 + 4 * (_concave(8) + 8 * 512 * 1e-6)
+    assert got.decode_call_s(8, 512, 4) == pytest.approx(truth8, rel=0.06)
+    # without knots the same samples give the straight line's larger error
+    line = rl.fit(_base(), decode, knots=False)
+    assert line.decode_knots == () and abs(line.decode_call_s(8, 512, 4) / truth8 - 1) > 0.06
+
+
+def test_knots_interpolate_linearly_in_the_batch_and_extend_past_the_last():
+    """Between two knots a step costs between their steps, at any context."""
+    cost = dataclasses.replace(
+        _base(), decode_knots=((1, 0.010, 0.0), (4, 0.016, 1e-8), (8, 0.020, 2e-8)), sync_s=0.0
+    )
+    assert cost.decode_step_s(1, 100) == pytest.approx(0.010)
+    assert cost.decode_step_s(2, 0) == pytest.approx(0.012)  # a third of the way from 1 to 4
+    # between knots the whole batch's KV cost per position is the chord too: 4e-8 .. 1.6e-7
+    assert cost.decode_step_s(6, 100) == pytest.approx(0.018 + 100 * 1e-7)
+    assert cost.decode_step_s(16, 100) == pytest.approx(0.020 + 8 * 0.001 + 16 * 100 * 2e-8)
+    assert cost.decode_call_s(4, 0, 3) == pytest.approx(3 * 0.016)
+    # a noisy KV cost at one row (huge kv_s) does not bulge the steps between the knots
+    noisy = dataclasses.replace(cost, decode_knots=((1, 0.001, 1e-5), (64, 0.013, 1e-9)))
+    for ctx in (0, 256, 4096):
+        ends = sorted((noisy.decode_step_s(1, ctx), noisy.decode_step_s(64, ctx)))
+        for b in (2, 8, 16, 32, 63):
+            assert ends[0] <= noisy.decode_step_s(b, ctx) <= ends[1]
+    # the assumed physical form is untouched by knots it does not have
+    assert _base().decode_step_s(4, 100) == _base().linear_decode_step_s(4, 100)
+    with pytest.raises(ValueError, match="decode_knots"):
+        dataclasses.replace(_base(), decode_knots=((0, 0.01, 0.0),))
+
+
+def test_prefill_knots_are_exact_at_buckets_log_log_between_and_scale_by_flops_past():
+    decode = _concave_samples((1, 8), noise=0.0)
+    prefill = [rl.PrefillSample(t, s) for t, s in ((64, 0.02), (256, 0.08), (256, 0.10),
+                                                    (1024, 0.40))]  # fmt: skip
+    got = rl.fit(_base(), decode, prefill)
+    assert got.prefill_knots == ((64, 0.02), (256, 0.09), (1024, 0.40))  # median of repeats
+    assert got.prefill_s(64) == pytest.approx(0.02) and got.prefill_s(1024) == pytest.approx(0.4)
+    assert got.prefill_s(128) == pytest.approx(0.02 * (0.09 / 0.02) ** 0.5)
+    assert got.prefill_s(16) == pytest.approx(0.02)  # below the smallest bucket: its time
+    past = got.prefill_s(2048)
+    assert past == pytest.approx(0.40 * got.prefill_flops(2048) / got.prefill_flops(1024))
+    # a later chunk of a long prompt adds its attention over the cached positions
+    assert got.prefill_s(1024, start=1024) > got.prefill_s(1024)
+
+
+def test_a_fit_with_knots_round_trips_through_the_fit_store(private_config):
+    decode = _concave_samples((1, 4, 16), noise=0.0)
+    got = rl.fit(_base(), decode, [rl.PrefillSample(64, 0.02), rl.PrefillSample(128, 0.05)])
+    back = fitstore.load_fit(fitstore.save_fit(got, host="box"))
+    assert back == got and back.decode_knots == got.decode_knots
+    assert back.decode_call_s(8, 300, 4) == got.decode_call_s(8, 300, 4)
+
+
+def test_fixed_costs_alone_fit_without_a_read_bandwidth():
+    """A dispatch-bound model (tiny): time does not grow with bytes; the fit says so, not fails."""
+    decode = [rl.DecodeSample(b, c, 1e-3 + 1e-4 * k, steps=k)
+              for b in (1, 4) for c in (64, 256) for k in (1, 4)]  # fmt: skip
+    got = rl.fit(_base(), decode)
+    assert got.read_bw == float("inf") and "no read bandwidth" in got.info["notes"][0]
+    assert got.decode_call_s(2, 128, 4) == pytest.approx(1.4e-3, rel=1e-6)

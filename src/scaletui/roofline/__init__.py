@@ -36,13 +36,8 @@ from scaletui.roofline.collectives import (
     reduce_scatter_s,
     tp_comms_limit,
 )
-from scaletui.roofline.costmodel import (
-    CostModel,
-    DecodeSample,
-    PrefillSample,
-    fit,
-    share_host,
-)
+from scaletui.roofline.costfit import fit
+from scaletui.roofline.costmodel import CostModel, DecodeSample, PrefillSample, share_host
 from scaletui.roofline.costs import (
     active_param_count,
     attention_flops,

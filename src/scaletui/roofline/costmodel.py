@@ -1,5 +1,8 @@
-"""The expectation (DESIGN.md §4, level 2): step times as the roofline's bytes and FLOPs over
-fitted (or assumed) rates, plus fixed costs. Pure arithmetic and numpy; no JAX.
+"""The expectation (DESIGN.md §4, level 2): step times for one server configuration, from the
+roofline's bytes and FLOPs over fitted (or assumed) rates plus fixed costs, or, once fitted on
+this host, from the measured step times themselves. Pure arithmetic and numpy; no JAX.
+
+The physical form (what `assumed` builds, and what a fit reports as rates):
 
     generate call  = sync_s + steps * decode step
     decode step    = step_overhead_s + (weights + KV read) / read_bw + FLOPs / decode_flops_per_s
@@ -7,34 +10,32 @@ fitted (or assumed) rates, plus fixed costs. Pure arithmetic and numpy; no JAX.
                      + FLOPs / prefill_flops_per_s
 
 Bytes and FLOPs are per device and come from `costs` (weights / tp, KV and FLOPs / (tp * dp) for
-a decode batch, a prompt on one tp group). The terms add, as a real step rarely overlaps them.
-Weights and KV share one read bandwidth because a fit for one model cannot tell them apart: the
-weight bytes are the same in every step, so a separate weight term would be collinear with the
-overhead; the KV slope over batch x context fixes the bandwidth, and the weights then cost what
-the KV read costs per byte. Prefill shares that bandwidth too (its memory term is the same weight
-read), which leaves a well-conditioned 2-term prefill fit on a few prompt lengths.
+a decode batch, a prompt on one tp group). On a GPU/TPU a step's cost is close to linear in the
+batch, and this form is the book's. On a CPU it is not: XLA's dot runs a matrix-vector kernel at
+one row and a packed GEMM above it, whose FLOP rate rises with the rows, so a step costs 9 ms at
+batch 1, 18 at 4 and 46 at 32 for `small` on a 2-core EPYC (concave in the batch), and one
+straight line through those errs by 20-30 % (docs/roofline.md). A fit therefore keeps, beside the
+rates, the knots it measured (`costfit.fit`):
+
+    decode_knots   = ((batch, step_s, kv_s), ...): decode step = step_s + batch * context * kv_s
+                     at a measured batch; step_s and batch * kv_s linear in the batch between
+                     knots
+    prefill_knots  = ((tokens, seconds), ...): a prefill call at a measured bucket, interpolated
+                     log-log between buckets, scaled by FLOPs past the last
+
+and answers from them when they are there (the physical rates still say what the engine reaches,
+and carry the what-ifs: other hardware, chunked prefill's attention).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-
-import numpy as np
 
 from scaletui.roofline import costs
 from scaletui.specs import HardwareSpec, ModelSpec
 
-__all__ = [
-    "DTYPE_BYTES",
-    "CostModel",
-    "DecodeSample",
-    "PrefillSample",
-    "fit",
-    "share_host",
-]
+__all__ = ["DTYPE_BYTES", "CostModel", "DecodeSample", "PrefillSample", "share_host"]
 
 DTYPE_BYTES = {"f32": 4, "bf16": 2}  # the server's dtypes: weights, KV and compute alike
 
@@ -86,6 +87,8 @@ class CostModel:
     transfer_bw: float  # disaggregated KV hand-over, bytes/s per device
     kernels: str = "auto"  # native | xla | auto: how the engine ran (fits are per kernels)
     source: str = "assumed"  # assumed | fit
+    decode_knots: tuple = ()  # fitted: ((batch, step_s, kv_s per row and KV position), ...)
+    prefill_knots: tuple = ()  # fitted: ((tokens, seconds), ...)
     info: dict = field(default_factory=dict, compare=False)  # fit quality, date, host, notes
 
     def __post_init__(self) -> None:
@@ -97,6 +100,17 @@ class CostModel:
                 raise ValueError(f"{name} should be >= 0, got {vars(self)[name]!r}")
         if self.tp < 1 or self.dp < 1:
             raise ValueError(f"tp and dp should be >= 1, got tp={self.tp} dp={self.dp}")
+        decode = tuple(sorted(tuple(map(float, k)) for k in self.decode_knots))
+        prefill = tuple(sorted(tuple(map(float, k)) for k in self.prefill_knots))
+        rows = (("decode_knots", decode, "batch, step_s, kv_s"),
+                ("prefill_knots", prefill, "tokens, seconds"))  # fmt: skip
+        for name, knots, columns in rows:
+            width = columns.count(",") + 1
+            if any(len(k) != width or k[0] < 1 or min(k[1:]) < 0 for k in knots):
+                raise ValueError(f"{name} should be rows of ({columns}), sizes >= 1 and times "
+                                 f">= 0, got {knots}")  # fmt: skip
+        object.__setattr__(self, "decode_knots", decode)  # YAML gives lists: store sorted tuples
+        object.__setattr__(self, "prefill_knots", prefill)
 
     # -- what one step moves and computes, per device ------------------------------------------
 
@@ -118,6 +132,13 @@ class CostModel:
 
     def decode_step_s(self, batch: float, context: float) -> float:
         """One decode step of `batch` rows reading `context` KV positions each."""
+        if self.decode_knots:
+            step_s, per_position_s = _decode_at(self.decode_knots, batch)
+            return step_s + context * per_position_s
+        return self.linear_decode_step_s(batch, context)
+
+    def linear_decode_step_s(self, batch: float, context: float) -> float:
+        """The physical form's decode step (the fitted or assumed rates, no knots)."""
         return (
             self.step_overhead_s
             + self.decode_bytes(batch, context) / self.read_bw
@@ -129,7 +150,17 @@ class CostModel:
         return self.sync_s + steps * self.decode_step_s(batch, context)
 
     def prefill_s(self, prompt_len: float, start: float = 0) -> float:
-        """One prefill call of `prompt_len` positions (pass the padded bucket) after `start`."""
+        """One prefill call of `prompt_len` positions (pass the padded bucket) after `start`
+        (a later chunk of a long prompt: its attention over the `start` cached positions is
+        added at the fitted prefill FLOP/s)."""
+        if not self.prefill_knots:
+            return self.linear_prefill_s(prompt_len, start)
+        seconds = _prefill_at(self.prefill_knots, prompt_len, self.prefill_flops)
+        extra = self.prefill_flops(prompt_len, start) - self.prefill_flops(prompt_len)
+        return seconds + extra / self.prefill_flops_per_s
+
+    def linear_prefill_s(self, prompt_len: float, start: float = 0) -> float:
+        """The physical form's prefill call."""
         return (
             self.prefill_overhead_s
             + self.prefill_bytes(prompt_len) / self.read_bw
@@ -186,15 +217,54 @@ class CostModel:
 
     def to_dict(self) -> dict:
         """Plain YAML/JSON-able dict (`from_dict` reads it back)."""
-        return asdict(self)
+        d = asdict(self)
+        d["decode_knots"] = [list(k) for k in self.decode_knots]
+        d["prefill_knots"] = [list(k) for k in self.prefill_knots]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         names = {f.name for f in fields(cls)}
-        missing = names - set(d) - {"kernels", "source", "info"}
+        missing = names - set(d) - {"kernels", "source", "info", "decode_knots", "prefill_knots"}
         if missing:
             raise ValueError(f"cost model is missing {sorted(missing)}")
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _decode_at(knots: tuple, batch: float) -> tuple[float, float]:
+    """(step_s, s per KV position of the whole batch) at `batch`. Between measured batches both
+    are linear in the batch (exact where the cost is linear in it, as on GPUs; on a CPU's
+    concave curve the chord errs a few % low between knots a factor 4 apart), so a step between
+    two knots costs between their steps at any context; below the first knot, the first; past
+    the last, the last segment's per-row slope continues and the KV cost grows with the rows
+    (one knot: its per-row costs)."""
+    b = max(batch, 1.0)
+    b0, s0, k0 = knots[0]
+    if b <= b0:
+        return s0, b0 * k0
+    b1, s1, k1 = knots[-1]
+    if b >= b1:
+        slope = 0.0 if len(knots) == 1 else max(s1 - knots[-2][1], 0.0) / (b1 - knots[-2][0])
+        return s1 + (b - b1) * slope, b * k1
+    hi = next(i for i, k in enumerate(knots) if k[0] >= b)
+    (b0, s0, k0), (b1, s1, k1) = knots[hi - 1], knots[hi]
+    t = (b - b0) / (b1 - b0)
+    return s0 + t * (s1 - s0), b0 * k0 + t * (b1 * k1 - b0 * k0)
+
+
+def _prefill_at(knots: tuple, tokens: float, flops) -> float:
+    """Seconds at `tokens`: log-log between measured buckets, the first below them, and past the
+    last the last one scaled by the FLOPs (`flops(tokens)`: compute grows faster than bytes)."""
+    t = max(tokens, 1.0)
+    if t <= knots[0][0]:
+        return knots[0][1]
+    if t >= knots[-1][0]:
+        return knots[-1][1] * flops(t) / flops(knots[-1][0])
+    hi = next(i for i, k in enumerate(knots) if k[0] >= t)
+    (t0, s0), (t1, s1) = knots[hi - 1], knots[hi]
+    if s0 <= 0 or s1 <= 0:
+        return s0 + (s1 - s0) * (t - t0) / (t1 - t0)
+    return s0 * (s1 / s0) ** (math.log(t / t0) / math.log(t1 / t0))
 
 
 def _shape(model: ModelSpec, dtype: str) -> dict:
@@ -224,100 +294,3 @@ def share_host(hardware: HardwareSpec, devices: int) -> HardwareSpec:
         hbm_bytes=hardware.hbm_bytes / devices,
         hbm_bw=hardware.hbm_bw / devices,
     )
-
-
-# -- the fit ------------------------------------------------------------------------------------
-
-_DECODE_TERMS = ("step_overhead_s", "sync_s", "per_byte", "per_flop")
-_PREFILL_TERMS = ("prefill_overhead_s", "per_flop")
-
-
-def _lstsq_nonneg(
-    a: np.ndarray, y: np.ndarray, prefer: Sequence[int] = ()
-) -> tuple[np.ndarray, np.ndarray]:
-    """Least squares on relative error (rows divided by y) with every coefficient >= 0.
-
-    numpy.linalg.lstsq over each subset of the columns, the full-rank, non-negative subset with
-    the smallest error winning (ties: more columns, then those containing `prefer`). With at most
-    four physical terms that is 15 solves, and a dropped term (0 s) is the answer a user can read:
-    "no measurable overhead". Returns (coefficients, relative residuals)."""
-    rel = a / y[:, None]
-    ones = np.ones_like(y)
-    n = a.shape[1]
-    best: tuple[tuple, np.ndarray] | None = None
-    for k in range(n, 0, -1):
-        for cols in itertools.combinations(range(n), k):
-            sub = rel[:, cols]
-            if np.linalg.matrix_rank(sub) < k:
-                continue
-            coef, *_ = np.linalg.lstsq(sub, ones, rcond=None)
-            if (coef < 0).any():
-                continue
-            err = float(np.sqrt(np.mean((sub @ coef - 1) ** 2)))
-            key = (round(err, 9), -k, -sum(c in cols for c in prefer))
-            if best is None or key < best[0]:
-                full = np.zeros(n)
-                full[list(cols)] = coef
-                best = (key, full)
-    if best is None:
-        raise ValueError("no non-negative fit: are the measured times positive and varied?")
-    coef = best[1]
-    return coef, rel @ coef - 1
-
-
-def fit(
-    base: CostModel,
-    decode: Sequence[DecodeSample],
-    prefill: Sequence[PrefillSample] = (),
-    **info: object,
-) -> CostModel:
-    """Fit `base`'s coefficients (its model, hardware, dtype and mesh stay) to timed calls.
-
-    Decode needs >= 3 samples varying batch and context (and steps, to tell the per-call sync
-    from the per-step overhead; with one `steps` the sync is 0 and the overhead carries it).
-    Prefill needs >= 2 prompt lengths; without them the prefill keeps `base`'s rates.
-    `info` (host, date, notes) is stored with the fit quality in `CostModel.info`."""
-    if len(decode) < 3:
-        raise ValueError(f"fit needs >= 3 timed generate calls, got {len(decode)}")
-    for s in (*decode, *prefill):
-        if not s.seconds > 0:
-            raise ValueError(f"measured time should be > 0 s, got {s}")
-    a = np.array(
-        [
-            [s.steps, 1.0, s.steps * base.decode_bytes(s.batch, s.context),
-             s.steps * base.decode_flops(s.batch, s.context)]
-            for s in decode
-        ]
-    )  # fmt: skip
-    y = np.array([s.seconds for s in decode])
-    dc, dres = _lstsq_nonneg(a, y, prefer=(0,))
-    per_byte = dc[2]
-    if per_byte <= 0:
-        raise ValueError("fit: decode time does not grow with the bytes read; vary context")
-    got = {
-        "step_overhead_s": float(dc[0]),
-        "sync_s": float(dc[1]),
-        "read_bw": float(1 / per_byte),
-        "decode_flops_per_s": float(1 / dc[3]) if dc[3] > 0 else math.inf,
-    }
-    quality: dict = {
-        "decode_samples": len(decode),
-        "decode_rms_rel_error": float(np.sqrt(np.mean(dres**2))),
-        "decode_max_rel_error": float(np.abs(dres).max()),
-    }
-    if len({s.tokens for s in prefill}) >= 2:
-        pa = np.array([[1.0, base.prefill_flops(s.tokens, s.start)] for s in prefill])
-        py = np.array([s.seconds for s in prefill])
-        mem = np.array([base.prefill_bytes(s.tokens) * per_byte for s in prefill])
-        pc, _ = _lstsq_nonneg(pa, np.maximum(py - mem, 1e-12), prefer=(0,))
-        got["prefill_overhead_s"] = float(pc[0])
-        got["prefill_flops_per_s"] = float(1 / pc[1]) if pc[1] > 0 else math.inf
-        pres = (pa @ pc + mem) / py - 1
-        quality |= {
-            "prefill_samples": len(prefill),
-            "prefill_rms_rel_error": float(np.sqrt(np.mean(pres**2))),
-            "prefill_max_rel_error": float(np.abs(pres).max()),
-        }
-    else:
-        quality["notes"] = ["prefill not fitted (fewer than 2 prompt lengths): base rates kept"]
-    return replace(base, **got, source="fit", info={**quality, **info})

@@ -1,0 +1,185 @@
+"""Fit a CostModel to timed engine calls (`scaletui calibrate --model M` times them; see
+engine_fit.py). numpy least squares only.
+
+Two fits from the same samples:
+1. the physical rates (`costmodel`'s linear form: overheads, read bandwidth, FLOP/s), which say
+   what the engine reaches and carry what-ifs;
+2. the knots: per measured batch, a step cost and a per-(row, KV position) cost, with one host
+   sync per call shared by all; per measured prompt bucket, its time. These answer for the
+   configuration that was measured and its neighbours (`CostModel.decode_knots`).
+Both are least squares on relative error (a 5 ms step counts as much as a 50 ms one), with every
+coefficient >= 0: a term that would come out negative is dropped (0 s), which reads as "not
+measurable here" rather than as a negative cost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from scaletui.roofline.costmodel import CostModel, DecodeSample, PrefillSample
+
+__all__ = ["fit"]
+
+
+def _lstsq_subsets(
+    a: np.ndarray, y: np.ndarray, prefer: Sequence[int] = ()
+) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares on relative error (rows divided by y), every coefficient >= 0, for a few
+    columns: numpy.linalg.lstsq over each subset of the columns, the full-rank non-negative
+    subset with the smallest error winning (ties: more columns, then those in `prefer`). With at
+    most four physical terms that is 15 solves. Returns (coefficients, relative residuals)."""
+    rel = a / y[:, None]
+    ones = np.ones_like(y)
+    n = a.shape[1]
+    best: tuple[tuple, np.ndarray] | None = None
+    for k in range(n, 0, -1):
+        for cols in itertools.combinations(range(n), k):
+            sub = rel[:, cols]
+            if np.linalg.matrix_rank(sub) < k:
+                continue
+            coef, *_ = np.linalg.lstsq(sub, ones, rcond=None)
+            if (coef < 0).any():
+                continue
+            err = float(np.sqrt(np.mean((sub @ coef - 1) ** 2)))
+            key = (round(err, 9), -k, -sum(c in cols for c in prefer))
+            if best is None or key < best[0]:
+                full = np.zeros(n)
+                full[list(cols)] = coef
+                best = (key, full)
+    if best is None:
+        raise ValueError("no non-negative fit: are the measured times positive and varied?")
+    coef = best[1]
+    return coef, rel @ coef - 1
+
+
+def _lstsq_drop_negative(a: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares on relative error for many columns: solve, drop the most negative
+    coefficient's column (that term is 0), solve again, until none is negative. Columns without
+    rank are dropped first. Returns (coefficients, relative residuals)."""
+    rel = a / y[:, None]
+    ones = np.ones_like(y)
+    keep = [j for j in range(a.shape[1]) if np.any(rel[:, j])]
+    while keep:
+        coef, *_ = np.linalg.lstsq(rel[:, keep], ones, rcond=None)
+        if (coef >= 0).all():
+            full = np.zeros(a.shape[1])
+            full[keep] = coef
+            return full, rel @ full - 1
+        keep.pop(int(np.argmin(coef)))
+    raise ValueError("no non-negative fit: are the measured times positive and varied?")
+
+
+def _quality(name: str, res: np.ndarray) -> dict:
+    return {
+        f"{name}_rms_rel_error": float(np.sqrt(np.mean(res**2))),
+        f"{name}_max_rel_error": float(np.abs(res).max()),
+    }
+
+
+def _linear_decode(base: CostModel, decode: Sequence[DecodeSample]) -> tuple[dict, np.ndarray]:
+    a = np.array(
+        [
+            [s.steps, 1.0, s.steps * base.decode_bytes(s.batch, s.context),
+             s.steps * base.decode_flops(s.batch, s.context)]
+            for s in decode
+        ]
+    )  # fmt: skip
+    y = np.array([s.seconds for s in decode])
+    c, res = _lstsq_subsets(a, y, prefer=(0,))
+    rates = {
+        "step_overhead_s": float(c[0]),
+        "sync_s": float(c[1]),
+        "read_bw": float(1 / c[2]) if c[2] > 0 else math.inf,  # inf: time not set by bytes
+        "decode_flops_per_s": float(1 / c[3]) if c[3] > 0 else math.inf,
+    }
+    return rates, res
+
+
+def _decode_knots(decode: Sequence[DecodeSample]) -> tuple[tuple, float, np.ndarray]:
+    """(knots, sync_s, residuals): call = sync + steps * (step_s[b] + b * context * kv_s[b])."""
+    batches = sorted({s.batch for s in decode})
+    vary_steps = len({s.steps for s in decode}) > 1
+    rows = []
+    for s in decode:
+        row = [1.0 if vary_steps else 0.0]
+        for b in batches:
+            on = s.steps if s.batch == b else 0.0
+            row += [on, on * s.batch * s.context]
+        rows.append(row)
+    y = np.array([s.seconds for s in decode])
+    c, res = _lstsq_drop_negative(np.array(rows), y)
+    knots = tuple(
+        (float(b), float(c[1 + 2 * i]), float(c[2 + 2 * i])) for i, b in enumerate(batches)
+    )
+    return knots, float(c[0]), res
+
+
+def _prefill_knots(prefill: Sequence[PrefillSample]) -> tuple:
+    """((tokens, median seconds), ...) over the samples of a whole prompt (start 0)."""
+    by_tokens: dict[int, list[float]] = defaultdict(list)
+    for s in prefill:
+        if s.start == 0:
+            by_tokens[s.tokens].append(s.seconds)
+    return tuple((float(t), float(np.median(v))) for t, v in sorted(by_tokens.items()))
+
+
+def fit(
+    base: CostModel,
+    decode: Sequence[DecodeSample],
+    prefill: Sequence[PrefillSample] = (),
+    *,
+    knots: bool = True,
+    **info: object,
+) -> CostModel:
+    """Fit `base`'s rates (its model, hardware, dtype and mesh stay) and, with `knots`, its
+    decode and prefill knots to timed calls.
+
+    Decode needs >= 3 samples varying batch and context (and steps, to tell the per-call sync
+    from the per-step cost; with one `steps` the sync is 0 and the step carries it). Prefill needs
+    >= 2 prompt lengths; without them the prefill keeps `base`'s rates. `info` (host, date,
+    notes) is stored with the fit quality in `CostModel.info`: `decode_*_error` and
+    `prefill_*_error` are the errors of what the model answers with (the knots when fitted),
+    `linear_*` those of the physical form alone."""
+    if len(decode) < 3:
+        raise ValueError(f"fit needs >= 3 timed generate calls, got {len(decode)}")
+    for s in (*decode, *prefill):
+        if not s.seconds > 0:
+            raise ValueError(f"measured time should be > 0 s, got {s}")
+    got, lres = _linear_decode(base, decode)
+    quality: dict = {"decode_samples": len(decode), **_quality("linear_decode", lres)}
+    notes: list[str] = []
+    if math.isinf(got["read_bw"]):
+        notes.append("decode time does not grow with the bytes read (fixed costs dominate): "
+                     "no read bandwidth fitted")  # fmt: skip
+    if knots:
+        got["decode_knots"], got["sync_s"], _ = _decode_knots(decode)  # the knots' own sync
+    if len({s.tokens for s in prefill}) >= 2:
+        per_byte = 1 / got["read_bw"]
+        pa = np.array([[1.0, base.prefill_flops(s.tokens, s.start)] for s in prefill])
+        py = np.array([s.seconds for s in prefill])
+        mem = np.array([base.prefill_bytes(s.tokens) * per_byte for s in prefill])
+        pc, _ = _lstsq_subsets(pa, np.maximum(py - mem, 1e-12), prefer=(0,))
+        got["prefill_overhead_s"] = float(pc[0])
+        got["prefill_flops_per_s"] = float(1 / pc[1]) if pc[1] > 0 else math.inf
+        pres = (pa @ pc + mem) / py - 1
+        quality |= {"prefill_samples": len(prefill), **_quality("linear_prefill", pres)}
+        if knots:
+            got["prefill_knots"] = _prefill_knots(prefill)
+    else:
+        notes.append("prefill not fitted (fewer than 2 prompt lengths): base rates kept")
+    cost = replace(base, **got, source="fit")
+    dres = np.array([cost.decode_call_s(s.batch, s.context, s.steps) / s.seconds - 1
+                     for s in decode])  # fmt: skip
+    quality |= _quality("decode", dres)
+    if "prefill_samples" in quality:
+        pres = np.array([cost.prefill_s(s.tokens, s.start) / s.seconds - 1 for s in prefill])
+        quality |= _quality("prefill", pres)
+    if notes:
+        quality["notes"] = notes
+    return replace(cost, info={**quality, **info})
