@@ -115,8 +115,8 @@ class Sizes:
         else:  # D, F of an 8B model
             shapes = dict(d=4096, f=14336, thin_batches=(16, 64, 256), prefill_t=4096)
             runs = dict(reps=20, min_time_s=1.0, allreduce_bytes=256 << 20)
-        if quick:
-            runs = dict(reps=3, min_time_s=0.0, allreduce_bytes=4 << 20, dispatch_calls=50)
+        if quick:  # the same working sets, a shorter window: ~15 s on a 2-core CPU
+            runs = dict(reps=5, min_time_s=0.75, allreduce_bytes=16 << 20, dispatch_calls=50)
         return cls(read_bytes=ws, copy_bytes=ws // 4, llc_bytes=llc, **shapes, **runs)
 
 
@@ -384,12 +384,22 @@ def _plain(obj: object) -> object:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if any(a == "--model" or a.startswith("--model=") for a in argv):
+        from scaletui import engine_fit  # the engine grid: `scaletui calibrate --model M`
+
+        return engine_fit.main(argv)
     p = argparse.ArgumentParser(
         prog="scaletui calibrate",
-        description="Measure this host's JAX devices; write the 'local' hardware spec.",
+        description="Measure this host's JAX devices; write the 'local' hardware spec. With "
+        "--model M (see `scaletui calibrate --model M --help`): time that server "
+        "configuration's engine and store its fitted cost model.",
     )
     p.add_argument(
-        "--quick", action="store_true", help="same working sets, 3 runs each (seconds; noisier)"
+        "--quick",
+        action="store_true",
+        help="same working sets, a shorter timing window (~15 s on 2 cores)",
     )
     p.add_argument("--out", type=Path, help=f"write here instead of {local_hardware_path()}")
     p.add_argument("--no-write", action="store_true", help="print the spec only")

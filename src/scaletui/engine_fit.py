@@ -1,0 +1,358 @@
+"""`scaletui calibrate --model M`: time the real engine over a small grid and fit the cost model.
+
+The grid (DESIGN.md §4, level 2): for a server configuration (model, slots, max_seq_len,
+decode_steps, tp, dp, dtype, kernels), engines at a few slot counts (the JAX engine computes every
+slot row, so a step's batch is its slot count) stay built side by side; in each, every slot holds
+a prompt that keeps the generate call inside one KV bucket, and generate calls of 1 and
+`decode_steps` steps are timed (the two tell the per-call sync from the per-step cost). Prefill is
+timed at a few of the engine's prompt buckets. `costmodel.fit` turns the samples into a
+CostModel; `fitstore.save_fit` stores it beside `local`.
+
+Timing on a shared host drifts by 10-20 % over tens of seconds, so every point is timed in
+`rounds` passes over the whole grid (round robin), `calls` calls a pass after one untimed call,
+and the point's time is the median over all its calls: a slow spell lands on every point alike
+instead of on whichever point it happened to hit.
+
+This module imports JAX through the engine; `roofline/` stays JAX-free.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from scaletui.roofline.costfit import fit
+from scaletui.roofline.costmodel import CostModel, DecodeSample, PrefillSample
+from scaletui.serve.config import ServeConfig
+from scaletui.serve.engine_api import SamplingParams
+
+__all__ = [
+    "DecodePoint",
+    "Grid",
+    "fit_engine",
+    "grid_for",
+    "measure",
+    "prompt_len_for",
+    "stderr_log",
+]
+
+
+@dataclass(frozen=True)
+class DecodePoint:
+    batch: int  # slots of the engine (every row is computed)
+    context: int  # the KV bucket the call runs in
+    steps: int  # decode steps per generate call
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What to time: decode points, prefill prompt lengths, and how often."""
+
+    decode: tuple[DecodePoint, ...]
+    prefill: tuple[int, ...] = ()  # prompt lengths (the engine's power-of-two buckets)
+    calls: int = 3  # timed calls per point and pass, after one untimed call
+    rounds: int = 3  # passes over the grid
+
+    def __post_init__(self) -> None:
+        if not self.decode or self.calls < 1 or self.rounds < 1:
+            raise ValueError(f"an empty grid: {self}")
+
+    @classmethod
+    def product(
+        cls,
+        batches: Sequence[int],
+        contexts: Sequence[int],
+        steps: Sequence[int],
+        prefill: Sequence[int] = (),
+        **how: int,
+    ) -> Grid:
+        points = tuple(DecodePoint(b, c, s) for b in batches for c in contexts for s in steps)
+        return cls(points, tuple(prefill), **how)
+
+
+def _spread(values: Sequence[int], k: int) -> tuple[int, ...]:
+    """k values spread over sorted distinct `values` (first and last included)."""
+    v = sorted(set(values))
+    if len(v) <= k:
+        return tuple(v)
+    return tuple(sorted({v[round(i * (len(v) - 1) / (k - 1))] for i in range(k)}))
+
+
+def grid_for(config: ServeConfig, decode_buckets: Sequence[int], prefill_buckets: Sequence[int],
+             quick: bool = False) -> Grid:  # fmt: skip
+    """The default grid for a server configuration: batches dp, ~slots/4, slots (multiples of
+    dp: the slot counts a user turns to around this one), three KV buckets (first, middle, last),
+    steps {1, decode_steps}, and the prompt buckets that those contexts' prompts fill (so the
+    prefill compiles serve both). `quick` times 2 calls in 2 passes."""
+    s, dp = config.slots, config.dp
+    quarter = max(dp, round(s / 4 / dp) * dp)
+    batches = sorted({dp, quarter, s})
+    steps = sorted({1, config.decode_steps})
+    how = {"calls": 2, "rounds": 2} if quick else {"calls": 3, "rounds": 3}
+    contexts = _spread(decode_buckets, 3)
+    prefill = set()
+    for c in contexts:
+        prev = max((b for b in decode_buckets if b < c), default=0)
+        n = min(prompt_len_for(c, prev, max(steps), how["calls"]), config.max_seq_len - 2)
+        prefill.add(next((b for b in prefill_buckets if b >= n), prefill_buckets[-1]))
+    return Grid.product(batches, contexts, steps, sorted(prefill), **how)
+
+
+def prompt_len_for(bucket: int, prev_bucket: int, steps: int, calls: int) -> int:
+    """A prompt long enough to need KV `bucket` and short enough that `calls + 1` generate calls
+    of `steps` steps stay inside it (the engine picks the bucket of the longest row + steps)."""
+    n = bucket - steps * (calls + 1) - 1
+    return max(1, n if n > prev_bucket else prev_bucket + 1)
+
+
+class _Timer:
+    """Timed calls with the median over every pass."""
+
+    def __init__(self) -> None:
+        self.times: dict[object, list[float]] = {}
+
+    def run(self, key: object, fn: Callable[[], object], calls: int) -> None:
+        fn()  # untimed: compiles on first use, warms caches
+        got = self.times.setdefault(key, [])
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            got.append(time.perf_counter() - t0)
+
+    def median(self, key: object) -> float:
+        return statistics.median(self.times[key])
+
+
+def _prompt(engine, n: int) -> list[int]:
+    rng = np.random.default_rng(n)
+    return [int(t) for t in rng.integers(1, engine.vocab_size, n)]
+
+
+def measure(
+    config: ServeConfig,
+    devices: list,
+    grid: Grid,
+    *,
+    host_params: dict | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[list[DecodeSample], list[PrefillSample]]:
+    """Time `grid` on engines of `config` (one per batch in the grid, slots = batch) on
+    `devices`. Returns the decode samples (one per point, whole generate calls) and the prefill
+    samples (one per prompt length, on the largest engine)."""
+    from scaletui.serve import weights
+    from scaletui.serve.build import build_engines
+
+    m = config.model
+    if host_params is None:
+        host_params = weights.dummy_params(m, config.seed, config.dtype)
+    engines = {}
+    for b in sorted({p.batch for p in grid.decode}):
+        engines[b] = build_engines(replace(config, slots=b), devices, host_params=host_params)[1]
+    big = engines[max(engines)]
+    max_steps = max(p.steps for p in grid.decode)
+    prefixes = {}  # prefilled once on the largest engine; every engine (same mesh) takes them
+    for c in sorted({p.context for p in grid.decode}):
+        prev = max((b for b in big.decode_buckets if b < c), default=0)
+        n = min(prompt_len_for(c, prev, max_steps, grid.calls), config.max_seq_len - 2)
+        params = SamplingParams(max_tokens=config.max_seq_len - n, ignore_eos=True)
+        prefixes[c] = big.prefill(_prompt(big, n), params)
+    timer = _Timer()
+    for r in range(grid.rounds):
+        for p in grid.decode:
+            eng, prefix = engines[p.batch], prefixes[p.context]
+            state = [eng.init_decode_state()]
+            for slot in range(eng.slots):
+                state[0] = eng.insert(state[0], prefix, slot)
+
+            def call(eng=eng, state=state, steps=p.steps) -> None:
+                state[0], _ = eng.generate(state[0], steps)
+
+            timer.run(p, call, grid.calls)
+        for n in grid.prefill:  # a prompt fills its bucket, leaving one position to generate
+            params = SamplingParams(max_tokens=1, ignore_eos=True)
+            tokens = _prompt(big, min(n, config.max_seq_len - 1))
+            timer.run(("prefill", n), lambda t=tokens, p=params: big.prefill(t, p), grid.calls)
+        log(f"pass {r + 1}/{grid.rounds} done")
+    decode = [
+        DecodeSample(batch=p.batch, context=p.context, steps=p.steps, seconds=timer.median(p))
+        for p in grid.decode
+    ]
+    prefill = [PrefillSample(tokens=n, seconds=timer.median(("prefill", n))) for n in grid.prefill]
+    for s in decode:
+        log(f"decode batch {s.batch:4d} context {s.context:5d} steps {s.steps:2d}: "
+            f"{s.seconds * 1e3:8.2f} ms")  # fmt: skip
+    for s in prefill:
+        log(f"prefill {s.tokens:5d} tokens: {s.seconds * 1e3:8.2f} ms")
+    return decode, prefill
+
+
+def fit_engine(
+    config: ServeConfig,
+    devices: list,
+    base: CostModel,
+    *,
+    quick: bool = False,
+    grid: Grid | None = None,
+    host_params: dict | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> CostModel:
+    """Time `config`'s engine over `grid` (default `grid_for`) and fit `base` (an assumed model
+    for the same model, dtype and mesh) to it; the fit's info says when, where, how long and on
+    what grid it was made, with the raw samples."""
+    from scaletui.serve.build import build_engines
+
+    t0 = time.perf_counter()
+    if grid is None:
+        _, eng = build_engines(replace(config, slots=config.dp), devices)
+        grid = grid_for(config, eng.decode_buckets, eng.prefill_buckets, quick)
+        del eng
+    decode, prefill = measure(config, devices, grid, host_params=host_params, log=log)
+    took = time.perf_counter() - t0
+    return fit(
+        base,
+        decode,
+        prefill,
+        host=platform.node() or "host",
+        date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        seconds=round(took, 1),
+        grid={"calls": grid.calls, "rounds": grid.rounds},
+        server={
+            "slots": config.slots,
+            "max_seq_len": config.max_seq_len,
+            "decode_steps": config.decode_steps,
+            "mode": config.mode,
+        },  # fmt: skip
+        samples={
+            "decode": [[s.batch, s.context, s.steps, round(s.seconds, 6)] for s in decode],
+            "prefill": [[s.tokens, round(s.seconds, 6)] for s in prefill],
+        },
+    )
+
+
+def stderr_log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _base_hardware(host_devices: int):
+    """The `local` spec when calibrated, else a stand-in whose roofs the fit replaces (only the
+    hand-over bandwidth of a disaggregated server is not fitted)."""
+    from scaletui.specs import HardwareSpec, SpecError, load_hardware
+
+    try:
+        return load_hardware("local"), None
+    except SpecError:
+        stand_in = HardwareSpec(
+            name="local-unmeasured", kind="cpu", flops_per_s={"f32": 5e10, "bf16": 5e10},
+            hbm_bytes=16e9, hbm_bw=2e10, ici_bw=5e9, ici_bidirectional=False, dcn_bw=5e9,
+            chips_per_host=host_devices,
+        )  # fmt: skip
+        return stand_in, "no 'local' spec: the KV hand-over bandwidth is a stand-in 5 GB/s"
+
+
+def build_parser():
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="scaletui calibrate --model",
+        description="Time this server configuration's engine over a small grid of batch x "
+        "context x prompt length and store the fitted cost model beside 'local' (what `scaletui "
+        "simulate`, `scaletui roofline --fit` and the TUI's expected column use).",
+    )
+    a = p.add_argument
+    a("--model", required=True, help="model spec name or YAML path")
+    a("--slots", type=int, default=8)
+    a("--max-seq-len", type=int, default=1024)
+    a("--decode-steps", type=int, default=4)
+    a("--tp", type=int, default=1)
+    a("--dp", type=int, default=1)
+    a("--mode", choices=("interleaved", "disaggregated"), default="interleaved",
+      help="recorded with the fit (the grid times the generate engine)")  # fmt: skip
+    a("--dtype", default=None, help="default: f32 on CPU, bf16 on GPU/TPU")
+    a("--kernels", choices=("auto", "native", "xla"), default="auto")
+    a("--host-devices", type=int, help="JAX CPU: virtual devices (default: tp * dp)")
+    a("--quick", action="store_true", help="2 passes of 2 calls (about half the time)")
+    a("--out", help="write here instead of the fit store")
+    a("--no-write", action="store_true", help="print the fit only")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`scaletui calibrate --model M ...`: exit 0 with the fit written (YAML also on stdout),
+    2 for a configuration that cannot be built here (the reason on stderr)."""
+    import os
+    from pathlib import Path
+
+    import yaml
+
+    args = build_parser().parse_args(argv)
+    devices_needed = args.host_devices or args.tp * args.dp
+    if devices_needed > 1 and "xla_force_host_platform_device_count" not in os.environ.get(
+        "XLA_FLAGS", ""
+    ):
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "")
+            + f" --xla_force_host_platform_device_count={devices_needed}"
+        ).strip()
+    import jax
+
+    from scaletui.roofline.fitstore import fit_path, save_fit
+    from scaletui.serve.config import ConfigError
+    from scaletui.specs import SpecError, load_model
+
+    backend = jax.default_backend()
+    dtype = args.dtype or ("f32" if backend == "cpu" else "bf16")
+    try:
+        model = load_model(args.model)
+        config = ServeConfig(
+            model=model, slots=args.slots, max_seq_len=args.max_seq_len,
+            decode_steps=args.decode_steps, tp=args.tp, dp=args.dp, dtype=dtype,
+            kernels=args.kernels, mode=args.mode,
+        )  # fmt: skip
+    except (SpecError, ConfigError, ValueError) as exc:
+        print(f"calibrate --model: {exc}", file=sys.stderr)
+        return 2
+    devices = jax.devices()
+    if len(devices) < args.tp * args.dp:
+        print(f"calibrate --model: tp * dp = {args.tp * args.dp} devices needed, "
+              f"{len(devices)} available ({backend}); on a CPU host pass --host-devices "
+              f"{args.tp * args.dp}", file=sys.stderr)  # fmt: skip
+        return 2
+    devices = devices[: args.tp * args.dp]
+    hardware, note = _base_hardware(len(jax.devices()))
+    from scaletui.serve import weights
+    from scaletui.serve.build import build_engines
+
+    host_params = weights.dummy_params(model, config.seed, dtype)
+    _, probe = build_engines(replace(config, slots=config.dp), devices, host_params=host_params)
+    kernels = probe.describe().kernels  # what auto resolved to: fits are per kernels
+    grid = grid_for(config, probe.decode_buckets, probe.prefill_buckets, args.quick)
+    del probe
+    base = CostModel.assumed(
+        model, hardware, dtype=dtype, tp=args.tp, dp=args.dp, kernels=kernels,
+        host_devices=len(jax.devices()) if hardware.kind == "cpu" else None,
+    )  # fmt: skip
+    n = len(grid.decode) + len(grid.prefill)
+    stderr_log(f"calibrate --model {model.name}: {n} points x {grid.rounds} passes on "
+               f"{len(devices)} {backend} device(s), kernels {kernels}")  # fmt: skip
+    cost = fit_engine(config, devices, base, grid=grid, host_params=host_params, log=stderr_log)
+    if note:
+        cost = replace(cost, info={**cost.info, "notes": [*cost.info.get("notes", []), note]})
+    i = cost.info
+    stderr_log(f"fit: decode rms error {i['decode_rms_rel_error']:.1%} (max "
+               f"{i['decode_max_rel_error']:.1%}; one straight line in the batch: "
+               f"{i['linear_decode_rms_rel_error']:.1%}), {i['seconds']} s")  # fmt: skip
+    text = yaml.safe_dump(cost.to_dict(), sort_keys=False)
+    if not args.no_write:
+        path = Path(args.out) if args.out else fit_path(
+            model.name, dtype, kernels, args.tp, args.dp)  # fmt: skip
+        save_fit(cost, path)
+        stderr_log(f"calibrate --model: wrote {path}")
+    sys.stdout.write(text)
+    return 0

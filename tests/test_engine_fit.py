@@ -1,0 +1,62 @@
+"""`scaletui calibrate --model M`: the grid it times, and (slow) a real fit of `tiny` that lands
+where the TUI and `scaletui simulate` look for it."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaletui import engine_fit
+from scaletui.engine_fit import DecodePoint, Grid, grid_for, prompt_len_for
+from scaletui.roofline import fitstore
+from scaletui.serve.config import ServeConfig
+from scaletui.specs import load_model
+
+
+def test_the_default_grid_brackets_the_servers_slots_contexts_and_steps():
+    cfg = ServeConfig(model=load_model("small"), slots=16, max_seq_len=1024, decode_steps=4)
+    grid = grid_for(cfg, (128, 256, 512, 1024), (16, 32, 64, 128, 256, 512, 1024))
+    assert sorted({p.batch for p in grid.decode}) == [1, 4, 16]
+    assert sorted({p.context for p in grid.decode}) == [128, 512, 1024]
+    assert sorted({p.steps for p in grid.decode}) == [1, 4]
+    assert len(grid.decode) == 3 * 3 * 2
+    # the prompts that fill those KV buckets fill these prompt buckets: one compile serves both
+    assert grid.prefill == (128, 512, 1024)
+    assert (grid.calls, grid.rounds) == (3, 3)
+    quick = grid_for(cfg, (128, 256, 512, 1024), (16, 1024), quick=True)
+    assert (quick.calls, quick.rounds) == (2, 2)
+    # with dp the batches are multiples of dp (every replica holds a share of the slots)
+    dp = ServeConfig(model=load_model("small"), slots=16, dp=2, decode_steps=1)
+    assert sorted({p.batch for p in grid_for(dp, (128,), (16,)).decode}) == [2, 4, 16]
+    assert {p.steps for p in grid_for(dp, (128,), (16,)).decode} == {1}
+
+
+def test_a_prompt_keeps_every_timed_call_inside_its_kv_bucket():
+    n = prompt_len_for(512, 256, steps=4, calls=3)
+    assert 256 < n and n + 4 * (3 + 1) < 512
+    # a bucket too tight for the calls still starts inside it
+    assert prompt_len_for(16, 8, steps=4, calls=3) == 9
+    with pytest.raises(ValueError, match="empty grid"):
+        Grid(())
+    assert Grid.product([1, 2], [64], [1, 4]).decode[-1] == DecodePoint(2, 64, 4)
+
+
+@pytest.mark.slow
+def test_calibrate_model_fits_tiny_and_stores_it_where_find_fit_looks(capsys):
+    argv = ["--model", "tiny", "--slots", "4", "--max-seq-len", "64", "--decode-steps", "2",
+            "--quick"]  # fmt: skip
+    assert engine_fit.main(argv) == 0
+    path = fitstore.find_fit("tiny", "f32", 1, 1, "auto")
+    assert path is not None
+    cost = fitstore.load_fit(path)
+    assert cost.source == "fit" and cost.model == "tiny" and cost.kernels in ("xla", "native")
+    assert [k[0] for k in cost.decode_knots] == [1, 4]
+    assert len(cost.prefill_knots) >= 2
+    assert cost.info["server"]["slots"] == 4 and cost.info["samples"]["decode"]
+    assert cost.decode_call_s(4, 64, 2) > 0
+    assert "wrote" in capsys.readouterr().err
+
+
+def test_calibrate_model_refuses_a_configuration_it_cannot_build(capsys):
+    assert engine_fit.main(["--model", "tiny", "--max-seq-len", "100000"]) == 2
+    assert "max_seq_len" in capsys.readouterr().err
+    assert engine_fit.main(["--model", "nope"]) == 2
