@@ -71,6 +71,13 @@ class FakeController:
         self.event("server up", server="serving", phase="idle")
         return dict(self.config)
 
+    async def fit_server(self, config: dict | None = None, force: bool = False) -> bool:
+        self.calls.append(("fit", force))
+        if force:
+            self.event("fitting", phase="fitting", fit="running")
+            self.event("fitted", phase="idle", fit="done")
+        return False
+
     async def probe(self) -> str | None:
         return None if self.server_ok else "cannot connect (Connection refused)"
 
@@ -163,12 +170,12 @@ async def test_slots_keys_update_prediction_at_once_and_escape_discards():
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(app, pilot)
-        before = build_view(app.state).kpis[5].predicted
+        before = build_view(app.state).kpis[5].floor
         await pilot.press("B")
         await settle(app, pilot)
         assert app.state.pending.slots == 16 and app.state.applied.slots == 8
         assert app.query_one("#knobs").has_class("-dirty")
-        assert build_view(app.state).kpis[5].predicted > before
+        assert build_view(app.state).kpis[5].floor > before
         assert "pending" in kpi_text(app)
         await pilot.press("b", "b")
         assert app.state.knobs.slots == 4
@@ -200,6 +207,8 @@ async def test_apply_reconfigures_dims_knobs_then_runs(tmp_path):
     async with app.run_test(size=(160, 48)) as pilot:
         await settle(app, pilot)
         assert ("load", 4, "run") in ctl.calls
+        # the fit of the server's configuration comes first (when missing), then the load
+        assert ctl.calls.index(("fit", False)) < ctl.calls.index(("load", 4, "run"))
         assert app.state.phase == "running"
         await pilot.press("B")
         assert app.check_action("apply", ()) is True
@@ -213,6 +222,8 @@ async def test_apply_reconfigures_dims_knobs_then_runs(tmp_path):
         await settle(app, pilot)
         assert app.state.applied.slots == 8 and app.state.pending is None
         assert ("load", 8, "run") in ctl.calls and app.state.phase == "running"
+        after = ctl.calls[ctl.calls.index(("apply", {"slots": 8})) :]
+        assert after.index(("fit", False)) < after.index(("load", 8, "run"))
         ctl.load_gate.set()
         await settle(app, pilot)
         assert app.state.phase == "done"
@@ -294,7 +305,9 @@ async def test_sweep_runs_each_point_and_draws_against_prediction(tmp_path):
         ]
         points = build_view(app.state).sweep
         assert [p.label for p in points] == ["s2", "s4", "s8"]
-        assert all(p.pred_tok_s and p.tok_s for p in points)
+        assert all(p.pred_tok_s and p.tok_s and p.exp_tok_s for p in points)
+        # the expected curve: every slot count from 2 to 8, simulated
+        assert len(build_view(app.state).sweep_curve) == 7
         assert app.query_one("#charts2").active == "tab-sweep"
         # the server stays at the last point; a pending edit leads back to where it was
         assert app.state.applied.slots == 8 and app.state.pending.slots == 4
@@ -308,6 +321,7 @@ async def test_sweep_runs_each_point_and_draws_against_prediction(tmp_path):
         assert [p.label for p in points] == ["1qps", "4qps"]
         # below capacity the prediction is the offered load: rate x output length
         assert [p.pred_tok_s for p in points] == pytest.approx([32.0, 128.0])
+        assert len(build_view(app.state).sweep_curve) == 10  # a finer grid from 1 to 4 req/s
         assert app.state.applied.load == "concurrency"  # the load knobs come back
 
 
@@ -361,7 +375,10 @@ async def test_help_lists_keys_with_glossary_and_dimmed_state():
         from textual.widgets import Markdown
 
         assert ["a", "Apply", "unavailable"] in rows
-        assert "arithmetic intensity" in app.screen.query_one(Markdown).source
+        glossary = app.screen.query_one(Markdown).source
+        assert "arithmetic intensity" in glossary
+        for words in ("**floor**", "**expected**", "**measured**", "scaletui calibrate --model"):
+            assert words in glossary, words
         await pilot.press("escape")
         assert app.screen.__class__.__name__ != "HelpScreen"
 
@@ -582,3 +599,50 @@ async def test_runs_events_and_memory_fit_their_panels(size):
             lines = memory.content.plain.splitlines()
             assert "meas" in lines[1] and "■ KV" in lines[3]
             assert max(map(len, lines)) <= memory.content_region.width
+
+
+async def test_refit_from_the_palette_refits_then_runs_again(tmp_path):
+    ctl = FakeController()
+    ctl.auto_finish = True
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        assert app.check_action("refit", ()) is True
+        generation = app.state.fit_generation
+        await app.run_action("refit")
+        await settle(app, pilot)
+        i = ctl.calls.index(("fit", True))  # the load stopped, refit, then it runs again
+        assert ctl.calls[i - 1] == ("stop",) and ctl.calls[i + 1][0] == "load"
+        assert app.state.fit == "done" and app.state.fit_generation == generation + 2
+    ctl = FakeController()
+    ctl.attached = True
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        assert app.check_action("refit", ()) is None  # not another host's server
+
+
+async def test_status_bar_names_the_fit_and_kpis_show_three_levels():
+    from dataclasses import replace as dc_replace
+
+    from scaletui.roofline.costmodel import CostModel
+    from scaletui.roofline.fitstore import save_fit
+    from scaletui.specs import load_hardware, load_model
+
+    base = CostModel.assumed(load_model("tiny"), load_hardware("h100"), dtype="f32")
+    info = {"date": "2026-12-01T02:08:00+00:00", "host": "vm", "seconds": 41.0}
+    save_fit(dc_replace(base, kernels="xla", source="fit", info=info))
+    app = make_app()
+    app.state = SessionState(Knobs(slots=4, input_len=32, output_len=32), "tiny")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await app.workers.wait_for_complete()
+        await settle(app, pilot)
+        status = str(app.query_one("#status").content)
+        assert "fit: vm tiny f32 xla tp1 (2026-12-01 02:08, 41 s)" in status
+        text = kpi_text(app)
+        assert "floor" in text and "exp" in text and "meas" in text and "m/e" in text
+        e = app.state.expectation()
+        assert e.fit.source == "fit"
+        step = next(k for k in build_view(app.state).kpis if k.label == "decode step")
+        assert step.ratio == pytest.approx(step.measured / e.decode_step_ms)
+        assert "×" in text or "÷" in text

@@ -1,5 +1,6 @@
-"""The controller's host calibration and device defaults, without a server: calibrate failing,
-switched off, skipped for a remote server or an explicit spec, and killed on quit."""
+"""The controller's host calibration, cost-model fit and device defaults, without a server:
+calibrate failing, switched off, skipped for a remote server or an explicit spec, and killed on
+quit; the fit run once per server configuration (a stand-in command), and not when one exists."""
 
 from __future__ import annotations
 
@@ -16,6 +17,32 @@ from scaletui.tui.knobs import Knobs
 from scaletui.tui.state import SessionState
 
 FAIL = "import sys; print('calibrate: no devices found', file=sys.stderr); sys.exit(3)"
+
+# Stands in for `scaletui calibrate --model M ... --quick`: the same contract (a fit for the
+# configuration its flags name, written where `find_fit` looks), and a line per run in MARKER.
+FAKE_FIT = """
+import os, sys
+from dataclasses import replace
+from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.fitstore import save_fit
+from scaletui.specs import HardwareSpec, load_model
+args = sys.argv[1:]
+with open(MARKER, "a") as f:
+    f.write(" ".join(args) + " | " + os.environ.get("XLA_FLAGS", "") + "\\n")
+assert args[-1] == "--quick"
+flag = dict(zip(args[:-1:2], args[1:-1:2]))
+cpu = HardwareSpec("cpu", "cpu", {"f32": 1e11}, 8e9, 2e10, 2e10, False, 2e10, 1)
+base = CostModel.assumed(load_model(flag["--model"]), cpu, dtype=flag["--dtype"],
+                         tp=int(flag["--tp"]), dp=int(flag["--dp"]))
+info = {"date": "2026-12-01T02:08:00+00:00", "host": "testhost", "seconds": 3.0}
+save_fit(replace(base, kernels=flag["--kernels"], source="fit", info=info))
+"""
+CONFIG = {"model": "tiny", "slots": 4, "max_seq_len": 256, "decode_steps": 2, "tp": 1, "dp": 1,
+          "dtype": "f32", "kernels": "xla", "mode": "interleaved"}  # fmt: skip
+
+
+def fake_fit(marker) -> list[str]:
+    return [sys.executable, "-c", f"MARKER = {str(marker)!r}\n" + FAKE_FIT]
 
 
 @pytest.fixture(autouse=True)
@@ -141,3 +168,66 @@ def test_temporary_log_folder_is_removed_unless_something_failed(tmp_path):
     failed.remove_logs(keep=False)
     named = Controller(host_devices=0, log_dir=tmp_path / "logs")
     assert named.remove_logs(keep=False) == tmp_path / "logs"
+
+
+async def test_fit_runs_once_per_configuration_and_not_when_one_exists(tmp_path):
+    marker = tmp_path / "fits-run"
+    ctl = Controller(log_dir=tmp_path, fit_cmd=fake_fit(marker), host_devices=2)
+    model = SessionState(Knobs(slots=4), "tiny")
+    assert await ctl.fit_server(CONFIG) is True
+    runs = marker.read_text().splitlines()
+    assert len(runs) == 1
+    flags, xla = runs[0].split(" | ")
+    assert flags == (
+        "--model tiny --slots 4 --max-seq-len 256 --decode-steps 2 --tp 1 --dp 1 --dtype f32 "
+        "--kernels xla --quick"
+    )
+    assert "--xla_force_host_platform_device_count=2" in xla  # the server's virtual devices
+    texts = drain(ctl, model)
+    assert texts[-2].startswith("fitting this server's cost model: scaletui calibrate --model")
+    assert texts[-1].startswith("fitted testhost tiny f32 xla tp1 (2026-12-01 02:08, 3 s)")
+    assert model.fit == "done" and model.phase == "idle" and model.fit_generation == 2
+    # it exists now: not again; another mesh has none: fitted once more
+    assert await ctl.fit_server(CONFIG) is True
+    assert len(marker.read_text().splitlines()) == 1
+    assert await ctl.fit_server(CONFIG | {"tp": 2}) is True
+    assert len(marker.read_text().splitlines()) == 2
+    assert not ctl.groups.pgids  # the finished children are no longer tracked
+
+
+async def test_failed_fit_is_an_event_not_retried_until_forced(tmp_path):
+    ctl = Controller(log_dir=tmp_path, fit_cmd=[sys.executable, "-c", FAIL], host_devices=0)
+    model = SessionState(Knobs(slots=4), "tiny")
+    assert await ctl.fit_server(CONFIG) is False
+    drain(ctl, model)
+    assert "cost-model fit failed (exit code 3" in model.events[-1].text
+    assert model.events[-1].level == "error" and model.fit.startswith("failed")
+    assert await ctl.fit_server(CONFIG) is False and ctl.queue.empty()  # not retried
+    marker = tmp_path / "fits-run"
+    ctl.fit_cmd = fake_fit(marker)
+    assert await ctl.fit_server(CONFIG, force=True) is True  # refit
+    assert len(marker.read_text().splitlines()) == 1
+
+
+async def test_no_fit_for_an_attached_server_or_with_no_calibrate(tmp_path):
+    marker = tmp_path / "fits-run"
+    for kw in ({"url": "http://127.0.0.1:9"}, {"calibrate": False}):
+        ctl = Controller(log_dir=tmp_path, fit_cmd=fake_fit(marker), host_devices=0, **kw)
+        assert await ctl.fit_server(CONFIG) is False
+    assert not marker.exists()
+
+
+async def test_cancelled_fit_does_not_outlive_its_wait(tmp_path):
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ctl = Controller(log_dir=tmp_path, fit_cmd=cmd, host_devices=0)
+    task = asyncio.create_task(ctl.fit_server(CONFIG))
+    for _ in range(100):
+        if ctl.fitter is not None:
+            break
+        await asyncio.sleep(0.05)
+    pid = ctl.fitter.pid
+    task.cancel()  # what quitting does to the control worker
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ctl.fitter.returncode is not None and not group_alive(pid)
+    assert pid not in ctl.groups.pgids

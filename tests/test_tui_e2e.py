@@ -1,6 +1,7 @@
 """End to end: a real `scaletui serve --model tiny`, a short loadgen run through the controller,
 the measured numbers arriving on the screen beside predictions for this host (`local`, written by
-a calibrate child run first), then t/T to tp 2 halving the weights per chip (CPU only)."""
+a calibrate child run first; the expectation on a fit a stand-in fit child writes before the
+load), then t/T to tp 2 halving the weights per chip and fitting tp 2 (CPU only)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,23 @@ sys.stdout.write(yaml.safe_dump(spec))
 """
 
 
+# Stands in for `scaletui calibrate --model M ... --quick` (the engine timing the suite need not
+# spend): the same contract, a fit for the configuration its flags name where `find_fit` looks.
+FAKE_FIT = """
+import sys
+from dataclasses import replace
+from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.fitstore import save_fit
+from scaletui.specs import load_hardware, load_model
+args = sys.argv[1:]
+flag = dict(zip(args[:-1:2], args[1:-1:2]))
+base = CostModel.assumed(load_model(flag["--model"]), load_hardware("local"), dtype=flag["--dtype"],
+                         tp=int(flag["--tp"]), dp=int(flag["--dp"]), efficiency=0.5)
+info = {"date": "2026-12-01T02:08:00+00:00", "host": "e2e", "seconds": 1.0}
+save_fit(replace(base, kernels=flag["--kernels"], source="fit", info=info))
+"""
+
+
 def text_of(renderable) -> str:
     console = Console(width=100, record=True, file=io.StringIO())
     console.print(renderable)
@@ -64,6 +82,7 @@ async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path, mon
         log_dir=tmp_path,
         poll_s=0.5,
         calibrate_cmd=[sys.executable, "-c", FAKE_CALIBRATE],
+        fit_cmd=[sys.executable, "-c", FAKE_FIT],
     )
     session = Session(ctl, run_seconds=1.5, loop_runs=False, ready_timeout=240)
     app = ScaleTUI(
@@ -91,13 +110,20 @@ async def drive(app: ScaleTUI, ctl: Controller, tmp_path) -> None:
         assert calibrated < started and "--host-devices 2" in texts[started]
         assert (tmp_path / "xdg/scaletui/hardware/local.yaml").exists()
         assert app.state.prediction().hardware == "local"
+        # the server's configuration had no fit: it was fitted before the first load
+        fitted = next(i for i, t in enumerate(texts) if t.startswith("fitted e2e tiny f32"))
+        first_run = next(i for i, t in enumerate(texts) if t.startswith("run 1:"))
+        assert started < fitted < first_run
+        assert app.state.expectation().fit.source == "fit"
+        assert "fit: e2e tiny f32" in str(app.query_one("#status").content)
 
         run = app.state.runs[-1]
         assert run.completed > 0 and run.ttft_ms > 0 and run.tok_s > 0, log
         assert run.pred_tok_s and run.pred_tok_s > 0
         await asyncio.sleep(0.6)  # one more render tick
         ttft = build_view(app.state).kpis[0]
-        assert ttft.measured is not None and ttft.measured > 0 and ttft.predicted > 0
+        assert ttft.measured is not None and ttft.measured > 0
+        assert ttft.floor > 0 and ttft.expected > 0
         assert app.query_one("#runs").row_count >= 1
         status = str(app.query_one("#status").content)
         assert "tiny" in status and "serving" in status
@@ -118,6 +144,12 @@ async def drive(app: ScaleTUI, ctl: Controller, tmp_path) -> None:
             240,
         ), [e.text for e in app.state.events]
         assert any("reconfigured {'tp': 2}" in e.text for e in app.state.events)
+
+        def fitted_tp2() -> bool:  # apply fitted the new configuration before its load
+            e = app.state.expectation()
+            return e is not None and "tp2" in e.fit.label
+
+        assert await wait_for(fitted_tp2, 60), [e.text for e in app.state.events]
         await asyncio.sleep(0.6)
         w2 = build_view(app.state).mem_weights
         assert w2 == pytest.approx(w1 / 2, rel=0.1)

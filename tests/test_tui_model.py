@@ -85,7 +85,8 @@ def test_replay_fills_runs_and_measured_kpis():
         == m.stats.raw["memory"]["weight_bytes_per_device"]
         + (m.stats.raw["memory"]["kv_cache_bytes_per_device"])
     )
-    assert all(k.predicted is not None and k.predicted > 0 for k in v.kpis)
+    assert all(k.floor is not None and k.floor > 0 for k in v.kpis)
+    assert all(k.expected is not None and k.expected > 0 for k in v.kpis)
     assert v.applied.slots == 8  # followed the server's reconfiguration in /stats
 
 
@@ -95,8 +96,8 @@ def test_pending_edit_changes_prediction_at_once_and_discard_restores():
     m.edit(slots=16)
     after = views.build_view(m)
     assert after.pending == {"slots": 16} and after.applied.slots == 8
-    tok_before = next(k for k in before.kpis if k.label == "output tok/s").predicted
-    tok_after = next(k for k in after.kpis if k.label == "output tok/s").predicted
+    tok_before = next(k for k in before.kpis if k.label == "output tok/s").floor
+    tok_after = next(k for k in after.kpis if k.label == "output tok/s").floor
     assert tok_after > tok_before
     m.discard()
     assert views.build_view(m).pending == {} and m.knobs.slots == 8

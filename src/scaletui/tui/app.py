@@ -42,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
         "--no-calibrate",
         action="store_true",
         help="without a `local` spec, predict with a built-in spec instead of running "
-        "`scaletui calibrate --quick` first",
+        "`scaletui calibrate --quick` first; and fit no cost model of the server (expected "
+        "then uses assumed efficiencies)",
     )
     a("--qps", type=float, help="open-loop load at this rate instead of closed-loop")
     a("--concurrency", type=int, default=0, help="closed-loop concurrency (default: = slots)")

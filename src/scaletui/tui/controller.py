@@ -1,6 +1,8 @@
 """Controller of the child processes: `scaletui calibrate --quick` (once, when this host has no
 `local` hardware spec, before the server so they do not compete), `scaletui serve` (unless --url
-attaches to one) and one `loadgen ... --jsonl -` per run. It polls GET /stats, applies knobs with
+attaches to one), `scaletui calibrate --model M ...` (the cost-model fit of our server's
+configuration, once per configuration, while the server idles before a load) and one
+`loadgen ... --jsonl -` per run. It polls GET /stats, applies knobs with
 POST /admin/config and turns everything into `Record`s on one queue that the UI ingests.
 
 The UI process never records a measured timestamp: latencies come from loadgen (its own process
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,13 +27,17 @@ import aiohttp
 import orjson
 
 from scaletui import specs
-from scaletui.procs import ProcessGroups, free_port
+from scaletui.procs import ProcessGroups, free_port, signal_group
 from scaletui.records import Record, RecordKind
+from scaletui.roofline.fitstore import find_fit, load_fit
 from scaletui.tui.client import ServerClient
+from scaletui.tui.expect import fit_label
 from scaletui.tui.host import (
     calibrate_env,
     calibration_skip,
     default_host_devices,
+    fit_command,
+    fit_lookup,
     run_calibrate,
     serve_command,
 )
@@ -59,6 +66,8 @@ class Controller:
         calibrate: bool = True,
         calibrate_cmd: list[str] | None = None,
         calibrate_timeout: float = 300.0,
+        fit_cmd: list[str] | None = None,
+        fit_timeout: float = 900.0,
     ) -> None:
         self.attached = url is not None
         self.port = 0 if url else free_port()
@@ -71,6 +80,11 @@ class Controller:
         self.calibrate_cmd = calibrate_cmd or [python, "-m", "scaletui", "calibrate", "--quick"]
         self.calibrate_timeout = calibrate_timeout
         self.calibrator: asyncio.subprocess.Process | None = None
+        # `scaletui calibrate` before the fit's flags (--model M --slots S ... --quick)
+        self.fit_cmd = fit_cmd or [python, "-m", "scaletui", "calibrate"]
+        self.fit_timeout = fit_timeout
+        self.fitter: asyncio.subprocess.Process | None = None
+        self._fit_failed: set[tuple] = set()  # configurations whose fit failed: not retried
         self.serve_args = serve_args or []
         self._temp_logs = log_dir is None  # ours to remove on a clean exit
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="scaletui-"))
@@ -156,6 +170,86 @@ class Controller:
             server="starting",
             phase="starting",
             calibration="done",
+        )
+        return True
+
+    async def fit_server(self, config: dict | None = None, force: bool = False) -> bool:
+        """When our server's configuration (its /stats `config`, fetched when None) has no fitted
+        cost model on this host, or `force`: run `scaletui calibrate --model M --slots S ...
+        --quick` (its own process group, log fit.log, the server's virtual devices) and wait,
+        before the load starts so the two do not compete. True when a fit exists afterwards.
+        Skipped for an attached server (another host's, or one holding the devices), with
+        --no-calibrate, or a what-if --hardware. A failure or a timeout is an event and the
+        expectation stays on assumed efficiencies (a failed configuration is not retried until
+        `force`); never raises."""
+        if self.attached or not self.calibrate:
+            return False
+        if not force and self.knobs.hardware not in ("", "local"):
+            return False
+        if config is None:
+            config = await self.client.config()
+        try:
+            key = fit_lookup(config)
+            cmd = fit_command(self.fit_cmd, config)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.event(f"no cost-model fit: the server's config lacks {exc}", "warning")
+            return False
+        if not force and find_fit(*key) is not None:
+            return True
+        if not force and key in self._fit_failed:
+            return False
+        shown = "scaletui calibrate " + " ".join(cmd[len(self.fit_cmd) :])
+        self.event(
+            f"fitting this server's cost model: {shown} (log fit.log)",
+            phase="fitting",
+            fit="running",
+        )
+        t0 = time.monotonic()
+        self.fitter = None
+
+        def started(proc: asyncio.subprocess.Process) -> None:
+            self.fitter = proc
+            self.groups.add(proc.pid)
+
+        try:
+            why, _ = await run_calibrate(
+                cmd,
+                calibrate_env(self.host_devices),
+                self.log_dir / "fit.log",
+                self.fit_timeout,
+                started,
+                lambda: find_fit(*key) is not None,
+            )
+        finally:  # also when cancelled (quit): the child does not outlive its wait
+            proc = self.fitter
+            if proc is not None:
+                if proc.returncode is None:
+                    signal_group(proc.pid, signal.SIGKILL)
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(proc.wait(), 3)
+                self.groups.discard(proc.pid)
+        path, label = find_fit(*key), ""
+        if why is None and path is None:
+            why = "it wrote no fit"
+        if why is None:
+            try:
+                label = fit_label(load_fit(path))
+            except ValueError as exc:
+                why = str(exc)
+        if why is not None:
+            self._fit_failed.add(key)
+            self.event(
+                f"cost-model fit failed ({why}); expected stays on assumed efficiencies",
+                "error",
+                phase="idle",
+                fit=f"failed: {why[:80]}",
+            )
+            return False
+        self._fit_failed.discard(key)
+        self.event(
+            f"fitted {label} in {time.monotonic() - t0:.0f} s; expected now uses it",
+            phase="idle",
+            fit="done",
         )
         return True
 
@@ -320,7 +414,7 @@ class Controller:
             self._poller.cancel()
         await self.stop_load()
         self.kill_children()
-        for proc in (self.calibrator, self.server, self.loads.proc):
+        for proc in (self.calibrator, self.fitter, self.server, self.loads.proc):
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), 3)

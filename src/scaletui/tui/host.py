@@ -1,7 +1,8 @@
 """This host, as the TUI's children see it: the default number of virtual JAX CPU devices, and
-running `scaletui calibrate --quick` as a child (own process group, bounded in time) to get the
-`local` hardware spec predictions for "this machine" need. No events here: the controller
-reports what these return.
+running `scaletui calibrate` as a child (own process group, bounded in time): `--quick` for the
+`local` hardware spec the floor for "this machine" needs, `--model M ...` for the fitted cost
+model of one server configuration the expectation needs. No events here: the controller reports
+what these return.
 """
 
 from __future__ import annotations
@@ -90,17 +91,53 @@ def serve_command(
     cmd += ["--port", str(port), "--slots", str(k.slots), "--tp", str(k.tp)]
     cmd += ["--dp", str(k.dp), "--mode", k.mode]
     if "--max-seq-len" not in extra:
-        # fewer prompt buckets to compile than the server's 1024 default, room for 512 tokens
-        # (+1: the tokenizer's BOS)
-        need = 512
-        while need < k.input_len + k.output_len + 1:
-            need *= 2
+        model_max = None
         with contextlib.suppress(specs.SpecError):  # a bad model: the server names it
-            need = min(need, specs.load_model(model).max_seq_len)  # tiny: 256
-        cmd += ["--max-seq-len", str(need)]
+            model_max = specs.load_model(model).max_seq_len  # tiny: 256
+        cmd += ["--max-seq-len", str(serve_max_seq_len(k, model_max))]
     if host_devices:
         cmd += ["--host-devices", str(host_devices)]
     return cmd + extra
+
+
+def serve_max_seq_len(knobs: Knobs, model_max: int | None) -> int:
+    """The embedded server's --max-seq-len: fewer prompt buckets to compile than the server's
+    1024 default, room for 512 tokens, or the next power of two above input + output + 1 (the
+    tokenizer's BOS), capped at the model's own limit."""
+    need = 512
+    while need < knobs.input_len + knobs.output_len + 1:
+        need *= 2
+    return min(need, model_max) if model_max else need
+
+
+def fit_lookup(config: dict) -> tuple[str, str, int, int, str]:
+    """`fitstore.find_fit`'s (model, dtype, tp, dp, kernels) for a /stats "config" object."""
+    c = config
+    return (
+        str(c["model"]),
+        str(c.get("dtype", "f32")),
+        int(c.get("tp", 1)),
+        int(c.get("dp", 1)),
+        str(c.get("kernels", "auto")),
+    )
+
+
+def fit_command(prefix: list[str], config: dict) -> list[str]:
+    """`scaletui calibrate --model M ... --quick` (after `prefix`, the python -m scaletui
+    calibrate part) for the server configuration of a /stats "config" object; KeyError naming
+    a key it lacks."""
+    c = config
+    flags = {
+        "--model": c["model"],
+        "--slots": c["slots"],
+        "--max-seq-len": c["max_seq_len"],
+        "--decode-steps": c.get("decode_steps", 4),
+        "--tp": c.get("tp", 1),
+        "--dp": c.get("dp", 1),
+        "--dtype": c.get("dtype", "f32"),
+        "--kernels": c.get("kernels", "auto"),
+    }
+    return [*prefix, *(str(x) for kv in flags.items() for x in kv), "--quick"]
 
 
 def calibrate_env(host_devices: int | None) -> dict[str, str]:
@@ -122,7 +159,8 @@ async def run_calibrate(
     local_exists: Callable[[], bool],
 ) -> tuple[str | None, str]:
     """Run calibrate (stderr to `log_path`); `started(proc)` lets the caller track its process
-    group. Returns (None, summary of the spec) on success, else (why it failed, "")."""
+    group; `local_exists()` says whether it wrote what it should. Returns (None, summary of the
+    spec) on success, else (why it failed, "")."""
     with log_path.open("ab") as log:
         try:
             proc = await asyncio.create_subprocess_exec(

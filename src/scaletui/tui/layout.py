@@ -6,7 +6,7 @@ from __future__ import annotations
 from textual.binding import Binding
 
 KNOB_ACTIONS = {"slots", "tp", "dp", "sharding"}
-CONTROL_ACTIONS = {"apply", "rerun", "restart_server"}
+CONTROL_ACTIONS = {"apply", "rerun", "restart_server", "refit"}
 PANELS = {1: "#latency", 2: "#strips", 3: "#charts2", 4: "#runs", 5: "#events"}
 PANEL_NAMES = {1: "latency", 2: "sparklines", 3: "roofline/sweep", 4: "runs", 5: "events"}
 MIN_SIZE = (80, 24)
@@ -45,10 +45,10 @@ BINDINGS = [
 TITLES = {
     "#knobs": "Knobs",
     "#memory": "Memory / chip",
-    "#latency": "Latency ms (measured, predicted flat)",
+    "#latency": "Latency ms (measured, expected flat)",
     "#strips": "tok/s · queue · slots · KV",
-    "#kpis": "KPIs  pred | meas | Δ",
-    "#runs": "Runs (pred/meas)",
-    "#charts2": "roof ━  ○ pred magenta  ○ meas cyan",
+    "#kpis": "KPIs  floor | expected | measured",
+    "#runs": "Runs (expected/measured)",
+    "#charts2": "roof ━  ○ floor magenta  ○ meas cyan",
     "#events": "Events",
 }

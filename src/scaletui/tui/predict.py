@@ -1,4 +1,6 @@
-"""Roofline predictions for the knobs, via `scaletui.roofline.estimate` (never a copy of it).
+"""The floor: the book's roofline for the knobs, via `scaletui.roofline.estimate` (never a copy
+of it). On a CPU spec the tp x dp devices are virtual and share one host, so its roofs are divided
+among them (`roofline.share_host`) before the estimate: two virtual devices are not two chips.
 
 Inputs: the server's model spec (the /stats "model" fields, or a spec loaded by name), a hardware
 spec (`local` when calibrated; otherwise a fallback named in the events log), and the knobs:
@@ -96,6 +98,14 @@ def model_spec_from(data: dict) -> specs.ModelSpec:
     return specs.ModelSpec(**{k: v for k, v in data.items() if k in names})
 
 
+def host_devices(knobs: Knobs) -> int:
+    """Devices the server uses: tp x dp, plus the prefill devices when disaggregated (on a CPU
+    spec these are virtual devices that share the host's roofs)."""
+    if knobs.mode == "disaggregated":
+        return knobs.chips + (knobs.prefill_devices or knobs.chips)
+    return knobs.chips
+
+
 def decode_batch(knobs: Knobs, tok_s_at: Callable[[int], float]) -> int:
     """The batch the decode step runs at under this load. Closed loop: min(concurrency, slots).
     Open loop at rate r: the smallest batch whose roofline throughput carries the offered
@@ -127,8 +137,9 @@ def predict(
     step at the load's batch (`decode_batch`), the prompt's prefill as TTFT, and memory per chip
     for what the server allocates: KV for every slot at `max_seq_len` (its /stats config), or at
     the mean context when unknown."""
-    from scaletui.roofline import estimate  # lazy: the TUI must start even without it
+    from scaletui.roofline import estimate, share_host  # lazy: the TUI starts without them
 
+    hardware = share_host(hardware, host_devices(knobs))
     nbytes = DTYPE_BYTES.get(dtype, 2)
     compute = dtype if dtype in hardware.flops_per_s and hardware.flops_per_s[dtype] else "bf16"
     if not hardware.flops_per_s.get(compute):

@@ -1,5 +1,6 @@
 """What the user asks of a session, as plain async methods over the controller (no Textual):
-start (or restart) the server, apply knobs, run the load in a loop, sweep, export.
+start (or restart) the server, apply knobs, fit the server's cost model, run the load in a loop,
+sweep, export.
 
 The session never touches the TUI state. What it changes (the applied knobs, a pending edit it
 leaves behind, the phase) it says as events on the controller's record queue, the same queue
@@ -40,7 +41,8 @@ class Session:
 
     async def start(self, knobs: Knobs, restart: bool = False) -> None:
         """Calibrate if needed and start the server (or attach, or restart ours in the shape
-        last applied), wait until it is ready, then run the load at the server's own shape."""
+        last applied), wait until it is ready, fit its cost model if this configuration has no
+        fit yet, then run the load at the server's own shape."""
         c = self.controller
         if restart:
             c.knobs = knobs
@@ -48,19 +50,29 @@ class Session:
         else:
             await c.start()
         config = await c.wait_ready(None if c.attached else self.ready_timeout)
+        await c.fit_server(config)
         if self.autoload:  # an attached server has its own slots and mesh
             await self.run_loop(knobs.with_server(config))
 
     async def apply(self, target: Knobs | None, applied: Knobs) -> None:
-        """Stop the load, reconfigure the server to `target` (None: rerun as is), run again."""
+        """Stop the load, reconfigure the server to `target` (None: rerun as is), fit the new
+        configuration if it has no fit yet, run again."""
         c = self.controller
         await c.stop_load()
         if target is not None:
             changes = target.server_changes(applied)
             if changes:
                 await c.apply(changes)
+                await c.fit_server()
             c.event("", applied=target.to_dict())
             applied = target
+        await self.run_loop(applied)
+
+    async def refit(self, applied: Knobs) -> None:
+        """Stop the load, fit the server's cost model again (even if a fit exists), run again."""
+        c = self.controller
+        await c.stop_load()
+        await c.fit_server(force=True)
         await self.run_loop(applied)
 
     async def run_loop(self, knobs: Knobs) -> None:

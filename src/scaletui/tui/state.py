@@ -1,8 +1,11 @@
 """The TUI's one piece of mutable state (plain Python, no Textual), changed only by its own
 methods: `add(record)` for everything that arrives (server snapshots, loadgen windows and
-summaries, controller events, which also carry the applied knobs and the phase), and `edit` /
-`discard` for the user's pending knobs. `version` grows on every change, so the render tick
-redraws only when something moved; `views.build_view(state)` reads it and changes nothing.
+summaries, controller events, which also carry the applied knobs, the phase and the fit's
+progress), and `edit` / `discard` for the user's pending knobs. `version` grows on every change,
+so the render tick redraws only when something moved; `views.build_view(state)` reads it and
+changes nothing. Predictions come in two levels beside what loadgen measures: the floor
+(`predict`, the roofline) and the expectation (`expect`, our scheduler simulated on a fitted or
+assumed cost model).
 """
 
 from __future__ import annotations
@@ -12,11 +15,18 @@ from dataclasses import dataclass, replace
 
 from scaletui import specs
 from scaletui.records import LoadSummary, LoadWindow, Record, RecordKind, StatsSnapshot
+from scaletui.tui.expect import (
+    TOKEN_CHUNKS,
+    Expectation,
+    ServerConfig,
+    expect_cached,
+    sweep_grid,
+)
 from scaletui.tui.knobs import Knobs
 from scaletui.tui.predict import Prediction, model_spec_from, pick_hardware, predict_cached
 
 HISTORY = 300  # samples kept per series (5 min at 1 Hz)
-BUSY_PHASES = ("calibrating", "starting", "reconfiguring", "sweeping")
+BUSY_PHASES = ("calibrating", "starting", "reconfiguring", "sweeping", "fitting")
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,9 @@ class RunRow:
     tok_s: float | None
     completed: int
     partial: bool
+    exp_ttft_ms: float | None = None  # the expectation (simulated scheduler on the cost model)
+    exp_tpot_ms: float | None = None
+    exp_tok_s: float | None = None
 
     @property
     def efficiency(self) -> float | None:
@@ -61,6 +74,13 @@ class RunRow:
         if not self.pred_tok_s or self.tok_s is None:
             return None
         return self.tok_s / self.pred_tok_s
+
+    @property
+    def vs_expected(self) -> float | None:
+        """Measured tokens/s / expected tokens/s (1.0: the cost model and simulation hold)."""
+        if not self.exp_tok_s or self.tok_s is None:
+            return None
+        return self.tok_s / self.exp_tok_s
 
 
 @dataclass(frozen=True)
@@ -71,12 +91,25 @@ class SweepPoint:
     ttft_ms: float | None
     pred_tok_s: float | None
     pred_tpot_ms: float | None
+    knobs: Knobs | None = None  # what the point ran at
+    exp_tok_s: float | None = None
+    exp_tpot_ms: float | None = None
 
     @classmethod
     def from_row(cls, row: RunRow) -> SweepPoint:
         k = row.knobs
         label = f"{k.rate:g}qps" if k.load == "qps" else f"s{k.slots}"
-        return cls(label, row.tok_s, row.tpot_ms, row.ttft_ms, row.pred_tok_s, row.pred_tpot_ms)
+        return cls(
+            label,
+            row.tok_s,
+            row.tpot_ms,
+            row.ttft_ms,
+            row.pred_tok_s,
+            row.pred_tpot_ms,
+            k,
+            row.exp_tok_s,
+            row.exp_tpot_ms,
+        )
 
 
 class SessionState:
@@ -91,6 +124,8 @@ class SessionState:
         self.server = "starting"  # server status text for the status bar
         self.url = ""
         self.calibration = ""  # the controller's calibrate state: running|done|off|remote|failed
+        self.fit = ""  # the controller's fit of this server: running | done | failed: why
+        self.fit_generation = 0  # grows whenever a fit may have been written: expectations redo
         self.stats = StatsSnapshot()
         self.stats_hist: deque[StatsSnapshot] = deque(maxlen=HISTORY)
         self.windows: deque[tuple[float, LoadWindow]] = deque(maxlen=HISTORY)
@@ -148,6 +183,7 @@ class SessionState:
         self.summary = summary
         knobs = self.run_knobs or self.applied
         pred = self.prediction(knobs)
+        exp = self.expectation(knobs)
         row = RunRow(
             run=self.run_id,
             kind=self.run_kind,
@@ -160,6 +196,9 @@ class SessionState:
             tok_s=summary.output_throughput,
             completed=summary.completed,
             partial=summary.partial,
+            exp_ttft_ms=exp.ttft_p50_ms if exp else None,
+            exp_tpot_ms=exp.tpot_p50_ms if exp else None,
+            exp_tok_s=exp.tok_s if exp else None,
         )
         self.runs.append(row)
         if self.run_kind == "sweep":
@@ -170,8 +209,9 @@ class SessionState:
 
     def _add_event(self, rec: Record) -> None:
         """Text for the log, and the controller's and session's state changes: `phase`,
-        `server`, `url`, `calibration`, `sweep_point`, `applied` (knobs now on the server)
-        and `pending` (an edit the session leaves for the user to apply)."""
+        `server`, `url`, `calibration`, `fit` (the cost-model fit: running | done | failed),
+        `sweep_point`, `applied` (knobs now on the server) and `pending` (an edit the session
+        leaves for the user to apply)."""
         data = rec.data
         if data.get("text"):
             self._log(data["text"], data.get("level", "info"), rec.t)
@@ -187,6 +227,9 @@ class SessionState:
         if "calibration" in data:  # `local` may exist now: choose the hardware spec again
             self.calibration = str(data["calibration"])
             self.hardware = self._choose_hardware()
+        if "fit" in data:  # a fit may have been written: look for fits again
+            self.fit = str(data["fit"])
+            self.fit_generation += 1
 
     def _add_config(self, rec: Record) -> None:
         data = rec.data
@@ -273,3 +316,66 @@ class SessionState:
     def prediction(self, knobs: Knobs | None = None) -> Prediction | None:
         got = self.prediction_or_error(knobs)
         return got if isinstance(got, Prediction) else None
+
+    def server_config(self, knobs: Knobs | None = None) -> ServerConfig:
+        """The server settings beyond the knobs (/stats "config"; defaults before it says)."""
+        model_max = self.spec.max_seq_len if self.spec else None
+        backend = self.stats.raw.get("backend")
+        return ServerConfig.from_stats(self.stats.config, knobs or self.knobs, model_max, backend)
+
+    def _fit_scope(self) -> str | None:
+        """None when this host's fits apply to the server, else why not (then costs are
+        assumed on the shown spec)."""
+        if self.knobs.hardware not in ("", "local"):
+            return f"what-if spec {self.knobs.hardware}"
+        if self.calibration == "remote":
+            return "remote server (no fit of its host here)"
+        return None
+
+    def expectation_or_error(
+        self, knobs: Knobs | None = None, budget: int = TOKEN_CHUNKS
+    ) -> Expectation | str:
+        """Our scheduler simulated on the cost model for `knobs` (default: what is shown): the
+        fit for that server configuration, else assumed efficiencies on the shown spec; or why
+        there is none. Pure: memoized by `expect_cached`, nothing here changes."""
+        knobs = replace(knobs or self.knobs, hardware=self.knobs.hardware)
+        if self.spec is None:
+            return f"no expectation: {self.spec_error or 'no model spec yet'}"
+        try:
+            config = self.server_config(knobs)
+        except (TypeError, ValueError) as exc:  # another server's /stats config
+            return f"no expectation: cannot read the server's config: {exc}"
+        return expect_cached(
+            self.spec,
+            self.hardware.spec,
+            knobs,
+            config,
+            self._fit_scope(),
+            self.fit_generation,
+            budget,
+        )
+
+    def expectation(self, knobs: Knobs | None = None) -> Expectation | None:
+        got = self.expectation_or_error(knobs)
+        return got if isinstance(got, Expectation) else None
+
+    def sweep_curve(self) -> tuple[tuple[float, float], ...]:
+        """The expected (output tok/s, TPOT p50 ms) across the sweep's range on a finer grid
+        than its points: over rates for an open-loop sweep, else over slot counts."""
+        knobs = [p.knobs for p in self.sweep if p.knobs is not None]
+        if not knobs:
+            return ()
+        base = knobs[-1]
+        if all(k.load == "qps" for k in knobs):
+            grid = [replace(base, rate=v) for v in sweep_grid([k.rate for k in knobs], False)]
+        else:
+            dp = base.dp  # slots stay a multiple of dp
+            values = sweep_grid([k.slots for k in knobs], True)
+            slots = sorted({max(dp, round(v / dp) * dp) for v in values})
+            grid = [replace(base, slots=s) for s in slots]
+        curve = []
+        for k in grid:
+            got = self.expectation_or_error(k, TOKEN_CHUNKS // 4)
+            if isinstance(got, Expectation) and got.tok_s and got.tpot_p50_ms:
+                curve.append((got.tok_s, got.tpot_p50_ms))
+        return tuple(curve)

@@ -201,6 +201,8 @@ class ScaleTUI(App):
                 self.controller.attached or self.state.phase != "error"
             ):
                 return None
+            if action == "refit" and self.controller.attached:
+                return None
         return True
 
     def _edit(self, **changes: object) -> bool:
@@ -299,6 +301,12 @@ class ScaleTUI(App):
     def action_restart_server(self) -> None:
         self.startup(restart=True)
 
+    def action_refit(self) -> None:
+        if self.check_action("refit", ()) is None:  # the palette runs actions unchecked
+            self.notify("refit needs our own server and an idle controller")
+            return
+        self.refit()
+
     @on(PaletteCommand)
     def _palette_command(self, message: PaletteCommand) -> None:
         self.command(message.text)
@@ -340,6 +348,10 @@ class ScaleTUI(App):
     async def control(self, target: Knobs | None) -> None:
         """Apply `target` (None: rerun as is): stop the load, reconfigure, then run again."""
         await self._guarded(self.session.apply(target, self.state.applied))
+
+    @work(exclusive=True, group="control")
+    async def refit(self) -> None:
+        await self._guarded(self.session.refit(self.state.applied), "refit failed: ")
 
     @work(exclusive=True, group="control")
     async def sweep(self, what: str, values: list[float]) -> None:

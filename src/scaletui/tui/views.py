@@ -1,5 +1,9 @@
 """Frozen views of the TUI model, one per panel; panels get these and never the model itself.
 
+Every KPI has three levels: the floor (the roofline on the chosen spec), the expectation (our
+scheduler simulated on this host's fitted cost model, else assumed efficiencies) and the
+measurement, with measured / expected beside them.
+
 Measured numbers: latency percentiles from the newest loadgen window of the current run that has
 them (window percentiles cover the requests finished in that second), else the last summary;
 tokens/s as the mean of the last 5 windows; decode step from /stats
@@ -11,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scaletui.records import StatsSnapshot
+from scaletui.tui.expect import Expectation
 from scaletui.tui.knobs import Knobs
 from scaletui.tui.predict import Prediction
 from scaletui.tui.state import RunRow, SessionState, SweepPoint
@@ -20,15 +25,16 @@ from scaletui.tui.state import RunRow, SessionState, SweepPoint
 class Kpi:
     label: str
     unit: str
-    predicted: float | None
+    floor: float | None  # the roofline: the best any server could do
+    expected: float | None  # our scheduler simulated on the cost model
     measured: float | None
 
     @property
-    def delta(self) -> float | None:
-        """(measured - predicted) / predicted; +50% means 1.5x the roofline."""
-        if self.predicted is None or self.measured is None or self.predicted <= 0:
+    def ratio(self) -> float | None:
+        """measured / expected: 1.07 means 7% above what the cost model and simulation say."""
+        if self.expected is None or self.measured is None or self.expected <= 0:
             return None
-        return (self.measured - self.predicted) / self.predicted
+        return self.measured / self.expected
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,8 @@ class View:
     pending: dict  # changed keys -> new values
     hardware: str
     prediction_note: str | None
+    fit: str  # the cost model in use, for the status bar: "vm small f32 xla tp1 (...)"
+    expected_note: str | None  # why the expectation is assumed, or why there is none
     slots_used: int | None
     run: int
     run_elapsed: float | None
@@ -54,19 +62,21 @@ class View:
     ttft_p50: tuple[float, ...]
     ttft_p99: tuple[float, ...]
     tpot_p50: tuple[float, ...]
-    pred_ttft_ms: float | None
-    pred_tpot_ms: float | None
+    exp_ttft_ms: float | None  # flat lines on the latency chart
+    exp_tpot_ms: float | None
     spark_tok_s: tuple[float, ...]
     spark_queue: tuple[float, ...]
     spark_occupancy: tuple[float, ...]
     spark_kv: tuple[float, ...]
     prediction: Prediction | None
+    expectation: Expectation | None
     meas_flops_per_chip: float | None
     mem_weights: float | None  # measured bytes per chip
     mem_kv: float | None
     mem_capacity: float | None
     runs: tuple[RunRow, ...]
     sweep: tuple[SweepPoint, ...]
+    sweep_curve: tuple[tuple[float, float], ...]  # expected (tok/s, TPOT p50 ms) on a finer grid
 
 
 def build_view(m: SessionState) -> View:
@@ -90,18 +100,26 @@ def build_view(m: SessionState) -> View:
     w_dev, kv_dev = stats.weight_bytes_per_device, stats.kv_bytes_per_device
     mem = None if w_dev is None or kv_dev is None else w_dev + kv_dev
     p = pred
-    latency = (  # label, predicted, from a window, from the summary
-        ("TTFT p50", p and p.ttft_ms, lambda w: w.ttft_ms.p50, lambda s: s.median_ttft_ms),
-        ("TTFT p99", p and p.ttft_ms, lambda w: w.ttft_ms.p99, lambda s: s.p99_ttft_ms),
-        ("TPOT p50", p and p.tpot_ms, lambda w: w.tpot_ms.p50, lambda s: s.median_tpot_ms),
-        ("TPOT p99", p and p.tpot_ms, lambda w: w.tpot_ms.p99, lambda s: s.p99_tpot_ms),
-    )
+    exp_got = m.expectation_or_error()
+    e = exp_got if isinstance(exp_got, Expectation) else None
+    latency = (  # label, floor, expected, from a window, from the summary
+        ("TTFT p50", p and p.ttft_ms, e and e.ttft_p50_ms,
+         lambda w: w.ttft_ms.p50, lambda s: s.median_ttft_ms),
+        ("TTFT p99", p and p.ttft_ms, e and e.ttft_p99_ms,
+         lambda w: w.ttft_ms.p99, lambda s: s.p99_ttft_ms),
+        ("TPOT p50", p and p.tpot_ms, e and e.tpot_p50_ms,
+         lambda w: w.tpot_ms.p50, lambda s: s.median_tpot_ms),
+        ("TPOT p99", p and p.tpot_ms, e and e.tpot_p99_ms,
+         lambda w: w.tpot_ms.p99, lambda s: s.p99_tpot_ms),
+    )  # fmt: skip
     kpis = (
-        *(Kpi(label, "ms", pv, measured(fw, fs)) for label, pv, fw, fs in latency),
-        Kpi("decode step", "ms", p and p.tpot_ms, stats.step_per_token_ms),
-        Kpi("output tok/s", "tok/s", p and p.tok_s, tok_s),
-        Kpi("mem/chip", "B", p and p.mem_per_chip, mem),
+        *(Kpi(label, "ms", fv, ev, measured(fw, fs)) for label, fv, ev, fw, fs in latency),
+        Kpi("decode step", "ms", p and p.tpot_ms, e and e.decode_step_ms, stats.step_per_token_ms),
+        Kpi("output tok/s", "tok/s", p and p.tok_s, e and e.tok_s, tok_s),
+        # memory is counted, not timed: what the server allocates is the expectation too
+        Kpi("mem/chip", "B", p and p.mem_per_chip, p and p.mem_per_chip, mem),
     )
+    fit, expected_note = fit_words(m, exp_got)
     series = [(t, w) for t, w in m.windows if w.ttft_ms.p50 is not None]
     capacity = stats.device_bytes_limit
     if capacity is None and pred is not None:
@@ -129,6 +147,8 @@ def build_view(m: SessionState) -> View:
         pending=pending,
         hardware=m.hardware.name,
         prediction_note=got if isinstance(got, str) else m.hardware.note,
+        fit=fit,
+        expected_note=expected_note,
         slots_used=None if stats.slots_used is None else int(stats.slots_used),
         run=m.run_id,
         run_elapsed=last_t,
@@ -138,20 +158,36 @@ def build_view(m: SessionState) -> View:
         ttft_p50=tuple(w.ttft_ms.p50 or 0.0 for _, w in series),
         ttft_p99=tuple(w.ttft_ms.p99 or 0.0 for _, w in series),
         tpot_p50=tuple(w.tpot_ms.p50 or 0.0 for _, w in series),
-        pred_ttft_ms=p and p.ttft_ms,
-        pred_tpot_ms=p and p.tpot_ms,
+        exp_ttft_ms=e and e.ttft_p50_ms,
+        exp_tpot_ms=e and e.tpot_p50_ms,
         spark_tok_s=tuple(w.output_tok_s or 0.0 for _, w in m.windows)[-120:],
         spark_queue=tuple(s.waiting or 0.0 for s in hist),
         spark_occupancy=tuple(s.occupancy for s in hist),
         spark_kv=tuple(s.kv_usage or 0.0 for s in hist),
         prediction=pred,
+        expectation=e,
         meas_flops_per_chip=meas_flops,
         mem_weights=w_dev,
         mem_kv=kv_dev,
         mem_capacity=capacity,
         runs=tuple(m.runs),
         sweep=tuple(m.sweep),
+        sweep_curve=m.sweep_curve(),
     )
+
+
+def fit_words(m: SessionState, got: Expectation | str) -> tuple[str, str | None]:
+    """(the status bar's fit label, the KPI panel's note on the expectation or None)."""
+    if isinstance(got, str):
+        label, note = "none", got
+    else:
+        label, note = got.fit.label, got.fit.note
+    if m.fit == "running":
+        label = "fitting this server now (assumed until it ends)"
+        note = note and f"{note} (fitting now)"
+    elif m.fit.startswith("failed") and (isinstance(got, str) or got.fit.source == "assumed"):
+        label = "failed (assumed efficiencies)"
+    return label, note
 
 
 def backend_label(stats: StatsSnapshot) -> str:
@@ -175,13 +211,14 @@ def redraw_keys(v: View) -> dict[str, tuple]:
             v.run,
             v.run_elapsed,
             v.sweep_point,
+            v.fit,
         ),
         "#knobs": (v.applied, v.knobs, v.hardware),
-        "#kpis": (v.kpis, v.pending, v.prediction_note),
+        "#kpis": (v.kpis, v.pending, v.prediction_note, v.expected_note),
         "#memory": (v.mem_weights, v.mem_kv, v.mem_capacity, v.prediction),
-        "#latency": (v.xs, v.ttft_p50, v.pred_ttft_ms, v.pred_tpot_ms),
+        "#latency": (v.xs, v.ttft_p50, v.exp_ttft_ms, v.exp_tpot_ms),
         "#strips": (v.spark_tok_s, v.spark_queue, v.spark_occupancy, v.spark_kv),
         "#roofline": (v.prediction, v.meas_flops_per_chip),
-        "#sweep": (v.sweep,),
+        "#sweep": (v.sweep, v.sweep_curve),
         "#runs": (len(v.runs),),
     }

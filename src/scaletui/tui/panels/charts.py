@@ -1,7 +1,7 @@
 """Charts behind one small adapter (`Chart.draw`), so textual-plotext can be swapped out:
-the latency time series (prediction as a flat line), the log-log roofline (log10 taken here, ticks
-labelled 10^k, because plotext's own log scale breaks on rebuild), the sweep chart, and the
-sparkline strips.
+the latency time series (the expectation as a flat line), the log-log roofline (log10 taken here,
+ticks labelled 10^k, because plotext's own log scale breaks on rebuild), the sweep chart
+(measured points, the floor, and the expected curve), and the sparkline strips.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Chart(PlotextPlot):
 
 class LatencyChart(Chart):
     """TTFT and TPOT over time, log10 y (TTFT is often 10-100x TPOT: on a linear axis TPOT and
-    both predictions sat on the bottom row), with the predictions as flat lines."""
+    both expectations sat on the bottom row), with the expected p50s as flat lines."""
 
     def show(self, v: View) -> None:
         xs = v.xs
@@ -94,8 +94,8 @@ class LatencyChart(Chart):
         if xs:
             span = (xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1)
             for label, value, color in (
-                ("pred TTFT", v.pred_ttft_ms, "magenta"),
-                ("pred TPOT", v.pred_tpot_ms, "orange"),
+                ("exp TTFT", v.exp_ttft_ms, "magenta"),
+                ("exp TPOT", v.exp_tpot_ms, "orange"),
             ):
                 if value is not None and value > 0:
                     series.append(Series(label, span, (_log(value),) * 2, color))
@@ -162,8 +162,9 @@ class RooflineChart(Chart):
 
 
 class SweepChart(Chart):
-    """Latency vs throughput across a sweep: measured points (cyan, labelled s4 / 2qps) against
-    the prediction for the same knobs (magenta), each a line through its markers."""
+    """Latency vs throughput across a sweep: measured points (cyan, labelled s4 / 2qps), the
+    floor for the same knobs (magenta) and the expected curve, simulated on a finer grid
+    across the sweep's range (yellow)."""
 
     def show(self, v: View) -> None:
         meas = sorted((p.tok_s, p.tpot_ms, p.label) for p in v.sweep if p.tok_s and p.tpot_ms)
@@ -172,17 +173,24 @@ class SweepChart(Chart):
             for p in v.sweep
             if p.pred_tok_s and p.pred_tpot_ms
         )
+        curve = sorted((x, y, "") for x, y in v.sweep_curve if x > 0 and y > 0)
         if not meas and not pred:
             self.draw([], title="no sweep yet: ^p → sweep slots 1,2,4,8 (or qps 1,2,4)")
             return
-        # log-log: on a small CPU model the roofline is often 10-100x off, and both must show
+        # log-log: on a small CPU model the roofline is often 10-100x off, and all must show
         series = []
-        for name, points, color in (("measured", meas, "cyan"), ("predicted", pred, "magenta")):
+        for name, points, color, marks in (
+            ("expected", curve, "yellow", False),
+            ("floor", pred, "magenta", True),
+            ("measured", meas, "cyan", True),
+        ):
             xs = tuple(_log(x) for x, _, _ in points)
             ys = tuple(_log(y) for _, y, _ in points)
-            series += [Series(name, xs, ys, color), Series("", xs, ys, color, scatter=True)]
-        all_x = [_log(x) for x, _, _ in meas + pred]
-        all_y = [_log(y) for _, y, _ in meas + pred]
+            series.append(Series(name, xs, ys, color))
+            if marks:
+                series.append(Series("", xs, ys, color, scatter=True))
+        all_x = [_log(x) for x, _, _ in meas + pred + curve]
+        all_y = [_log(y) for _, y, _ in meas + pred + curve]
         x_lo, x_hi = math.floor(min(all_x)), math.ceil(max(all_x) + 1e-9)
         y_lo, y_hi = math.floor(min(all_y)), math.ceil(max(all_y) + 1e-9)
         self.draw(

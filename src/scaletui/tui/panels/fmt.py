@@ -1,4 +1,4 @@
-"""Number formatting shared by the panels (fixed widths, SI suffixes, signed deltas)."""
+"""Number formatting shared by the panels (fixed widths, SI suffixes, ratios)."""
 
 from __future__ import annotations
 
@@ -20,33 +20,37 @@ def num(x: float | None, unit: str = "") -> str:
     return f"{x:.3g}"
 
 
-def nbytes(x: float | None) -> str:
+def nbytes(x: float | None, sep: str = " ") -> str:
+    """1.63 MiB (`sep` "" for narrow columns: 1.63MiB)."""
     if x is None:
         return "—"
     for div, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if abs(x) >= div:
-            return f"{x / div:.3g} {suffix}"
-    return f"{x:.0f} B"
+            return f"{x / div:.3g}{sep}{suffix}"
+    return f"{x:.0f}{sep}B"
 
 
-def delta(d: float | None) -> str:
-    if d is None:
+def ratio(r: float | None) -> str:
+    """measured / expected as a factor in at most 5 cells: 'x1.07', 'x62', 'x3k', '÷15',
+    '÷3k'; None -> '—'."""
+    if r is None or r <= 0:
         return "—"
-    ratio = 1 + d
-    if ratio >= 10:
-        return f"×{num(ratio)}"
-    if 0 < ratio <= 0.1:
-        return f"÷{num(1 / ratio)}"
-    return f"{d * 100:+.0f}%"
+    if r >= 10:
+        return f"×{r / 1e3:.0f}k" if r >= 999.5 else f"×{r:.0f}"
+    if r >= 0.1:
+        return f"×{r:.2f}"
+    inv = 1 / r
+    return f"÷{inv / 1e3:.0f}k" if inv >= 999.5 else f"÷{inv:.0f}"
 
 
-def delta_style(d: float | None, higher_is_better: bool = False) -> str:
-    """Theme-friendly colour by how far measured is from the roofline (nvitop-style bands)."""
-    if d is None:
+def ratio_style(r: float | None) -> str:
+    """Green within 25% of 1 either way, yellow within 2x, red beyond: a ratio far from 1,
+    above or below, means the cost model or the simulation misses something."""
+    if r is None or r <= 0:
         return "dim"
-    worse = -d if higher_is_better else d
-    if worse <= 0.25:
+    off = max(r, 1 / r)
+    if off <= 1.25:
         return "green"
-    if worse <= 1.0:
+    if off <= 2.0:
         return "yellow"
     return "red"

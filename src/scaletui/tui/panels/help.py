@@ -10,35 +10,52 @@ from textual.widgets import DataTable, Markdown
 
 GLOSSARY = """\
 ## How to read this screen
-Every number is shown as **pred | meas | Δ**: the roofline prediction (a floor: no queueing,
-no overhead), what was measured, and Δ = (measured − predicted) / predicted. `pred*` means the
-prediction is for **pending** knobs not yet applied (`a` applies them).
+Every number comes in three levels, **floor | exp | meas**, then **m/e** = measured ÷ expected:
+- **floor**: the book's roofline on this host's calibrated roofs (the `local` spec, or the spec
+  the knobs name). The best any server could do: no overheads, no queueing, one number for p50
+  and p99. On a CPU the tp × dp devices are virtual and share the host's roofs, so tp 2 does not
+  double the floor.
+- **expected** (exp): our own scheduler simulated on a cost model fitted by timing this server's
+  engine (`scaletui calibrate --model M`, run for you once per server configuration). It
+  includes the per-step overheads, padding to slots and KV buckets, batching and queueing, so
+  it is what this server should measure. Without a fit for the configuration it uses assumed
+  efficiencies on the spec's roofs, and says so. The status bar names the fit in use.
+- **measured** (meas): what loadgen saw (the newest 1 s window; tok/s over the last 5).
+- **m/e** near ×1.00 (green) means the cost model and the simulation explain the server. Far
+  from 1, either way, something is not modelled: a ratio above 1 on latency (or below 1 on
+  tok/s) is time the server spends that the fit never timed (a new shape, interference, a
+  stale or assumed fit: try `refit`); the other way, the fit was timed on a slower moment.
+  A big gap between floor and expected is overhead the roofline ignores.
+`*` after floor / exp means both are for **pending** knobs not yet applied (`a` applies them).
 
 ## Glossary
 - **TTFT** time to first token: request sent → first token received (client side, loadgen).
-  Predicted: prefill time of one prompt (compute-bound matmuls + causal attention).
+  Floor: prefill time of one prompt (compute-bound matmuls + causal attention).
 - **TPOT** time per output token after the first: (E2E latency − TTFT) / (tokens − 1).
-  Predicted: the decode step time.
+  Floor: the decode step time.
 - **p50 / p99** median and 99th percentile over requests finished in the last 1 s window.
-- **decode step** one generate step for all slots (/stats generate per-token mean). Roofline:
-  KV load time + max(weight load time, matmul time).
+- **decode step** one generate step for all slots (/stats generate call time ÷ its steps).
+  Floor: KV load time + max(weight load time, matmul time). Expected: the cost model's generate
+  call over every slot row at the KV bucket the longest request reaches, ÷ its steps.
 - **output tok/s** generated tokens per second over all chips (mean of the last 5 windows).
-- **mem/chip** weights + KV cache bytes per device (predicted: weights / tp, plus KV for
-  every slot at the server's max_seq_len, / chips).
-- **predicted on** the hardware spec: `local` is this host, measured by `scaletui calibrate`
-  (run once at start when missing); otherwise a built-in spec, named in the KPI panel.
+- **mem/chip** weights + KV cache bytes per device (floor and expected: weights / tp, plus KV
+  for every slot at the server's max_seq_len, / chips).
+- **predict on** the hardware spec of the floor: `local` is this host, measured by `scaletui
+  calibrate` (run once at start when missing); otherwise a built-in spec, named in the KPI panel.
+  With another spec chosen as a what-if, expected uses assumed efficiencies on it too.
 - **slots** the decode batch size (KV-cache slots). **tp** tensor parallelism (shards heads and
   d_ff; weights per chip ÷ tp). **dp** data parallelism (shards slots). **mode** interleaved
   (prefill and decode share devices) or disaggregated (prefill on its own devices).
 - **arithmetic intensity** FLOPs per byte moved from HBM. Below the **ridge point**
   (peak FLOP/s ÷ HBM bandwidth) a step is memory-bound, above it compute-bound.
-- **roofline chart** log-log: the yellow roof is min(peak, bandwidth × intensity); ○ predicted,
-  ○ measured (cyan) FLOP/s per chip at the decode step's intensity.
-- **efficiency** measured tok/s ÷ predicted tok/s for a run.
+- **roofline chart** log-log: the yellow roof is min(peak, bandwidth × intensity); ○ floor
+  (magenta), ○ measured (cyan) FLOP/s per chip at the decode step's intensity.
+- **Runs** each run's expected / measured TTFT, TPOT and tok/s, and tok/s measured ÷ expected.
 - **queue** requests waiting at the server; **KV** tokens held ÷ (slots × max_seq_len).
 - **sweep** runs the load at a list of slot counts or rates; the Sweep tab plots TPOT vs tok/s
-  (log-log), measured against predicted. Open-loop rates are predicted at the batch that carries
-  the offered load.
+  (log-log): measured points (cyan), the floor for the same knobs (magenta) and the expected
+  curve, simulated across the sweep's range on a finer grid (yellow).
+- **refit** (palette) times this server's engine again and refits its cost model.
 """
 
 

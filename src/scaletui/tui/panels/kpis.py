@@ -1,4 +1,6 @@
-"""KPI cards: predicted | measured | Δ for latency, decode step, tokens/s and memory per chip."""
+"""KPI cards: floor | expected | measured and measured / expected for latency, decode step,
+tokens/s and memory per chip (42 cells at the narrowest: the unit goes in the label, bytes go
+without a space)."""
 
 from __future__ import annotations
 
@@ -7,33 +9,38 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from scaletui.tui.panels.fmt import delta, delta_style, num
+from scaletui.tui.panels.fmt import nbytes, num, ratio, ratio_style
 from scaletui.tui.views import View
+
+LABELS = {"decode step": "decode"}  # shorter on screen; the help says what it is
 
 
 class KpiPanel(Static):
     def show(self, v: View) -> None:
-        table = Table(box=None, padding=(0, 0), expand=True, show_edge=False)
-        pred_head = "pred*" if v.pending else "pred"
+        table = Table(box=None, padding=(0, 0, 0, 1), pad_edge=False, expand=True)
+        star = "*" if v.pending else ""
         table.add_column("", style="bold", no_wrap=True)
-        table.add_column(pred_head, justify="right", style="magenta", min_width=9, no_wrap=True)
-        table.add_column("meas", justify="right", style="bold cyan", min_width=9, no_wrap=True)
-        table.add_column("Δ", justify="right", min_width=8, no_wrap=True)
+        for head, style, width in (
+            (f"floor{star}", "magenta", 6),
+            (f"exp{star}", "yellow", 6),
+            ("meas", "bold cyan", 6),
+            ("m/e", "", 5),
+        ):
+            table.add_column(head, justify="right", style=style, min_width=width, no_wrap=True)
         for k in v.kpis:
-            better_high = k.unit == "tok/s"
-            d = k.delta
-            if k.unit == "B":
-                d = None if k.predicted is None or k.measured is None else d
-            label = k.label if k.unit in ("B", "tok/s") else f"{k.label} {k.unit}"
-            table.add_row(
-                label,
-                num(k.predicted, k.unit),
-                num(k.measured, k.unit),
-                Text(delta(d), style=delta_style(d, better_high)),
-            )
+            label = LABELS.get(k.label, k.label)
+            label = label if k.unit in ("B", "tok/s") else f"{label} {k.unit}"
+            r = k.ratio
+            cells = [
+                nbytes(x, "") if k.unit == "B" else num(x, k.unit)
+                for x in (k.floor, k.expected, k.measured)
+            ]
+            table.add_row(label, *cells, Text(ratio(r), style=ratio_style(r)))
         notes = []
         if v.pending:
-            notes.append(Text("* prediction for pending knobs (a applies)", "yellow"))
+            notes.append(Text("* for pending knobs (a applies)", "yellow"))
+        if v.expected_note:
+            notes.append(Text(v.expected_note, "dim italic"))
         if v.prediction_note:
             notes.append(Text(v.prediction_note, "dim italic"))
         self.update(Group(table, *notes))

@@ -23,6 +23,7 @@ ACTIONS = (
     ("Sharding picker", "sharding", "choose tp x dp and mode with predicted memory per chip"),
     ("Export runs", "export", "write runs, last summary and /stats to JSON + CSV"),
     ("Restart server", "restart_server", "start the server child again after it died"),
+    ("Refit the cost model", "refit", "time this server's engine again for the expected column"),
     ("Pause display", "pause", "freeze or resume the display (recording continues)"),
     ("Help and glossary", "help", "keys and what every metric means"),
 )

@@ -1,14 +1,15 @@
-"""Runs table: one row per finished run (append only): config, prediction, measured, efficiency."""
+"""Runs table: one row per finished run (append only): config, expected / measured, and measured
+tokens/s over expected (m/e)."""
 
 from __future__ import annotations
 
 from textual.binding import Binding
 from textual.widgets import DataTable
 
-from scaletui.tui.panels.fmt import num
+from scaletui.tui.panels.fmt import num, ratio
 from scaletui.tui.views import View
 
-COLUMNS = ("#", "slots·mesh", "load", "TTFT p/m", "TPOT p/m", "tok/s p/m", "eff")
+COLUMNS = ("#", "slots·mesh", "load", "TTFT e/m", "TPOT e/m", "tok/s e/m", "m/e")
 
 
 class RunsTable(DataTable):
@@ -23,15 +24,14 @@ class RunsTable(DataTable):
     def show(self, v: View) -> None:
         for row in v.runs[self._shown :]:
             k = row.knobs
-            eff = row.efficiency
             self.add_row(
                 f"{row.run}{'*' if row.partial else ''}{'s' if row.kind == 'sweep' else ''}",
                 f"{k.slots}·{k.mesh_label()}",
                 k.load_label(short=True),
-                f"{num(row.pred_ttft_ms)}/{num(row.ttft_ms)}",
-                f"{num(row.pred_tpot_ms)}/{num(row.tpot_ms)}",
-                f"{num(row.pred_tok_s)}/{num(row.tok_s)}",
-                "—" if eff is None else f"{eff * 100:.0f}%",
+                f"{num(row.exp_ttft_ms)}/{num(row.ttft_ms)}",
+                f"{num(row.exp_tpot_ms)}/{num(row.tpot_ms)}",
+                f"{num(row.exp_tok_s)}/{num(row.tok_s)}",
+                ratio(row.vs_expected),
             )
         self._shown = len(v.runs)
         if v.runs:

@@ -1,4 +1,5 @@
-"""Status bar: server, devices, model, mesh, slots, phase (no wall clock: snapshots stay fixed)."""
+"""Status bar: server, devices, model, mesh, slots, phase, the cost-model fit the expectation
+uses (no wall clock: snapshots stay fixed)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ PHASE_STYLE = {
     "done": "green",
     "idle": "cyan",
     "calibrating": "yellow",
+    "fitting": "yellow",
     "starting": "yellow",
     "reconfiguring": "bold yellow",
     "error": "bold red",
@@ -41,5 +43,6 @@ class StatusBar(Static):
             text.append(f" run {v.run}{elapsed}")
         if v.sweep_point:
             text.append(f" sweep {v.sweep_point}", "bold")
+        text.append(f" │ fit: {v.fit}")
         text.append(f" │ load {v.knobs.load_label()} │ ? help · ^p commands", "dim")
         self.update(text)

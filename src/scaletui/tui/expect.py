@@ -1,0 +1,266 @@
+"""The expectation: our own scheduler simulated (`roofline.simulate`) on a cost model of this host.
+
+The cost model is the stored fit for the server's configuration (`fitstore.find_fit`: model,
+dtype, tp, dp, kernels; written by `scaletui calibrate --model M`), else the hardware spec's
+roofs times assumed efficiencies (`CostModel.assumed`), said plainly. The load is the TUI's
+own: fixed input/output lengths (the server prepends a BOS token to each prompt), a closed loop
+at the knobs' concurrency or loadgen's own Poisson offsets at the knobs' rate (seed 0, as a
+loadgen run draws them), a few hundred requests. Results are memoized on every input, the fits'
+`generation` included (the session bumps it whenever a fit is written), as `predict_cached` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from scaletui import specs
+from scaletui.loadgen.workload import arrival_offsets
+from scaletui.roofline.costmodel import DTYPE_BYTES, CostModel
+from scaletui.roofline.fitstore import find_fit, fits_dir, load_fit
+from scaletui.roofline.simulate import Load, ServerShape, simulate
+from scaletui.tui.host import serve_max_seq_len
+from scaletui.tui.knobs import Knobs
+from scaletui.tui.predict import host_devices
+
+ASSUMED_EFFICIENCY = 0.5  # no fit: this fraction of the spec's bandwidth and FLOP/s
+BOS = 1  # tokens the server's tokenizer adds to every prompt
+TOKEN_CHUNKS = 12_000  # simulated requests x generate calls each: about 20 ms of simulation
+SWEEP_POINTS = 10  # points of the expected curve across a sweep's range
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The server settings an expectation needs beyond the knobs (from /stats "config")."""
+
+    max_seq_len: int = 1024
+    decode_steps: int = 4
+    dtype: str = "f32"
+    kernels: str = "auto"
+    min_prefill_bucket: int = 16
+    max_prefill_bucket: int = 0  # 0 = max_seq_len
+    max_waiting: int = 256
+    max_waiting_tokens: int = 262144
+
+    @classmethod
+    def from_stats(
+        cls, config: dict, knobs: Knobs, model_max: int | None, backend: str | None = None
+    ) -> ServerConfig:
+        """From /stats "config"; what it lacks (no server yet) as the embedded server will
+        start: max_seq_len for the knobs' lengths, f32 on a CPU backend, else bf16."""
+        buckets = [int(b) for b in config.get("prefill_buckets") or () if int(b) > 0]
+        dtype = config.get("dtype") or ("f32" if backend in (None, "cpu", "?") else "bf16")
+        return cls(
+            max_seq_len=int(config.get("max_seq_len") or serve_max_seq_len(knobs, model_max)),
+            decode_steps=int(config.get("decode_steps") or 4),
+            dtype=str(dtype),
+            kernels=str(config.get("kernels") or "auto"),
+            min_prefill_bucket=min(buckets) if buckets else 16,
+            max_prefill_bucket=max(buckets) if buckets else 0,
+            max_waiting=int(config.get("max_waiting") or 256),
+            max_waiting_tokens=int(config.get("max_waiting_tokens") or 262144),
+        )
+
+
+@dataclass(frozen=True)
+class FitChoice:
+    """The cost model the expectation uses, in words: `label` for the status bar ("vm small f32
+    xla tp1 (2026-12-01 02:08, 41 s)" or "none (assumed efficiencies)"), `note` for the KPI
+    panel when it is not a fit."""
+
+    source: str  # fit | assumed
+    label: str
+    note: str | None = None
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What loadgen should measure, by the simulation: its summary keys, and the decode step
+    as the server times it (a generate call / its steps, every slot row over the KV bucket)."""
+
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    decode_step_ms: float
+    tok_s: float | None
+    mean_batch: float | None  # running requests per generate call
+    fit: FitChoice
+
+
+def fit_key(model: str, cfg: ServerConfig, knobs: Knobs) -> tuple[str, str, int, int, str]:
+    """`find_fit`'s arguments for the server the knobs describe."""
+    return model, cfg.dtype, knobs.tp, knobs.dp, cfg.kernels
+
+
+def fit_label(cost: CostModel) -> str:
+    """'vm small f32 xla tp1 (2026-12-01 02:08, 41 s)' from a fitted cost model."""
+    info = cost.info or {}
+    mesh = f"tp{cost.tp}" + (f" dp{cost.dp}" if cost.dp > 1 else "")
+    when = str(info.get("date") or "undated")
+    with contextlib.suppress(ValueError):  # not ISO: shown as written
+        when = dt.datetime.fromisoformat(when).strftime("%Y-%m-%d %H:%M")
+    took = info.get("seconds")
+    took = f", {float(took):.0f} s" if isinstance(took, (int, float)) else ""
+    host = f"{info['host']} " if info.get("host") else ""
+    return f"{host}{cost.model} {cost.dtype} {cost.kernels} {mesh} ({when}{took})"
+
+
+def cost_models(
+    model: specs.ModelSpec,
+    hardware: specs.HardwareSpec | None,
+    knobs: Knobs,
+    cfg: ServerConfig,
+    use_fits: str | None,
+) -> tuple[CostModel, CostModel, FitChoice]:
+    """(decode, prefill, choice). `use_fits` None looks for this host's fit; otherwise it is why
+    fits do not apply (a what-if spec, a remote server) and the costs are assumed. ValueError
+    when there is neither a fit nor a hardware spec."""
+    if use_fits is None:
+        path = find_fit(*fit_key(model.name, cfg, knobs))
+        if path is not None:
+            cost = load_fit(path)  # ValueError naming the file when it is not a cost model
+            return cost, cost, FitChoice("fit", fit_label(cost), None, path)
+        why = "no fit for this configuration yet"
+    else:
+        why = use_fits
+    if hardware is None:
+        raise ValueError(f"no hardware spec to assume costs on ({why})")
+    if cfg.dtype not in DTYPE_BYTES:
+        raise ValueError(f"no cost model for dtype {cfg.dtype!r}")
+    devices = host_devices(knobs)
+    dispatch = (hardware.extra.get("measured") or {}).get("dispatch_s") or 0.0
+    kw = dict(
+        dtype=cfg.dtype,
+        efficiency=ASSUMED_EFFICIENCY,
+        overhead_s=float(dispatch),
+        kernels=cfg.kernels,
+        host_devices=devices,
+    )
+    decode = CostModel.assumed(model, hardware, tp=knobs.tp, dp=knobs.dp, **kw)
+    prefill = decode
+    if knobs.mode == "disaggregated":
+        pre = knobs.prefill_devices or knobs.chips
+        prefill = CostModel.assumed(model, hardware, tp=knobs.tp, dp=max(pre // knobs.tp, 1), **kw)
+    note = f"expected: assumed efficiencies, {why}"
+    return decode, prefill, FitChoice("assumed", "none (assumed efficiencies)", note)
+
+
+def server_shape(knobs: Knobs, cfg: ServerConfig) -> ServerShape:
+    return ServerShape(
+        slots=knobs.slots,
+        max_seq_len=cfg.max_seq_len,
+        decode_steps=cfg.decode_steps,
+        mode=knobs.mode,
+        min_prefill_bucket=cfg.min_prefill_bucket,
+        max_prefill_bucket=cfg.max_prefill_bucket,
+        max_waiting=cfg.max_waiting,
+        max_waiting_tokens=cfg.max_waiting_tokens,
+    )
+
+
+def tui_load(knobs: Knobs, cfg: ServerConfig, budget: int = TOKEN_CHUNKS) -> Load:
+    """The TUI's load as loadgen sends it: closed loop at the knobs' concurrency (16 waves of
+    it), or Poisson arrivals at the knobs' rate (loadgen's own offsets, seed 0); as many
+    requests as `budget` generate-call chunks allow, at least 32."""
+    chunks = math.ceil(knobs.output_len / cfg.decode_steps)
+    most = max(32, budget // chunks)
+    if knobs.load == "qps":
+        n = min(100, most)
+        offsets = arrival_offsets(n, knobs.rate)
+        closed, concurrency = False, None
+    else:
+        concurrency = knobs.concurrency
+        n = max(32, min(16 * concurrency, 512, most))
+        offsets, closed = np.zeros(n), True
+    return Load(
+        offsets,
+        np.full(n, knobs.input_len + BOS),
+        np.full(n, knobs.output_len),
+        concurrency=concurrency,
+        closed_loop=closed,
+        requested_rate=knobs.rate if knobs.load == "qps" else None,
+    )
+
+
+def decode_step_s(cost: CostModel, knobs: Knobs, cfg: ServerConfig) -> float:
+    """What /stats `per_token_mean` times: a generate call of `decode_steps` steps over every
+    slot row, divided by its steps, at the KV bucket the longest request reaches."""
+    shape = server_shape(knobs, cfg)
+    need = min(knobs.input_len + BOS + knobs.output_len, cfg.max_seq_len)
+    ctx = next((b for b in shape.decode_buckets if b >= need), shape.decode_buckets[-1])
+    return cost.decode_call_s(knobs.slots, ctx, cfg.decode_steps) / cfg.decode_steps
+
+
+def expect(
+    model: specs.ModelSpec,
+    hardware: specs.HardwareSpec | None,
+    knobs: Knobs,
+    cfg: ServerConfig,
+    use_fits: str | None = None,
+    budget: int = TOKEN_CHUNKS,
+) -> Expectation:
+    """Simulate the knobs' load on the server they describe (ValueError: why not)."""
+    decode, prefill, choice = cost_models(model, hardware, knobs, cfg, use_fits)
+    if knobs.input_len + BOS + knobs.output_len > cfg.max_seq_len:
+        raise ValueError(
+            f"input + output + BOS = {knobs.input_len + knobs.output_len + BOS} is past the "
+            f"server's max_seq_len {cfg.max_seq_len}: every request would fail"
+        )
+    s = simulate(server_shape(knobs, cfg), decode, tui_load(knobs, cfg, budget), prefill).summary
+    ms = lambda key: s.get(key)  # noqa: E731 - None when nothing completed
+    return Expectation(
+        ttft_p50_ms=ms("median_ttft_ms"),
+        ttft_p99_ms=ms("p99_ttft_ms"),
+        tpot_p50_ms=ms("median_tpot_ms"),
+        tpot_p99_ms=ms("p99_tpot_ms"),
+        decode_step_ms=decode_step_s(decode, knobs, cfg) * 1e3,
+        tok_s=s.get("output_throughput"),
+        mean_batch=s.get("mean_running_batch"),
+        fit=choice,
+    )
+
+
+_MEMO: dict[tuple, Expectation | str] = {}
+
+
+def expect_cached(
+    model: specs.ModelSpec,
+    hardware: specs.HardwareSpec | None,
+    knobs: Knobs,
+    cfg: ServerConfig,
+    use_fits: str | None = None,
+    generation: int = 0,
+    budget: int = TOKEN_CHUNKS,
+) -> Expectation | str:
+    """`expect`, memoized (the render tick asks for the same few every second; `generation`
+    changes when a fit is written), or why there is none, in words."""
+    key = (model, repr(hardware), knobs, cfg, use_fits, generation, budget, fits_dir())
+    if key not in _MEMO:
+        if len(_MEMO) > 1024:
+            _MEMO.clear()
+        try:
+            _MEMO[key] = expect(model, hardware, knobs, cfg, use_fits, budget)
+        except (ValueError, KeyError, specs.SpecError) as exc:
+            _MEMO[key] = f"no expectation: {exc}"
+    return _MEMO[key]
+
+
+def sweep_grid(values: list[float], integer: bool, points: int = SWEEP_POINTS) -> list[float]:
+    """About `points` values from min to max of `values`, evenly spaced on a log scale (and
+    the sweep's own values), as integers when `integer` (every one when that is fewer)."""
+    lo, hi = min(values), max(values)
+    if integer and hi - lo < points:
+        return [float(v) for v in range(max(1, round(lo)), round(hi) + 1)]
+    grid = set(values)
+    if hi > lo > 0:
+        grid |= {lo * (hi / lo) ** (i / (points - 1)) for i in range(points)}
+    if integer:
+        grid = {float(max(1, round(v))) for v in grid}
+    return sorted(grid)

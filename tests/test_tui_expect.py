@@ -1,0 +1,199 @@
+"""Floor | expected | measured in the TUI model: the floor shares a CPU host's roofs among its
+virtual devices, the expectation simulates our scheduler on a stored fit (or says it assumed),
+measured / expected is the ratio shown, the status names the fit, and a sweep gets an expected
+curve. Plain Python, no Textual; the fits are written into the test's private XDG config."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+
+import pytest
+
+from scaletui.records import Record
+from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.fitstore import save_fit
+from scaletui.specs import HardwareSpec, load_hardware, load_model
+from scaletui.tui import views
+from scaletui.tui.expect import ServerConfig, expect, fit_label, sweep_grid
+from scaletui.tui.knobs import Knobs
+from scaletui.tui.predict import predict
+from scaletui.tui.state import SessionState
+
+CPU = HardwareSpec(
+    name="cpu-test",
+    kind="cpu",
+    flops_per_s={"f32": 4e11, "bf16": 4e11},
+    hbm_bytes=24e9,
+    hbm_bw=3.2e10,
+    ici_bw=1e10,
+    ici_bidirectional=False,
+    dcn_bw=1e10,
+    chips_per_host=1,
+)
+KNOBS = Knobs(slots=4, input_len=32, output_len=32)
+CONFIG = {  # the /stats "config" of a tiny server
+    "model": "tiny",
+    "slots": 4,
+    "max_seq_len": 256,
+    "decode_steps": 4,
+    "tp": 1,
+    "dp": 1,
+    "mode": "interleaved",
+    "prefill_devices": 0,
+    "dtype": "f32",
+    "kernels": "auto",
+}
+INFO = {"date": "2026-12-01T02:08:11+00:00", "host": "testhost", "seconds": 41.2}
+
+
+def hand_fit(tp: int = 1, dp: int = 1, kernels: str = "xla") -> CostModel:
+    """A fit whose times are computable by hand: 1 ms per decode step, 2 ms per generate call
+    (host sync), and bytes, FLOPs and prefill all but free."""
+    base = CostModel.assumed(load_model("tiny"), CPU, dtype="f32", tp=tp, dp=dp)
+    return replace(
+        base,
+        step_overhead_s=1e-3,
+        sync_s=2e-3,
+        read_bw=1e18,
+        decode_flops_per_s=1e30,
+        prefill_overhead_s=0.0,
+        prefill_flops_per_s=1e30,
+        kernels=kernels,
+        source="fit",
+        info=dict(INFO),
+    )
+
+
+def stats(step_ms: float | None = None, **config: object) -> Record:
+    model = {k: v for k, v in dataclasses.asdict(load_model("tiny")).items() if k != "extra"}
+    data = {"state": "serving", "backend": "cpu", "model": model, "config": CONFIG | config}
+    if step_ms is not None:
+        data["step_times_ms"] = {"generate": {"per_token_mean": step_ms}}
+    return Record(1.0, "stats", data)
+
+
+def serving(knobs: Knobs = KNOBS, step_ms: float | None = None) -> SessionState:
+    m = SessionState(knobs, "tiny")
+    m.add(stats(step_ms))
+    return m
+
+
+def kpis(m: SessionState) -> dict[str, views.Kpi]:
+    return {k.label: k for k in views.build_view(m).kpis}
+
+
+def test_floor_on_cpu_shares_the_host_among_virtual_devices():
+    """Two virtual CPU devices are one host: each gets half its bandwidth, and tp 2 does not
+    double the floor's tokens/s (it was x62 the measured rate before)."""
+    model = load_model("small")
+    one = predict(model, CPU, Knobs(slots=8, tp=1))
+    two = predict(model, CPU, Knobs(slots=8, tp=2))
+    assert one.hbm_bw == CPU.hbm_bw and two.hbm_bw == CPU.hbm_bw / 2
+    assert two.peak_flops == CPU.flops("f32") / 2
+    assert two.tok_s <= one.tok_s * 1.001  # weights per device halve, and so does bandwidth
+    assert two.weight_bytes_per_chip == pytest.approx(one.weight_bytes_per_chip / 2, rel=0.05)
+    # a GPU spec is per chip already: tp 2 keeps each chip's bandwidth
+    h100 = load_hardware("h100")
+    assert predict(model, h100, Knobs(slots=8, tp=2)).hbm_bw == h100.hbm_bw
+
+
+def test_expected_simulates_the_scheduler_on_a_stored_fit():
+    """4 slots, closed loop at 4, 32 tokens out, 4 steps per call on the hand fit: 7 calls of
+    2 + 4 x 1 ms and one of 2 + 3 ms = 47 ms per request, all four in lockstep."""
+    save_fit(hand_fit())
+    m = serving()
+    e = m.expectation()
+    assert e is not None and e.fit.source == "fit" and e.fit.note is None
+    assert e.decode_step_ms == pytest.approx((2 + 4 * 1) / 4, rel=1e-6)
+    assert e.tpot_p50_ms == pytest.approx(47 / 31, rel=1e-6)
+    assert e.tok_s == pytest.approx(4 * 32 / 0.047, rel=1e-6)
+    assert e.ttft_p50_ms == pytest.approx(0, abs=1e-6)
+    kpi = kpis(m)
+    assert kpi["decode step"].expected == pytest.approx(1.5)
+    assert kpi["output tok/s"].expected == pytest.approx(e.tok_s)
+
+
+def test_ratio_is_measured_over_expected():
+    save_fit(hand_fit())
+    m = serving(step_ms=3.0)  # the server times 3 ms per decode step; the fit says 1.5 ms
+    kpi = kpis(m)["decode step"]
+    assert kpi.measured == 3.0 and kpi.ratio == pytest.approx(2.0)
+    assert views.Kpi("x", "ms", 1.0, None, 3.0).ratio is None
+
+
+def test_status_names_the_fit_in_use():
+    save_fit(hand_fit())
+    v = views.build_view(serving())
+    assert v.fit == "testhost tiny f32 xla tp1 (2026-12-01 02:08, 41 s)"
+    assert fit_label(hand_fit(tp=2, dp=2)).startswith("testhost tiny f32 xla tp2 dp2 (")
+
+
+def test_without_a_fit_expected_says_it_assumed():
+    m = serving()
+    e = m.expectation()
+    assert e is not None and e.fit.source == "assumed"
+    v = views.build_view(m)
+    assert v.fit == "none (assumed efficiencies)"
+    assert v.expected_note == "expected: assumed efficiencies, no fit for this configuration yet"
+    assert all(k.expected is not None for k in v.kpis)
+    # a what-if spec never takes this host's fit
+    save_fit(hand_fit())
+    m.edit(hardware="h100")
+    assert "what-if spec h100" in views.build_view(m).expected_note
+
+
+def test_new_configuration_uses_its_own_fit_once_written():
+    save_fit(hand_fit(tp=1))
+    m = serving()
+    m.edit(tp=2)  # pending: the tp 2 server has no fit yet
+    assert m.expectation().fit.source == "assumed"
+    assert "no fit for this configuration yet" in views.build_view(m).expected_note
+    save_fit(hand_fit(tp=2))
+    assert m.expectation().fit.source == "assumed"  # memoized until a fit event
+    m.add(Record(2.0, "event", {"text": "fitted", "fit": "done"}))
+    got = m.expectation()
+    assert got.fit.source == "fit" and "tp2" in got.fit.label
+    assert views.build_view(m).expected_note is None
+
+
+def test_fit_in_progress_and_failure_are_said():
+    m = serving()
+    m.add(Record(2.0, "event", {"text": "fitting", "fit": "running", "phase": "fitting"}))
+    v = views.build_view(m)
+    assert v.fit.startswith("fitting") and "(fitting now)" in v.expected_note
+    m.add(Record(3.0, "event", {"text": "failed", "fit": "failed: exit 3", "phase": "idle"}))
+    assert views.build_view(m).fit == "failed (assumed efficiencies)"
+
+
+def test_open_loop_below_capacity_carries_the_offered_load():
+    save_fit(hand_fit())
+    e = expect(
+        load_model("tiny"),
+        None,
+        Knobs(slots=4, input_len=32, output_len=32, load="qps", rate=2.0),
+        ServerConfig(max_seq_len=256),
+    )
+    # 2 req/s x 32 tokens, far below the 2.7k tok/s the hand fit carries; one request at a
+    # time: 47 ms each, so TPOT is the lockstep's 47 / 31 ms
+    assert e.tok_s == pytest.approx(64, rel=0.25)
+    assert e.tpot_p50_ms == pytest.approx(47 / 31, rel=1e-6)
+
+
+def test_sweep_gets_an_expected_curve_on_a_finer_grid():
+    save_fit(hand_fit())
+    m = serving()
+    for i, rate in enumerate((1.0, 4.0)):
+        knobs = replace(KNOBS, load="qps", rate=rate)
+        m.add(Record(3.0 + i, "config", {"run": i + 1, "kind": "sweep", "first": i == 0,
+                                         "knobs": knobs.to_dict()}))  # fmt: skip
+        m.add(Record(4.0 + i, "summary", {"completed": 10, "output_throughput": 30.0 * rate,
+                                          "median_tpot_ms": 1.6}))  # fmt: skip
+    v = views.build_view(m)
+    assert [p.label for p in v.sweep] == ["1qps", "4qps"]
+    assert all(p.exp_tok_s and p.exp_tpot_ms for p in v.sweep)
+    assert len(v.sweep_curve) >= 10
+    tok = [x for x, _ in v.sweep_curve]
+    assert tok == sorted(tok) and tok[0] == pytest.approx(32, rel=0.3)
+    assert sweep_grid([1, 8], True) == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert len(sweep_grid([1.0, 4.0], False)) == 10
