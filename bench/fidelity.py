@@ -1,0 +1,527 @@
+"""Prediction you can trust (issue 12): the fitted cost model and the simulator against held-out
+measurements of the real engine and the real server.
+
+1. decode: per model and tp, generate calls at batch (= slots) x context (the KV bucket the call
+   runs in) x steps {1, decode_steps}; the fit sees --fit-batches x --fit-contexts, the rest is
+   held out; expected = fit.decode_call_s. The marginal step (t(k) - t(1)) / (k - 1) beside
+   fit.decode_step_s. 2. prefill: --prefill-tokens held out, the same fit made on
+   --fit-prefill-tokens. 3. serving: `scaletui serve` as a child, its configuration fitted here
+   first (engine_fit.fit_engine: the two never share cores), then loadgen (closed loops, Poisson
+   at --fractions of the simulated capacity) against `scaletui simulate` of the same workload.
+Prints every point (fit points too: the in-sample error), the median and max |measured/expected
+- 1| over held-out points per kind and metric, and the acceptance verdicts.
+
+    python bench/fidelity.py --quick            # tiny only, a few points: a smoke test
+    python bench/fidelity.py --json --out fidelity.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+# On a GPU the bench and the server each get part of the memory (JAX takes 75% by default).
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")
+
+import orjson  # noqa: E402
+
+from scaletui import engine_fit  # noqa: E402
+from scaletui.roofline.costfit import fit  # noqa: E402
+from scaletui.roofline.costmodel import CostModel, PrefillSample  # noqa: E402
+from scaletui.specs import HardwareSpec, ModelSpec, SpecError, load_hardware, load_model  # noqa: E402
+
+# -- what is judged ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """An acceptance target: `stat` (median | max) of |measured/expected - 1| over the held-out
+    points of `kind` and `metric` is at most `limit`."""
+
+    kind: str
+    metric: str
+    stat: str
+    limit: float
+
+
+SERVING_METRICS = {  # our name: loadgen's summary key
+    "p50_ttft_ms": "median_ttft_ms",
+    "p99_ttft_ms": "p99_ttft_ms",
+    "p50_tpot_ms": "median_tpot_ms",
+    "p99_tpot_ms": "p99_tpot_ms",
+    "output_tok_s": "output_throughput",
+}
+TARGETS = (
+    Target("decode", "call_ms", "median", 0.10),
+    Target("decode", "call_ms", "max", 0.20),
+    Target("prefill", "prefill_ms", "median", 0.15),
+    # serving: every run within (the max over runs)
+    Target("serving", "p50_ttft_ms", "max", 0.15),
+    Target("serving", "p50_tpot_ms", "max", 0.15),
+    Target("serving", "p99_ttft_ms", "max", 0.30),
+    Target("serving", "p99_tpot_ms", "max", 0.30),
+    Target("serving", "output_tok_s", "max", 0.10),
+)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured number beside its prediction."""
+
+    kind: str  # decode | prefill | serving
+    metric: str  # call_ms | step_ms | prefill_ms | p50_ttft_ms | ... (the unit in the name)
+    measured: float
+    expected: float
+    held_out: bool  # False: the fit saw this point (in-sample error)
+    settings: dict = field(default_factory=dict)  # model, tp, batch, context, steps, load, ...
+
+    @property
+    def error(self) -> float:
+        """measured / expected - 1."""
+        return self.measured / self.expected - 1
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "metric": self.metric, "measured": self.measured,
+                "expected": self.expected, "ratio": self.measured / self.expected,
+                "held_out": self.held_out, **self.settings}  # fmt: skip
+
+
+# -- pure parts: the split, the summary, the verdicts -------------------------------------------
+
+
+def snap(values: Sequence[int], buckets: Sequence[int]) -> tuple[int, ...]:
+    """Each value's bucket (the smallest that holds it, the largest past them all), distinct."""
+    top = max(buckets)
+    return tuple(sorted({next((b for b in sorted(buckets) if b >= v), top) for v in values}))
+
+
+def split(values: Sequence, fit_values: Sequence) -> list[tuple[object, bool]]:
+    """(value, held_out) for each of `values` and `fit_values`: held out unless fitted."""
+    return [(v, v not in fit_values) for v in sorted(set(values) | set(fit_values))]
+
+
+def decode_grid(
+    batches: Sequence[int],
+    contexts: Sequence[int],
+    fit_batches: Sequence[int],
+    fit_contexts: Sequence[int],
+) -> list[tuple[int, int, bool]]:
+    """(batch, context, held_out): the fit sees fit_batches x fit_contexts, the rest is held out."""
+    return [
+        (b, c, not (b in fit_batches and c in fit_contexts))
+        for b in sorted(set(batches) | set(fit_batches))
+        for c in sorted(set(contexts) | set(fit_contexts))
+    ]
+
+
+def summarize(points: Sequence[Point]) -> list[dict]:
+    """Per (kind, metric): how many points, and the median and max |error| of the held-out ones
+    (None without any) and the median |error| of the fit points."""
+    groups: dict[tuple[str, str], list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.kind, p.metric), []).append(p)
+    rows = []
+    for (kind, metric), ps in groups.items():
+        held = [abs(p.error) for p in ps if p.held_out]
+        fitted = [abs(p.error) for p in ps if not p.held_out]
+        rows.append({
+            "kind": kind, "metric": metric, "held_out": len(held), "fitted": len(fitted),
+            "median_abs_error": statistics.median(held) if held else None,
+            "max_abs_error": max(held) if held else None,
+            "fit_median_abs_error": statistics.median(fitted) if fitted else None,
+        })  # fmt: skip
+    return rows
+
+
+def verdicts(points: Sequence[Point], targets: Sequence[Target] = TARGETS) -> list[dict]:
+    """Each target with the value it judges and whether it is met (None: no held-out point)."""
+    rows = {(r["kind"], r["metric"]): r for r in summarize(points)}
+    out = []
+    for t in targets:
+        row = rows.get((t.kind, t.metric))
+        value = row and row[f"{t.stat}_abs_error"]
+        met = None if value is None else value <= t.limit + 1e-9  # 1.1/1 - 1 is 0.1000...09
+        out.append({"kind": t.kind, "metric": t.metric, "stat": t.stat, "limit": t.limit,
+                    "value": value, "met": met})  # fmt: skip
+    return out
+
+
+def serving_points(settings: dict, measured: dict, simulated: dict) -> list[Point]:
+    """The serving metrics of one loadgen run beside the simulation of the same workload."""
+    out = []
+    for name, key in SERVING_METRICS.items():
+        m, e = measured.get(key), simulated.get(key)
+        if m is not None and e:
+            out.append(Point("serving", name, float(m), float(e), True, settings))
+    return out
+
+
+def _settings_text(s: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in s.items() if k not in ("completed", "sim_completed"))
+
+
+def table(points: Sequence[Point]) -> str:
+    lines = [f"{'kind':<8} {'settings':<44} {'metric':<13} {'measured':>10} {'expected':>10} "
+             f"{'ratio':>6}  held_out"]  # fmt: skip
+    for p in points:
+        lines.append(
+            f"{p.kind:<8} {_settings_text(p.settings):<44} {p.metric:<13} {p.measured:>10.3f} "
+            f"{p.expected:>10.3f} {p.measured / p.expected:>6.3f}  {'yes' if p.held_out else '-'}"
+        )
+    return "\n".join(lines)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def summary_text(points: Sequence[Point]) -> str:
+    lines = [f"\n{'kind':<8} {'metric':<13} {'held':>4} {'median|e|':>9} {'max|e|':>8} "
+             f"{'fit med|e|':>10}"]  # fmt: skip
+    for r in summarize(points):
+        lines.append(f"{r['kind']:<8} {r['metric']:<13} {r['held_out']:>4} "
+                     f"{_pct(r['median_abs_error']):>9} {_pct(r['max_abs_error']):>8} "
+                     f"{_pct(r['fit_median_abs_error']):>10}")  # fmt: skip
+    lines.append("\nacceptance (held-out points):")
+    for v in verdicts(points):
+        word = {True: "met", False: "NOT MET", None: "not judged (no points)"}[v["met"]]
+        lines.append(f"  {v['kind']} {v['metric']} {v['stat']} |e| {_pct(v['value'])} "
+                     f"<= {v['limit']:.0%}: {word}")  # fmt: skip
+    return "\n".join(lines)
+
+
+# -- measuring the engine ------------------------------------------------------------------------
+
+
+def log(line: str) -> None:
+    print(f"fidelity: {line}", file=sys.stderr, flush=True)
+
+
+def base_model(model: ModelSpec, dtype: str, tp: int, kernels: str) -> CostModel:
+    """The fit's starting point: `local` when calibrated, else nominal roofs (the fit replaces
+    the rates; the base contributes the model's bytes and FLOPs)."""
+    import jax
+
+    try:
+        hw = load_hardware("local")
+    except SpecError:
+        kind = "cpu" if jax.default_backend() == "cpu" else "gpu"
+        hw = HardwareSpec(name="nominal", kind=kind, flops_per_s={"f32": 1e11, "bf16": 1e11},
+                          hbm_bytes=16e9, hbm_bw=2e10, ici_bw=2e10, ici_bidirectional=False,
+                          dcn_bw=1e9, chips_per_host=1)  # fmt: skip
+    return CostModel.assumed(model, hw, dtype=dtype, tp=tp, kernels=kernels)
+
+
+def measure_engine(model: ModelSpec, tp: int, args, errors: list[str]) -> list[Point]:
+    """Decode and prefill points of one (model, tp), against one fit made on the fit subset.
+    Every point, fitted or held out, is timed in the same round-robin passes (engine_fit.measure),
+    so a slow spell on a shared host lands on both alike."""
+    import jax
+
+    from scaletui.roofline.simulate import ServerShape
+    from scaletui.serve.config import ServeConfig
+
+    devices = jax.devices()[:tp]
+    if len(devices) < tp:
+        errors.append(f"{model.name} tp{tp}: needs {tp} devices, JAX has {len(devices)} (on a "
+                      f"CPU: XLA_FLAGS=--xla_force_host_platform_device_count={tp})")  # fmt: skip
+        return []
+    msl = min(args.max_seq_len, model.max_seq_len)
+    config = ServeConfig(model, slots=1, max_seq_len=msl, decode_steps=args.decode_steps, tp=tp,
+                         dtype=args.dtype, kernels=args.kernels)  # fmt: skip
+    buckets = ServerShape(max_seq_len=msl).decode_buckets  # the engine's (a test keeps them so)
+    grid = decode_grid(args.batches, snap(args.contexts, buckets), args.fit_batches,
+                       snap(args.fit_contexts, buckets))  # fmt: skip
+    if args.skip_decode:  # the fit still needs its points
+        grid = [g for g in grid if not g[2]]
+    pb = config.prefill_buckets
+    pre_grid = [] if args.skip_prefill else split(
+        snap(args.prefill_tokens, pb), snap(args.fit_prefill_tokens, pb)
+    )  # fmt: skip
+    steps = sorted({1, args.decode_steps})
+    decode, prefill = engine_fit.measure(
+        config,
+        devices,
+        engine_fit.Grid(
+            tuple(engine_fit.DecodePoint(b, c, s) for b, c, _ in grid for s in steps),
+            tuple(b for b, _ in pre_grid),  # buckets (the top one's prompt is msl - 1)
+            calls=args.calls,
+            rounds=args.rounds,
+        ),
+        log=lambda line: log(f"{model.name} tp{tp} {line}"),
+    )
+    took = {(s.batch, s.context, s.steps): s.seconds for s in decode}
+    pre = {s.tokens: s.seconds for s in prefill}
+    fitted = {(b, c) for b, c, held in grid if not held}
+    try:
+        cost = fit(
+            base_model(model, args.dtype, tp, args.kernels),
+            [s for s in decode if (s.batch, s.context) in fitted],
+            [PrefillSample(b, pre[b]) for b, held in pre_grid if not held],
+        )
+    except ValueError as exc:  # the timings cannot be fitted: say so, keep the other runs
+        errors.append(f"{model.name} tp{tp}: {exc}")
+        log(f"{model.name} tp{tp}: no fit, no points: {exc}")
+        return []
+    tag = {"model": model.name, "tp": tp}
+    points = []
+    for b, c, held in [] if args.skip_decode else grid:
+        for s in steps:
+            points.append(Point("decode", "call_ms", took[b, c, s] * 1e3,
+                                cost.decode_call_s(b, c, s) * 1e3, held,
+                                {**tag, "batch": b, "context": c, "steps": s}))  # fmt: skip
+        lo, hi = steps[0], steps[-1]
+        step = (took[b, c, hi] - took[b, c, lo]) / (hi - lo) if hi > lo else 0.0
+        if step > 0:  # the marginal step: what one more step in a call costs
+            points.append(Point("decode", "step_ms", step * 1e3, cost.decode_step_s(b, c) * 1e3,
+                                held, {**tag, "batch": b, "context": c}))  # fmt: skip
+    for b, held in pre_grid:
+        points.append(Point("prefill", "prefill_ms", pre[b] * 1e3, cost.prefill_s(b) * 1e3,
+                            held, {**tag, "tokens": b}))  # fmt: skip
+    return points
+
+
+# -- the server under load -----------------------------------------------------------------------
+
+
+def _on_term(*_: object) -> None:
+    sys.exit(143)  # SIGTERM unwinds like Ctrl-C: the server child is stopped on the way out
+
+
+def _simulate(fit_file: Path, server: list[str], workload: list[str]) -> dict:
+    from scaletui import simulate_cli
+
+    sim_args = simulate_cli.build_parser().parse_args(["--fit", str(fit_file), *server, *workload])
+    result, _, _ = simulate_cli.run(sim_args)
+    return result.summary
+
+
+def _loadgen(url: str, workload: list[str], out: Path) -> dict:
+    from scaletui.loadgen import cli as loadgen_cli
+
+    code = loadgen_cli.main(["--url", url, "--out", str(out), "--quiet", "--warmup", "2",
+                             "--prompt-format", "ids", *workload])  # fmt: skip
+    signal.signal(signal.SIGTERM, _on_term)  # loadgen's own handler is gone with its loop
+    if code == loadgen_cli.EXIT_INTERRUPTED:
+        raise KeyboardInterrupt
+    if code not in (loadgen_cli.EXIT_OK, loadgen_cli.EXIT_FAILURES):
+        raise RuntimeError(f"loadgen {' '.join(workload)} exited with status {code}")
+    return orjson.loads(out.read_bytes())
+
+
+def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
+    """Fit the server's configuration here, then start it and run loadgen against `simulate`."""
+    import jax
+
+    from scaletui.loadgen.embedded import EmbeddedServer
+    from scaletui.roofline.fitstore import save_fit
+    from scaletui.roofline.simulate import ServerShape
+    from scaletui.serve.config import ServeConfig
+
+    model = load_model(args.serving_model)
+    msl = min(args.serving_max_seq_len, model.max_seq_len)
+    config = ServeConfig(model, slots=args.slots, max_seq_len=msl, decode_steps=args.decode_steps,
+                         dtype=args.dtype, kernels=args.kernels)  # fmt: skip
+    log(f"serving: fitting {model.name} slots {args.slots} max_seq_len {msl} ...")
+    grid = engine_fit.grid_for(config, ServerShape(max_seq_len=msl).decode_buckets,
+                               config.prefill_buckets, args.quick)  # fmt: skip
+    base = base_model(model, args.dtype, 1, args.kernels)
+    try:
+        cost = engine_fit.fit_engine(config, jax.devices()[:1], base, grid=grid, log=log)
+    except ValueError as exc:  # the timings cannot be fitted: nothing to simulate with
+        errors.append(f"serving {model.name}: {exc}")
+        log(f"serving: no fit, no runs: {exc}")
+        return []
+    fit_file = save_fit(cost, work / "serving-fit.yaml")
+    server = ["--slots", str(args.slots), "--max-seq-len", str(msl), "--decode-steps",
+              str(args.decode_steps), "--dtype", args.dtype, "--kernels", args.kernels]  # fmt: skip
+    lengths = ["--input-len", str(args.input_len), "--output-len", str(args.output_len),
+               "--seed", str(args.seed)]  # fmt: skip
+
+    def sim(workload: list[str]) -> dict:
+        return _simulate(fit_file, ["--model", model.name, *server], workload)
+
+    capacity = sim(["--concurrency", str(args.slots), "--num-requests", str(args.max_requests),
+                    *lengths])["request_throughput"]  # fmt: skip
+    log(f"serving: simulated capacity {capacity:.2f} req/s at concurrency {args.slots}")
+
+    def sized(rate: float) -> list[str]:
+        """--num-requests for about --serving-seconds at `rate` (within [min, max]) and a
+        --duration bound at twice the time those should take."""
+        n = max(args.min_requests, min(args.max_requests, round(rate * args.serving_seconds)))
+        return ["--num-requests", str(n), "--duration", f"{max(2 * n / rate, 10):.1f}"]
+
+    runs = []
+    for c in args.concurrencies or sorted({1, max(args.slots // 2, 1), args.slots}):
+        rate = sim(["--concurrency", str(c), "--num-requests", str(args.max_requests),
+                    *lengths])["request_throughput"]  # fmt: skip
+        runs.append(({"load": f"closed c={c}"}, ["--concurrency", str(c), *sized(rate)]))
+    for frac in args.fractions:
+        rate = frac * capacity
+        runs.append(({"load": f"poisson {frac:.0%}", "qps": round(rate, 3)},
+                     ["--qps", f"{rate:.4f}", *sized(rate)]))  # fmt: skip
+    cmd = " ".join(["{python} -m scaletui serve --model", model.name, "--port {port}", *server,
+                    "--log-interval 0"])  # fmt: skip
+    points = []
+    with EmbeddedServer(cmd, log=str(work / "server.log")) as srv:
+        for i, (settings, flags) in enumerate(runs):
+            workload = [*flags, *lengths]
+            log(f"serving: loadgen {' '.join(workload)}")
+            got = _loadgen(srv.url, workload, work / f"loadgen-{i}.json")
+            want = sim(workload)
+            settings = {"model": model.name, **settings, "completed": got["completed"],
+                        "sim_completed": want["completed"]}  # fmt: skip
+            points += serving_points(settings, got, want)
+            log(f"serving: {settings['load']}: {got['completed']} completed, "
+                f"{got['output_throughput']:.1f} tok/s (simulated "
+                f"{want['output_throughput']:.1f})")  # fmt: skip
+        srv.finish(clean=True)
+    return points
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _words(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+QUICK = dict(models=["tiny"], tp=[1], batches=[1, 16, 64], fit_batches=[1, 64],
+             contexts=[64, 256], fit_contexts=[64, 256], prefill_tokens=[64],
+             fit_prefill_tokens=[16, 128, 256], calls=2, rounds=2, serving_model="tiny", slots=16,
+             serving_max_seq_len=256, input_len=32, output_len=32,
+             fractions=[0.6], min_requests=10, max_requests=20, serving_seconds=5.0)  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="Runs on JAX's default backend: on a GPU when one is available (the virtual CPU "
+        "device flag is then irrelevant; tp 2 needs 2 devices), else on the CPU with "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=2 unless XLA_FLAGS is set.",
+    )
+    a = p.add_argument
+    a("--models", type=_words, default=["small", "tiny"], help="decode/prefill models")
+    a("--tp", type=_ints, default=[1, 2], help="tensor-parallel degrees")
+    a("--batches", type=_ints, default=[1, 2, 4, 8, 16, 32], help="decode batch = slots")
+    a("--contexts", type=_ints, default=[128, 512, 2048],
+      help="KV buckets (a value between buckets runs in the next one up)")  # fmt: skip
+    a("--fit-batches", type=_ints, default=[1, 4, 32], help="batches the fit sees")
+    a("--fit-contexts", type=_ints, default=[128, 2048], help="contexts the fit sees")
+    a("--prefill-tokens", type=_ints, default=[64, 256, 1024], help="held-out prompt lengths")
+    a("--fit-prefill-tokens", type=_ints, default=[32, 128, 512, 2048])
+    a("--calls", type=int, default=3, help="timed calls per point and pass")
+    a("--rounds", type=int, default=3, help="round-robin passes over the grid (median of all)")
+    a("--max-seq-len", type=int, default=2048, help="decode engines (capped at the model's)")
+    a("--decode-steps", type=int, default=4, help="steps per generate call (and 1)")
+    a("--dtype", choices=("f32", "bf16"), default="f32")
+    a("--kernels", choices=("auto", "native", "xla"), default="auto")
+    s = p.add_argument_group("serving")
+    s.add_argument("--serving-model", default="small")
+    s.add_argument("--slots", type=int, default=8)
+    s.add_argument("--serving-max-seq-len", type=int, default=1024)
+    s.add_argument("--input-len", type=int, default=128)
+    s.add_argument("--output-len", type=int, default=128)
+    s.add_argument("--concurrencies", type=_ints, help="closed loops (default 1, slots/2, slots)")
+    s.add_argument("--fractions", type=_floats, default=[0.3, 0.6, 0.9],
+                   help="Poisson rates as fractions of the simulated capacity")  # fmt: skip
+    s.add_argument("--serving-seconds", type=float, default=30.0, help="aim per run")
+    s.add_argument("--min-requests", type=int, default=40)
+    s.add_argument("--max-requests", type=int, default=80)
+    s.add_argument("--seed", type=int, default=0)
+    o = p.add_argument_group("what to run and print")
+    o.add_argument("--skip-decode", action="store_true", help="(its fit points still run)")
+    o.add_argument("--skip-prefill", action="store_true")
+    o.add_argument("--skip-serving", action="store_true")
+    o.add_argument("--quick", action="store_true", help="tiny only, a few points (smoke test)")
+    o.add_argument("--json", action="store_true", help="JSON lines: points, then a summary")
+    o.add_argument("--out", help="write the JSON lines here too")
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.quick:  # quick values, except where given on the command line
+        given = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(vars(args))))
+        for k, v in QUICK.items():
+            if getattr(given, k) is None:
+                setattr(args, k, v)
+    if args.calls < 1 or args.rounds < 1 or args.min_requests > args.max_requests:
+        p.error("--calls and --rounds must be >= 1, --min-requests <= --max-requests")
+    return args
+
+
+def run(args: argparse.Namespace) -> tuple[list[Point], list[str], dict[str, float]]:
+    """(points, errors, seconds per part) of the levels `args` asks for."""
+    points: list[Point] = []
+    errors: list[str] = []
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for name in args.models:
+        for tp in args.tp:
+            if args.skip_decode and args.skip_prefill:
+                break
+            t = time.perf_counter()
+            points += measure_engine(load_model(name), tp, args, errors)
+            seconds[f"{name} tp{tp}"] = round(time.perf_counter() - t, 1)
+    if not args.skip_serving:
+        t = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="fidelity-") as work:
+            points += measure_serving(args, Path(work), errors)
+        seconds["serving"] = round(time.perf_counter() - t, 1)
+    seconds["total"] = round(time.perf_counter() - t0, 1)
+    return points, errors, seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    import jax
+
+    log(f"{len(jax.devices())} {jax.default_backend()} device(s)")
+    before = signal.signal(signal.SIGTERM, _on_term)
+    try:
+        points, errors, seconds = run(args)
+    except KeyboardInterrupt:  # the server child is stopped by now (EmbeddedServer's exit)
+        log("interrupted")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    lines = [p.to_json() for p in points]
+    lines.append({"kind": "summary", "families": summarize(points), "targets": verdicts(points),
+                  "errors": errors, "seconds": seconds, "backend": jax.default_backend(),
+                  "devices": len(jax.devices())})  # fmt: skip
+    text = "".join(orjson.dumps(x).decode() + "\n" for x in lines)
+    if args.out:
+        Path(args.out).write_text(text)
+    if args.json:
+        sys.stdout.write(text)
+        return 0
+    print(table(points))
+    print(summary_text(points))
+    for e in errors:
+        print(f"error: {e}")
+    parts = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
+    print(f"\ntook {seconds['total']:.0f} s ({parts})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
