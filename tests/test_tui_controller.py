@@ -1,6 +1,7 @@
 """The controller's host calibration, cost-model fit and device defaults, without a server:
 calibrate failing, switched off, skipped for a remote server or an explicit spec, and killed on
-quit; the fit run once per server configuration (a stand-in command), and not when one exists."""
+quit; the fit run once per server configuration (a stand-in command), and not when one exists
+(the state still reads it as done)."""
 
 from __future__ import annotations
 
@@ -187,9 +188,13 @@ async def test_fit_runs_once_per_configuration_and_not_when_one_exists(tmp_path)
     assert texts[-2].startswith("fitting this server's cost model: scaletui calibrate --model")
     assert texts[-1].startswith("fitted testhost tiny f32 xla tp1 (2026-12-01 02:08, 3 s)")
     assert model.fit == "done" and model.phase == "idle" and model.fit_generation == 2
-    # it exists now: not again; another mesh has none: fitted once more
+    # it exists now: not again, and a new session's state reads it as ready at once
+    fresh = SessionState(Knobs(slots=4), "tiny")
     assert await ctl.fit_server(CONFIG) is True
     assert len(marker.read_text().splitlines()) == 1
+    assert drain(ctl, fresh)[-1].startswith("cost model: stored fit ")
+    assert fresh.fit == "done" and fresh.phase == "starting"
+    # another mesh has none: fitted once more
     assert await ctl.fit_server(CONFIG | {"tp": 2}) is True
     assert len(marker.read_text().splitlines()) == 2
     assert not ctl.groups.pgids  # the finished children are no longer tracked

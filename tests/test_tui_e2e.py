@@ -121,7 +121,7 @@ async def drive(app: ScaleTUI, ctl: Controller, tmp_path) -> None:
         assert run.completed > 0 and run.ttft_ms > 0 and run.tok_s > 0, log
         assert run.pred_tok_s and run.pred_tok_s > 0
         await asyncio.sleep(0.6)  # one more render tick
-        ttft = build_view(app.state).kpis[0]
+        ttft = build_view(app.state).kpi("ttft_p50")
         assert ttft.measured is not None and ttft.measured > 0
         assert ttft.floor > 0 and ttft.expected > 0
         assert app.query_one("#runs").row_count >= 1

@@ -80,7 +80,7 @@ def serving(knobs: Knobs = KNOBS, step_ms: float | None = None) -> SessionState:
 
 
 def kpis(m: SessionState) -> dict[str, views.Kpi]:
-    return {k.label: k for k in views.build_view(m).kpis}
+    return {k.key: k for k in views.build_view(m).kpis}
 
 
 def test_floor_on_cpu_shares_the_host_among_virtual_devices():
@@ -110,16 +110,16 @@ def test_expected_simulates_the_scheduler_on_a_stored_fit():
     assert e.tok_s == pytest.approx(4 * 32 / 0.047, rel=1e-6)
     assert e.ttft_p50_ms == pytest.approx(0, abs=1e-6)
     kpi = kpis(m)
-    assert kpi["decode step"].expected == pytest.approx(1.5)
-    assert kpi["output tok/s"].expected == pytest.approx(e.tok_s)
+    assert kpi["decode_step"].expected == pytest.approx(1.5)
+    assert kpi["tok_s"].expected == pytest.approx(e.tok_s)
 
 
 def test_ratio_is_measured_over_expected():
     save_fit(hand_fit())
     m = serving(step_ms=3.0)  # the server times 3 ms per decode step; the fit says 1.5 ms
-    kpi = kpis(m)["decode step"]
+    kpi = kpis(m)["decode_step"]
     assert kpi.measured == 3.0 and kpi.ratio == pytest.approx(2.0)
-    assert views.Kpi("x", "ms", 1.0, None, 3.0).ratio is None
+    assert views.Kpi("x", "x", "ms", 1.0, None, 3.0).ratio is None
 
 
 def test_status_names_the_fit_in_use():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from scaletui.records import Record, StatsSnapshot
@@ -73,15 +74,28 @@ def test_replay_fills_runs_and_measured_kpis():
     v = views.build_view(m)
     assert [r.run for r in v.runs] == [1, 2]
     assert [r.knobs.slots for r in v.runs] == [4, 8]
-    kpi = {k.label: k for k in v.kpis}
-    last_window = [r.data for r in read_replay(FIXTURE) if r.kind == "window"][-1]
-    assert kpi["TTFT p50"].measured == pytest.approx(last_window["ttft_ms"]["p50"])
-    assert kpi["TPOT p99"].measured == pytest.approx(last_window["tpot_ms"]["p99"])
-    assert kpi["decode step"].measured == pytest.approx(
+    assert [k.key for k in v.kpis] == [
+        "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "decode_step", "tok_s", "mem",
+    ]  # fmt: skip
+    with pytest.raises(KeyError, match="no KPI 'TTFT p50'"):
+        v.kpi("TTFT p50")  # keys, not labels
+    # run 2 has 4 windows: its latencies pool all four, each weighted by its completed requests
+    records = read_replay(FIXTURE)
+    start = max(i for i, r in enumerate(records) if r.kind == "config")
+    run2 = [r.data for r in records[start:] if r.kind == "window"]
+    assert len(run2) == 4
+    weights = [w["completed"] for w in run2]
+    pool = np.repeat([w["ttft_ms"]["p50"] for w in run2], weights)
+    assert v.kpi("ttft_p50").measured == pytest.approx(np.percentile(pool, 50))
+    pool = np.repeat([w["tpot_ms"]["p99"] for w in run2], weights)
+    assert v.kpi("tpot_p99").measured == pytest.approx(np.percentile(pool, 99))
+    tok_s = sum(w["output_tok_s"] for w in run2) / 4
+    assert v.kpi("tok_s").measured == pytest.approx(tok_s)
+    assert v.kpi("decode_step").measured == pytest.approx(
         m.stats.raw["step_times_ms"]["generate"]["per_token_mean"]
     )
     assert (
-        kpi["mem/chip"].measured
+        v.kpi("mem").measured
         == m.stats.raw["memory"]["weight_bytes_per_device"]
         + (m.stats.raw["memory"]["kv_cache_bytes_per_device"])
     )
@@ -90,14 +104,47 @@ def test_replay_fills_runs_and_measured_kpis():
     assert v.applied.slots == 8  # followed the server's reconfiguration in /stats
 
 
+def window(t: float, completed: int, ttft: tuple | None) -> Record:
+    """A loadgen window line: `completed` requests, TTFT (p50, p99) ms, or None when empty."""
+    p50, p99 = ttft or (None, None)
+    data = {"type": "window", "t": t, "completed": completed, "output_tok_s": 10.0 * completed}
+    return Record(t, "window", data | {"ttft_ms": {"p50": p50, "p99": p99}})
+
+
+def test_measured_latency_is_the_percentile_over_the_last_five_windows_pooled():
+    """A window's percentile counts once per request it completed, over the run's last 5
+    windows: TTFT p50 values 10 x2, 30, 20, 50 x4 -> sorted 10 10 20 30 | 50 50 50 50, median
+    (30 + 50) / 2 = 40 (the newest window alone says 50; the 6th window back, 99, is out).
+    p99 values 12 x2, 31, 60, 50 x4 -> 12 12 31 50 50 50 50 60: position 0.99 x 7 = 6.93,
+    50 + 0.93 x (60 - 50) = 59.3."""
+    m = SessionState(Knobs(slots=4), "tiny")
+    m.add(Record(0.0, "config", {"run": 1}))
+    rows = [(3, (99, 99)), (2, (10, 12)), (0, None), (1, (30, 31)), (1, (20, 60)), (4, (50, 50))]
+    for i, (n, ttft) in enumerate(rows):
+        m.add(window(i + 1.0, n, ttft))
+    v = views.build_view(m)
+    assert v.kpi("ttft_p50").measured == pytest.approx(40.0)
+    assert v.kpi("ttft_p99").measured == pytest.approx(59.3)
+    assert v.kpi("tok_s").measured == pytest.approx((20 + 0 + 10 + 10 + 40) / 5)
+    assert views.pooled([], 50) is None and views.pooled([(7.0, 1)], 99) == 7.0
+    # a new run starts its own pool; when none of its last 5 windows finished a request, the
+    # newest window of the run that did says it
+    m.add(Record(10.0, "config", {"run": 2}))
+    m.add(window(11.0, 2, (70, 80)))
+    for i in range(5):
+        m.add(window(12.0 + i, 0, None))
+    v = views.build_view(m)
+    assert v.kpi("ttft_p50").measured == 70 and v.kpi("ttft_p99").measured == 80
+
+
 def test_pending_edit_changes_prediction_at_once_and_discard_restores():
     m = loaded()
     before = views.build_view(m)
     m.edit(slots=16)
     after = views.build_view(m)
     assert after.pending == {"slots": 16} and after.applied.slots == 8
-    tok_before = next(k for k in before.kpis if k.label == "output tok/s").floor
-    tok_after = next(k for k in after.kpis if k.label == "output tok/s").floor
+    tok_before = before.kpi("tok_s").floor
+    tok_after = after.kpi("tok_s").floor
     assert tok_after > tok_before
     m.discard()
     assert views.build_view(m).pending == {} and m.knobs.slots == 8
@@ -145,6 +192,20 @@ def test_cli_rejects_bad_flags_with_a_clear_message(capsys, tmp_path):
     assert "--refresh must be in [0.25, 5]" in capsys.readouterr().err
     assert main(["--slots", "6", "--dp", "4"]) == 2
     assert "multiple of dp" in capsys.readouterr().err
+
+
+def test_build_makes_what_main_runs_without_running_it(tmp_path):
+    from scaletui.tui.app import build, parser
+
+    argv = ["--model", "tiny", "--slots", "4", "--host-devices", "0", "--log-dir", str(tmp_path)]
+    app, controller, state = build(parser().parse_args(argv), watch_tty=False)
+    assert app.state is state and app.controller is controller and not app.watch_tty
+    assert state.applied.slots == 4 and state.phase == "starting"
+    assert controller.model == "tiny" and controller.log_dir == tmp_path
+    app, controller, state = build(parser().parse_args(["--replay", FIXTURE]))
+    assert controller is None and app.watch_tty and state.phase == "replay"
+    with pytest.raises(ValueError, match="multiple of dp"):
+        build(parser().parse_args(["--slots", "6", "--dp", "4"]))
 
 
 def test_backend_label_names_native_kernels():

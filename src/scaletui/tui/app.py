@@ -1,4 +1,5 @@
-"""`scaletui` (no subcommand) / `scaletui tui`: parse flags, then build and run the Textual app.
+"""`scaletui` (no subcommand) / `scaletui tui`: parse flags, then build and run the Textual app
+(`build` makes it without running it, for a headless caller such as bench/tui_first_screen.py).
 
 Textual reads TEXTUAL_COLOR_SYSTEM once, when it is first imported, so `--color` is applied here
 before anything imports textual (the app itself lives in `scaletui.tui.ui`).
@@ -15,8 +16,14 @@ import argparse
 import atexit
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from scaletui.tui.knobs import MODES, Knobs
+
+if TYPE_CHECKING:  # textual must not be imported before --color is applied
+    from scaletui.tui.controller import Controller
+    from scaletui.tui.state import SessionState
+    from scaletui.tui.ui import ScaleTUI
 
 COLORS = ("auto", "standard", "256", "truecolor")
 SYMBOLS = ("braille", "block", "ascii")
@@ -69,28 +76,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    if args.color:
+def build(
+    args: argparse.Namespace, *, watch_tty: bool = True
+) -> tuple[ScaleTUI, Controller | None, SessionState]:
+    """The app `main` runs, from parsed flags, not yet running: (app, controller, state), the
+    controller None in a replay. Raises ValueError naming a bad flag value. `watch_tty=False`
+    for a headless caller (a bench under `App.run_test()`): the TTY check would end the app."""
+    if args.color:  # before anything imports textual
         os.environ["TEXTUAL_COLOR_SYSTEM"] = args.color
     if not 0.25 <= args.refresh <= 5:
-        print(f"scaletui: --refresh must be in [0.25, 5] s, got {args.refresh}", file=sys.stderr)
-        return 2
-    try:
-        knobs = Knobs(
-            slots=args.slots,
-            tp=args.tp,
-            dp=args.dp,
-            mode=args.mode,
-            load="qps" if args.qps else "concurrency",
-            rate=args.qps or float(args.concurrency),
-            input_len=args.input_len,
-            output_len=args.output_len,
-            hardware=args.hardware,
-        )
-    except ValueError as exc:
-        print(f"scaletui: {exc}", file=sys.stderr)
-        return 2
+        raise ValueError(f"--refresh must be in [0.25, 5] s, got {args.refresh}")
+    knobs = Knobs(
+        slots=args.slots,
+        tp=args.tp,
+        dp=args.dp,
+        mode=args.mode,
+        load="qps" if args.qps else "concurrency",
+        rate=args.qps or float(args.concurrency),
+        input_len=args.input_len,
+        output_len=args.output_len,
+        hardware=args.hardware,
+    )
 
     from scaletui.tui.controller import Controller
     from scaletui.tui.replay import Recorder, ReplaySource, read_replay
@@ -101,11 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     state = SessionState(knobs, args.model, phase="replay" if args.replay else "starting")
     controller = session = None
     if args.replay:
-        try:
-            source = ReplaySource(read_replay(args.replay), speed=args.replay_speed)
-        except ValueError as exc:
-            print(f"scaletui: {exc}", file=sys.stderr)
-            return 2
+        source = ReplaySource(read_replay(args.replay), speed=args.replay_speed)
     else:
         controller = Controller(
             url=args.url,
@@ -122,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
             loop_runs=not args.once,
         )
         source = controller
-        atexit.register(controller.kill_children)
     app = ScaleTUI(
         source=source,
         session=session,
@@ -130,11 +131,23 @@ def main(argv: list[str] | None = None) -> int:
         refresh_interval=args.refresh,
         recorder=Recorder(args.record) if args.record else None,
         export_dir=args.export_dir,
-        watch_tty=True,
+        watch_tty=watch_tty,
         symbols=args.graph_symbols,
     )
     if args.theme:
         app.theme = args.theme
+    return app, controller, state
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        app, controller, state = build(args)
+    except ValueError as exc:
+        print(f"scaletui: {exc}", file=sys.stderr)
+        return 2
+    if controller is not None:
+        atexit.register(controller.kill_children)
     try:
         code = app.run(mouse=not args.no_mouse)
     finally:

@@ -177,7 +177,8 @@ class Controller:
         """When our server's configuration (its /stats `config`, fetched when None) has no fitted
         cost model on this host, or `force`: run `scaletui calibrate --model M --slots S ...
         --quick` (its own process group, log fit.log, the server's virtual devices) and wait,
-        before the load starts so the two do not compete. True when a fit exists afterwards.
+        before the load starts so the two do not compete. True when a fit exists afterwards;
+        an event with `fit="done"` says so either way (fitted now, or stored already).
         Skipped for an attached server (another host's, or one holding the devices), with
         --no-calibrate, or a what-if --hardware. A failure or a timeout is an event and the
         expectation stays on assumed efficiencies (a failed configuration is not retried until
@@ -194,7 +195,9 @@ class Controller:
         except (KeyError, TypeError, ValueError) as exc:
             self.event(f"no cost-model fit: the server's config lacks {exc}", "warning")
             return False
-        if not force and find_fit(*key) is not None:
+        stored = None if force else find_fit(*key)
+        if stored is not None:  # said as a fit that is done, so the state reads "fit ready"
+            self.event(f"cost model: stored fit {stored.name} (no fit needed)", fit="done")
             return True
         if not force and key in self._fit_failed:
             return False

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from textual.binding import Binding
 
+from scaletui.tui.views import POOL_WINDOWS
+
 KNOB_ACTIONS = {"slots", "tp", "dp", "sharding"}
 CONTROL_ACTIONS = {"apply", "rerun", "restart_server", "refit"}
 PANELS = {1: "#latency", 2: "#strips", 3: "#charts2", 4: "#runs", 5: "#events"}
@@ -47,7 +49,7 @@ TITLES = {
     "#memory": "Memory / chip",
     "#latency": "Latency ms (measured, expected flat)",
     "#strips": "tok/s · queue · slots · KV",
-    "#kpis": "KPIs  floor | expected | measured",
+    "#kpis": f"KPIs  floor | exp | meas (last {POOL_WINDOWS} s)",
     "#runs": "Runs (expected/measured)",
     "#charts2": "roof ━  ○ floor magenta  ○ meas cyan",
     "#events": "Events",

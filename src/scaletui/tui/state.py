@@ -14,7 +14,14 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from scaletui import specs
-from scaletui.records import LoadSummary, LoadWindow, Record, RecordKind, StatsSnapshot
+from scaletui.records import (
+    LoadSummary,
+    LoadWindow,
+    Record,
+    RecordKind,
+    StatsSnapshot,
+    number,
+)
 from scaletui.tui.expect import (
     TOKEN_CHUNKS,
     Expectation,
@@ -124,11 +131,14 @@ class SessionState:
         self.server = "starting"  # server status text for the status bar
         self.url = ""
         self.calibration = ""  # the controller's calibrate state: running|done|off|remote|failed
-        self.fit = ""  # the controller's fit of this server: running | done | failed: why
+        # the controller's fit of this server: running | done (fitted, or a stored fit found) |
+        # failed: why; "" before the server is up, and for servers it does not fit
+        self.fit = ""
         self.fit_generation = 0  # grows whenever a fit may have been written: expectations redo
         self.stats = StatsSnapshot()
         self.stats_hist: deque[StatsSnapshot] = deque(maxlen=HISTORY)
-        self.windows: deque[tuple[float, LoadWindow]] = deque(maxlen=HISTORY)
+        # (arrival t, window, requests it completed: its percentiles' weight when pooled)
+        self.windows: deque[tuple[float, LoadWindow, int]] = deque(maxlen=HISTORY)
         self.summary: LoadSummary | None = None
         self.run_id = 0
         self.run_knobs: Knobs | None = None
@@ -175,7 +185,9 @@ class SessionState:
             self.hardware = self._choose_hardware()
 
     def _add_window(self, rec: Record) -> None:
-        self.windows.append((rec.t, LoadWindow.from_json(rec.data)))
+        completed = number(rec.data, "completed")
+        window = LoadWindow.from_json(rec.data)
+        self.windows.append((rec.t, window, 1 if completed is None else int(completed)))
         self.run_windows += 1
 
     def _add_summary(self, rec: Record) -> None:

@@ -2,28 +2,36 @@
 
 Every KPI has three levels: the floor (the roofline on the chosen spec), the expectation (our
 scheduler simulated on this host's fitted cost model, else assumed efficiencies) and the
-measurement, with measured / expected beside them.
+measurement, with measured / expected beside them. Each KPI has a stable `key` (`View.kpi`).
 
-Measured numbers: latency percentiles from the newest loadgen window of the current run that has
-them (window percentiles cover the requests finished in that second), else the last summary;
-tokens/s as the mean of the last 5 windows; decode step from /stats
-`step_times_ms.generate.per_token_mean`; memory per chip from /stats `memory.*_per_device`.
+Measured numbers cover the current run's last POOL_WINDOWS loadgen windows (1 s each): latency
+percentiles pooled over them (a window's percentile counts once per request it completed, as
+window lines carry percentiles, not each request's times), else the newest window of the run
+that has them, else the last summary; tokens/s as the mean of those windows; decode step from
+/stats `step_times_ms.generate.per_token_mean` (the server's own 5 s window); memory per chip
+from /stats `memory.*_per_device`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from scaletui.records import StatsSnapshot
+import numpy as np
+
+from scaletui.records import LoadSummary, LoadWindow, StatsSnapshot
 from scaletui.tui.expect import Expectation
 from scaletui.tui.knobs import Knobs
 from scaletui.tui.predict import Prediction
 from scaletui.tui.state import RunRow, SessionState, SweepPoint
 
+POOL_WINDOWS = 5  # measured KPIs pool the run's last 5 loadgen windows (5 s)
+
 
 @dataclass(frozen=True)
 class Kpi:
-    label: str
+    key: str  # stable: ttft_p50 ttft_p99 tpot_p50 tpot_p99 decode_step tok_s mem
+    label: str  # what the panel shows; may change
     unit: str
     floor: float | None  # the roofline: the best any server could do
     expected: float | None  # our scheduler simulated on the cost model
@@ -78,23 +86,47 @@ class View:
     sweep: tuple[SweepPoint, ...]
     sweep_curve: tuple[tuple[float, float], ...]  # expected (tok/s, TPOT p50 ms) on a finer grid
 
+    def kpi(self, key: str) -> Kpi:
+        """The KPI with this stable key (KeyError naming it when there is none)."""
+        for k in self.kpis:
+            if k.key == key:
+                return k
+        raise KeyError(f"no KPI {key!r}; keys: {[k.key for k in self.kpis]}")
+
+
+def pooled(samples: list[tuple[float, int]], q: float) -> float | None:
+    """The q-th percentile (0-100, linear, as loadgen's windows) of the values, each counted
+    `weight` times: (value, weight) per window, the weight its completed requests."""
+    values = np.repeat([v for v, _ in samples], [n for _, n in samples])
+    return float(np.percentile(values, q)) if values.size else None
+
 
 def build_view(m: SessionState) -> View:
     """What every panel shows, from the state alone (changes nothing)."""
     got = m.prediction_or_error()
     pred = got if isinstance(got, Prediction) else None
     applied_pred = m.prediction(m.run_knobs or m.applied)
-    run_windows = [w for _, w in list(m.windows)[-m.run_windows :]] if m.run_windows else []
+    run = list(m.windows)[-m.run_windows :] if m.run_windows else []
+    run_windows = [w for _, w, _ in run]
+    pool = run[-POOL_WINDOWS:]
     summ = m.summary
 
-    def measured(pick, pick_summary) -> float | None:
-        """The newest window of this run that has the value, else the run's summary."""
+    def measured(
+        pick: Callable[[LoadWindow], float | None],
+        q: float,
+        pick_summary: Callable[[LoadSummary], float | None],
+    ) -> float | None:
+        """Pooled over the run's last POOL_WINDOWS windows, else the newest window of this
+        run that has the value, else the run's summary."""
+        value = pooled([(pick(w), n) for _, w, n in pool if pick(w) is not None], q)
+        if value is not None:
+            return value
         for w in reversed(run_windows):
             if pick(w) is not None:
                 return pick(w)
         return pick_summary(summ) if summ is not None else None
 
-    recent = [w.output_tok_s for w in run_windows[-5:] if w.output_tok_s is not None]
+    recent = [w.output_tok_s for _, w, _ in pool if w.output_tok_s is not None]
     tok_s = sum(recent) / len(recent) if recent else (summ and summ.output_throughput)
     stats = m.stats
     w_dev, kv_dev = stats.weight_bytes_per_device, stats.kv_bytes_per_device
@@ -102,25 +134,35 @@ def build_view(m: SessionState) -> View:
     p = pred
     exp_got = m.expectation_or_error()
     e = exp_got if isinstance(exp_got, Expectation) else None
-    latency = (  # label, floor, expected, from a window, from the summary
-        ("TTFT p50", p and p.ttft_ms, e and e.ttft_p50_ms,
-         lambda w: w.ttft_ms.p50, lambda s: s.median_ttft_ms),
-        ("TTFT p99", p and p.ttft_ms, e and e.ttft_p99_ms,
-         lambda w: w.ttft_ms.p99, lambda s: s.p99_ttft_ms),
-        ("TPOT p50", p and p.tpot_ms, e and e.tpot_p50_ms,
-         lambda w: w.tpot_ms.p50, lambda s: s.median_tpot_ms),
-        ("TPOT p99", p and p.tpot_ms, e and e.tpot_p99_ms,
-         lambda w: w.tpot_ms.p99, lambda s: s.p99_tpot_ms),
+    latency = (  # key, label, floor, expected, from a window, percentile, from the summary
+        ("ttft_p50", "TTFT p50", p and p.ttft_ms, e and e.ttft_p50_ms,
+         lambda w: w.ttft_ms.p50, 50, lambda s: s.median_ttft_ms),
+        ("ttft_p99", "TTFT p99", p and p.ttft_ms, e and e.ttft_p99_ms,
+         lambda w: w.ttft_ms.p99, 99, lambda s: s.p99_ttft_ms),
+        ("tpot_p50", "TPOT p50", p and p.tpot_ms, e and e.tpot_p50_ms,
+         lambda w: w.tpot_ms.p50, 50, lambda s: s.median_tpot_ms),
+        ("tpot_p99", "TPOT p99", p and p.tpot_ms, e and e.tpot_p99_ms,
+         lambda w: w.tpot_ms.p99, 99, lambda s: s.p99_tpot_ms),
     )  # fmt: skip
     kpis = (
-        *(Kpi(label, "ms", fv, ev, measured(fw, fs)) for label, fv, ev, fw, fs in latency),
-        Kpi("decode step", "ms", p and p.tpot_ms, e and e.decode_step_ms, stats.step_per_token_ms),
-        Kpi("output tok/s", "tok/s", p and p.tok_s, e and e.tok_s, tok_s),
+        *(
+            Kpi(key, label, "ms", fv, ev, measured(fw, q, fs))
+            for key, label, fv, ev, fw, q, fs in latency
+        ),
+        Kpi(
+            "decode_step",
+            "decode step",
+            "ms",
+            p and p.tpot_ms,
+            e and e.decode_step_ms,
+            stats.step_per_token_ms,
+        ),
+        Kpi("tok_s", "output tok/s", "tok/s", p and p.tok_s, e and e.tok_s, tok_s),
         # memory is counted, not timed: what the server allocates is the expectation too
-        Kpi("mem/chip", "B", p and p.mem_per_chip, p and p.mem_per_chip, mem),
+        Kpi("mem", "mem/chip", "B", p and p.mem_per_chip, p and p.mem_per_chip, mem),
     )
     fit, expected_note = fit_words(m, exp_got)
-    series = [(t, w) for t, w in m.windows if w.ttft_ms.p50 is not None]
+    series = [(t, w) for t, w, _ in m.windows if w.ttft_ms.p50 is not None]
     capacity = stats.device_bytes_limit
     if capacity is None and pred is not None:
         capacity = pred.hbm_bytes
@@ -160,7 +202,7 @@ def build_view(m: SessionState) -> View:
         tpot_p50=tuple(w.tpot_ms.p50 or 0.0 for _, w in series),
         exp_ttft_ms=e and e.ttft_p50_ms,
         exp_tpot_ms=e and e.tpot_p50_ms,
-        spark_tok_s=tuple(w.output_tok_s or 0.0 for _, w in m.windows)[-120:],
+        spark_tok_s=tuple(w.output_tok_s or 0.0 for _, w, _ in m.windows)[-120:],
         spark_queue=tuple(s.waiting or 0.0 for s in hist),
         spark_occupancy=tuple(s.occupancy for s in hist),
         spark_kv=tuple(s.kv_usage or 0.0 for s in hist),

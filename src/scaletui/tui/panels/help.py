@@ -20,7 +20,8 @@ Every number comes in three levels, **floor | exp | meas**, then **m/e** = measu
   includes the per-step overheads, padding to slots and KV buckets, batching and queueing, so
   it is what this server should measure. Without a fit for the configuration it uses assumed
   efficiencies on the spec's roofs, and says so. The status bar names the fit in use.
-- **measured** (meas): what loadgen saw (the newest 1 s window; tok/s over the last 5).
+- **measured** (meas): what loadgen saw over the run's last 5 s (its last five 1 s windows,
+  pooled); the decode step from the server's /stats.
 - **m/e** near ×1.00 (green) means the cost model and the simulation explain the server. Far
   from 1, either way, something is not modelled: a ratio above 1 on latency (or below 1 on
   tok/s) is time the server spends that the fit never timed (a new shape, interference, a
@@ -33,7 +34,9 @@ Every number comes in three levels, **floor | exp | meas**, then **m/e** = measu
   Floor: prefill time of one prompt (compute-bound matmuls + causal attention).
 - **TPOT** time per output token after the first: (E2E latency − TTFT) / (tokens − 1).
   Floor: the decode step time.
-- **p50 / p99** median and 99th percentile over requests finished in the last 1 s window.
+- **p50 / p99** median and 99th percentile over requests finished in the run's last 5 s (each
+  1 s window's percentile counted once per request it finished; the newest window with
+  requests when none finished in those 5 s).
 - **decode step** one generate step for all slots (/stats generate call time ÷ its steps).
   Floor: KV load time + max(weight load time, matmul time). Expected: the cost model's generate
   call over every slot row at the KV bucket the longest request reaches, ÷ its steps.
