@@ -421,10 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--models", type=_words, default=["small", "tiny"], help="decode/prefill models")
     a("--tp", type=_ints, default=[1, 2], help="tensor-parallel degrees")
     a("--batches", type=_ints, default=[1, 2, 4, 8, 16, 32], help="decode batch = slots")
-    a("--contexts", type=_ints, default=[128, 512, 2048],
+    a("--contexts", type=_ints, default=[128, 256, 512, 1024, 2048],
       help="KV buckets (a value between buckets runs in the next one up)")  # fmt: skip
     a("--fit-batches", type=_ints, default=[1, 4, 32], help="batches the fit sees")
-    a("--fit-contexts", type=_ints, default=[128, 2048], help="contexts the fit sees")
+    a("--fit-contexts", type=_ints, default=[128, 512, 2048], help="contexts the fit sees")
     a("--prefill-tokens", type=_ints, default=[64, 256, 1024], help="held-out prompt lengths")
     a("--fit-prefill-tokens", type=_ints, default=[32, 128, 512, 2048])
     a("--calls", type=int, default=3, help="timed calls per point and pass")

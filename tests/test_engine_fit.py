@@ -32,7 +32,7 @@ def test_the_default_grid_brackets_the_servers_slots_contexts_and_steps():
 
 def test_a_prompt_keeps_every_timed_call_inside_its_kv_bucket():
     n = prompt_len_for(512, 256, steps=4, calls=3)
-    assert 256 < n and n + 4 * (3 + 1) < 512
+    assert n > 256 and n + 4 * (3 + 1) < 512
     # a bucket too tight for the calls still starts inside it
     assert prompt_len_for(16, 8, steps=4, calls=3) == 9
     with pytest.raises(ValueError, match="empty grid"):
@@ -49,8 +49,8 @@ def test_calibrate_model_fits_tiny_and_stores_it_where_find_fit_looks(capsys):
     assert path is not None
     cost = fitstore.load_fit(path)
     assert cost.source == "fit" and cost.model == "tiny" and cost.kernels in ("xla", "native")
-    assert [k[0] for k in cost.decode_knots] == [1, 4]
-    assert len(cost.prefill_knots) >= 2
+    assert sorted({k[0] for k in cost.decode_knots}) == [1, 4]
+    assert cost.info["prefill_samples"] >= 2
     assert cost.info["server"]["slots"] == 4 and cost.info["samples"]["decode"]
     assert cost.decode_call_s(4, 64, 2) > 0
     assert "wrote" in capsys.readouterr().err

@@ -5,6 +5,7 @@ user config dir, and virtual CPU devices share one host's roofs."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -179,66 +180,70 @@ def _concave_samples(batches, noise: float, seed: int = 0):
     ]
 
 
-def test_knots_recover_a_concave_step_that_one_straight_line_cannot():
+def _concave_step(b: float, c: float) -> float:
+    return _concave(b) + b * c * 1e-6
+
+
+def test_the_table_recovers_a_concave_step_that_one_plane_cannot():
     decode = _concave_samples((1, 4, 16, 32), noise=0.01)
     got = rl.fit(_base(), decode)
-    batches = [k[0] for k in got.decode_knots]
-    assert batches == [1, 4, 16, 32]
-    for b, step_s, kv_s in got.decode_knots:
-        assert step_s == pytest.approx(_concave(b), rel=0.05)
-        assert kv_s == pytest.approx(1e-6, rel=0.1)
+    assert {(k[0], k[1]) for k in got.decode_knots} == {
+        (b, c) for b in (1, 4, 16, 32) for c in (128, 512, 1536)
+    }
+    for b, c, step_s in got.decode_knots:
+        assert step_s == pytest.approx(_concave_step(b, c), rel=0.05)
     assert got.sync_s == pytest.approx(2e-3, rel=0.3)
     assert got.info["decode_rms_rel_error"] < 0.02
     assert got.info["linear_decode_rms_rel_error"] > 3 * got.info["decode_rms_rel_error"]
-    # between knots the chord: a held-out batch 8 within a few % of the concave truth
-    truth8 = 2e-3 + 4 * (_concave(8) + 8 * 512 * 1e-6)
+    # between batches the chord: a held-out batch 8 within a few % of the concave truth
+    truth8 = 2e-3 + 4 * _concave_step(8, 512)
     assert got.decode_call_s(8, 512, 4) == pytest.approx(truth8, rel=0.06)
-    # without knots the same samples give the straight line's larger error
-    line = rl.fit(_base(), decode, knots=False)
-    assert line.decode_knots == () and abs(line.decode_call_s(8, 512, 4) / truth8 - 1) > 0.06
+    # without the table the same samples give the plane's larger error
+    plane = rl.fit(_base(), decode, knots=False)
+    assert plane.decode_knots == () and abs(plane.decode_call_s(8, 512, 4) / truth8 - 1) > 0.06
 
 
-def test_knots_interpolate_linearly_in_the_batch_and_extend_past_the_last():
-    """Between two knots a step costs between their steps, at any context."""
-    cost = dataclasses.replace(
-        _base(), decode_knots=((1, 0.010, 0.0), (4, 0.016, 1e-8), (8, 0.020, 2e-8)), sync_s=0.0
-    )
+def test_the_table_is_piecewise_linear_in_context_then_in_batch():
+    """Between measured cells a step costs between their steps, at any context."""
+    knots = ((1, 100, 0.010), (1, 300, 0.012), (4, 100, 0.016), (4, 300, 0.030))
+    cost = dataclasses.replace(_base(), decode_knots=knots, sync_s=0.0)
     assert cost.decode_step_s(1, 100) == pytest.approx(0.010)
-    assert cost.decode_step_s(2, 0) == pytest.approx(0.012)  # a third of the way from 1 to 4
-    # between knots the whole batch's KV cost per position is the chord too: 4e-8 .. 1.6e-7
-    assert cost.decode_step_s(6, 100) == pytest.approx(0.018 + 100 * 1e-7)
-    assert cost.decode_step_s(16, 100) == pytest.approx(0.020 + 8 * 0.001 + 16 * 100 * 2e-8)
-    assert cost.decode_call_s(4, 0, 3) == pytest.approx(3 * 0.016)
-    # a noisy KV cost at one row (huge kv_s) does not bulge the steps between the knots
-    noisy = dataclasses.replace(cost, decode_knots=((1, 0.001, 1e-5), (64, 0.013, 1e-9)))
-    for ctx in (0, 256, 4096):
-        ends = sorted((noisy.decode_step_s(1, ctx), noisy.decode_step_s(64, ctx)))
-        for b in (2, 8, 16, 32, 63):
-            assert ends[0] <= noisy.decode_step_s(b, ctx) <= ends[1]
-    # the assumed physical form is untouched by knots it does not have
+    assert cost.decode_step_s(1, 200) == pytest.approx(0.011)  # halfway along the context
+    assert cost.decode_step_s(4, 50) == pytest.approx(0.016)  # below the first context: flat
+    assert cost.decode_step_s(4, 500) == pytest.approx(0.030 + 0.014)  # past: last slope
+    assert cost.decode_step_s(2, 100) == pytest.approx(0.012)  # a third of the way 1 -> 4
+    assert cost.decode_step_s(2, 200) == pytest.approx(0.011 + (0.023 - 0.011) / 3)
+    assert cost.decode_step_s(8, 100) == pytest.approx(0.016 + 4 * 0.002)  # past: slope per row
+    assert cost.decode_call_s(4, 100, 3) == pytest.approx(3 * 0.016)
+    for ctx in (0, 150, 300, 900):
+        ends = sorted((cost.decode_step_s(1, ctx), cost.decode_step_s(4, ctx)))
+        assert all(ends[0] <= cost.decode_step_s(b, ctx) <= ends[1] for b in (1.5, 2, 3, 3.9))
+    # the assumed physical form is untouched by a table it does not have
     assert _base().decode_step_s(4, 100) == _base().linear_decode_step_s(4, 100)
     with pytest.raises(ValueError, match="decode_knots"):
-        dataclasses.replace(_base(), decode_knots=((0, 0.01, 0.0),))
+        dataclasses.replace(_base(), decode_knots=((0, 128, 0.01),))
 
 
-def test_prefill_knots_are_exact_at_buckets_log_log_between_and_scale_by_flops_past():
+def test_prefill_fits_overhead_dense_flops_and_attention_pairs_at_their_own_rates():
+    """XLA materialises [T, T] scores: attention costs more per FLOP than the GEMMs, and a
+    prompt's time is overhead + a T term + a T^2 term; fitted on four buckets, the three
+    between them and a chunk after cached positions follow."""
+    truth = dataclasses.replace(_base(), prefill_overhead_s=0.02, prefill_flops_per_s=1e11,
+                                prefill_attn_flops_per_s=5e9, read_bw=math.inf)  # fmt: skip
     decode = _concave_samples((1, 8), noise=0.0)
-    prefill = [rl.PrefillSample(t, s) for t, s in ((64, 0.02), (256, 0.08), (256, 0.10),
-                                                    (1024, 0.40))]  # fmt: skip
+    prefill = [rl.PrefillSample(t, truth.prefill_s(t)) for t in (32, 128, 512, 2048)]
     got = rl.fit(_base(), decode, prefill)
-    assert got.prefill_knots == ((64, 0.02), (256, 0.09), (1024, 0.40))  # median of repeats
-    assert got.prefill_s(64) == pytest.approx(0.02) and got.prefill_s(1024) == pytest.approx(0.4)
-    assert got.prefill_s(128) == pytest.approx(0.02 * (0.09 / 0.02) ** 0.5)
-    assert got.prefill_s(16) == pytest.approx(0.02)  # below the smallest bucket: its time
-    past = got.prefill_s(2048)
-    assert past == pytest.approx(0.40 * got.prefill_flops(2048) / got.prefill_flops(1024))
-    # a later chunk of a long prompt adds its attention over the cached positions
-    assert got.prefill_s(1024, start=1024) > got.prefill_s(1024)
+    assert got.prefill_attn_flops_per_s < got.prefill_flops_per_s
+    for t in (64, 256, 1024):
+        assert got.prefill_s(t) == pytest.approx(truth.prefill_s(t), rel=0.02)
+    assert got.prefill_s(512, start=1024) == pytest.approx(truth.prefill_s(512, 1024), rel=0.02)
+    assert got.info["prefill_max_rel_error"] < 0.02
 
 
 def test_a_fit_with_knots_round_trips_through_the_fit_store(private_config):
     decode = _concave_samples((1, 4, 16), noise=0.0)
     got = rl.fit(_base(), decode, [rl.PrefillSample(64, 0.02), rl.PrefillSample(128, 0.05)])
+    assert got.prefill_attn_flops_per_s > 0
     back = fitstore.load_fit(fitstore.save_fit(got, host="box"))
     assert back == got and back.decode_knots == got.decode_knots
     assert back.decode_call_s(8, 300, 4) == got.decode_call_s(8, 300, 4)

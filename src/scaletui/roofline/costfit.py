@@ -1,12 +1,13 @@
 """Fit a CostModel to timed engine calls (`scaletui calibrate --model M` times them; see
 engine_fit.py). numpy least squares only.
 
-Two fits from the same samples:
+Two decode fits from the same samples:
 1. the physical rates (`costmodel`'s linear form: overheads, read bandwidth, FLOP/s), which say
    what the engine reaches and carry what-ifs;
-2. the knots: per measured batch, a step cost and a per-(row, KV position) cost, with one host
-   sync per call shared by all; per measured prompt bucket, its time. These answer for the
-   configuration that was measured and its neighbours (`CostModel.decode_knots`).
+2. the table: the step at each measured (batch, context) cell, with one host sync per call
+   shared by all (`CostModel.decode_knots`). It answers for the configuration that was
+   measured and its neighbours.
+Prefill: overhead + the weight read + dense FLOPs and attention pairs at their own rates.
 Both are least squares on relative error (a 5 ms step counts as much as a 50 ms one), with every
 coefficient >= 0: a term that would come out negative is dropped (0 s), which reads as "not
 measurable here" rather than as a negative cost.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -101,32 +101,34 @@ def _linear_decode(base: CostModel, decode: Sequence[DecodeSample]) -> tuple[dic
     return rates, res
 
 
-def _decode_knots(decode: Sequence[DecodeSample]) -> tuple[tuple, float, np.ndarray]:
-    """(knots, sync_s, residuals): call = sync + steps * (step_s[b] + b * context * kv_s[b])."""
-    batches = sorted({s.batch for s in decode})
+def _decode_table(decode: Sequence[DecodeSample]) -> tuple[tuple, float]:
+    """(knots, sync_s): call = sync + steps * step[batch, context], one step per cell."""
+    cells = sorted({(s.batch, s.context) for s in decode})
     vary_steps = len({s.steps for s in decode}) > 1
-    rows = []
-    for s in decode:
-        row = [1.0 if vary_steps else 0.0]
-        for b in batches:
-            on = s.steps if s.batch == b else 0.0
-            row += [on, on * s.batch * s.context]
-        rows.append(row)
+    rows = [
+        [1.0 if vary_steps else 0.0] + [s.steps if (s.batch, s.context) == c else 0.0
+                                        for c in cells]
+        for s in decode
+    ]  # fmt: skip
     y = np.array([s.seconds for s in decode])
-    c, res = _lstsq_drop_negative(np.array(rows), y)
-    knots = tuple(
-        (float(b), float(c[1 + 2 * i]), float(c[2 + 2 * i])) for i, b in enumerate(batches)
-    )
-    return knots, float(c[0]), res
+    coef, _ = _lstsq_drop_negative(np.array(rows), y)
+    knots = tuple((float(b), float(c), float(coef[1 + i])) for i, (b, c) in enumerate(cells))
+    return knots, float(coef[0])
 
 
-def _prefill_knots(prefill: Sequence[PrefillSample]) -> tuple:
-    """((tokens, median seconds), ...) over the samples of a whole prompt (start 0)."""
-    by_tokens: dict[int, list[float]] = defaultdict(list)
-    for s in prefill:
-        if s.start == 0:
-            by_tokens[s.tokens].append(s.seconds)
-    return tuple((float(t), float(np.median(v))) for t, v in sorted(by_tokens.items()))
+def _prefill_rates(base: CostModel, prefill: Sequence[PrefillSample], per_byte: float) -> dict:
+    """overhead + bytes * per_byte + dense FLOPs / rate + attention FLOPs / its own rate."""
+    a = np.array([[1.0, base.prefill_dense_flops(s.tokens), base.prefill_attn_flops(s.tokens,
+                   s.start)] for s in prefill])  # fmt: skip
+    y = np.array([s.seconds for s in prefill])
+    mem = np.array([base.prefill_bytes(s.tokens) * per_byte for s in prefill])
+    c, _ = _lstsq_subsets(a, np.maximum(y - mem, 1e-12), prefer=(0,))
+    dense = float(1 / c[1]) if c[1] > 0 else math.inf
+    return {
+        "prefill_overhead_s": float(c[0]),
+        "prefill_flops_per_s": dense,
+        "prefill_attn_flops_per_s": float(1 / c[2]) if c[2] > 0 else math.inf,
+    }
 
 
 def fit(
@@ -138,14 +140,14 @@ def fit(
     **info: object,
 ) -> CostModel:
     """Fit `base`'s rates (its model, hardware, dtype and mesh stay) and, with `knots`, its
-    decode and prefill knots to timed calls.
+    decode table to timed calls.
 
     Decode needs >= 3 samples varying batch and context (and steps, to tell the per-call sync
     from the per-step cost; with one `steps` the sync is 0 and the step carries it). Prefill needs
     >= 2 prompt lengths; without them the prefill keeps `base`'s rates. `info` (host, date,
     notes) is stored with the fit quality in `CostModel.info`: `decode_*_error` and
-    `prefill_*_error` are the errors of what the model answers with (the knots when fitted),
-    `linear_*` those of the physical form alone."""
+    `prefill_*_error` are the errors of what the model answers with (the table when fitted),
+    `linear_decode_*` those of the physical form alone."""
     if len(decode) < 3:
         raise ValueError(f"fit needs >= 3 timed generate calls, got {len(decode)}")
     for s in (*decode, *prefill):
@@ -158,19 +160,11 @@ def fit(
         notes.append("decode time does not grow with the bytes read (fixed costs dominate): "
                      "no read bandwidth fitted")  # fmt: skip
     if knots:
-        got["decode_knots"], got["sync_s"], _ = _decode_knots(decode)  # the knots' own sync
+        got["decode_knots"], got["sync_s"] = _decode_table(decode)  # the table's own sync
     if len({s.tokens for s in prefill}) >= 2:
-        per_byte = 1 / got["read_bw"]
-        pa = np.array([[1.0, base.prefill_flops(s.tokens, s.start)] for s in prefill])
-        py = np.array([s.seconds for s in prefill])
-        mem = np.array([base.prefill_bytes(s.tokens) * per_byte for s in prefill])
-        pc, _ = _lstsq_subsets(pa, np.maximum(py - mem, 1e-12), prefer=(0,))
-        got["prefill_overhead_s"] = float(pc[0])
-        got["prefill_flops_per_s"] = float(1 / pc[1]) if pc[1] > 0 else math.inf
-        pres = (pa @ pc + mem) / py - 1
-        quality |= {"prefill_samples": len(prefill), **_quality("linear_prefill", pres)}
-        if knots:
-            got["prefill_knots"] = _prefill_knots(prefill)
+        per_byte = 0.0 if math.isinf(got["read_bw"]) else 1 / got["read_bw"]
+        got |= _prefill_rates(base, prefill, per_byte)
+        quality["prefill_samples"] = len(prefill)
     else:
         notes.append("prefill not fitted (fewer than 2 prompt lengths): base rates kept")
     cost = replace(base, **got, source="fit")

@@ -12,24 +12,24 @@ The physical form (what `assumed` builds, and what a fit reports as rates):
 Bytes and FLOPs are per device and come from `costs` (weights / tp, KV and FLOPs / (tp * dp) for
 a decode batch, a prompt on one tp group). On a GPU/TPU a step's cost is close to linear in the
 batch, and this form is the book's. On a CPU it is not: XLA's dot runs a matrix-vector kernel at
-one row and a packed GEMM above it, whose FLOP rate rises with the rows, so a step costs 9 ms at
-batch 1, 18 at 4 and 46 at 32 for `small` on a 2-core EPYC (concave in the batch), and one
-straight line through those errs by 20-30 % (docs/roofline.md). A fit therefore keeps, beside the
-rates, the knots it measured (`costfit.fit`):
+one row and a packed GEMM above it, whose FLOP rate rises with the rows, so a step costs 15 ms
+at batch 1, 26 at 4 and 54 at 32 for `small` at context 128 on a 2-core EPYC (concave in the
+batch), and its KV read gets cheaper per position as the context grows (concave in the
+context); one plane through those errs by 20-40 % (docs/roofline.md). A fit therefore keeps,
+beside the rates, the table it measured (`costfit.fit`):
 
-    decode_knots   = ((batch, step_s, kv_s), ...): decode step = step_s + batch * context * kv_s
-                     at a measured batch; step_s and batch * kv_s linear in the batch between
-                     knots
-    prefill_knots  = ((tokens, seconds), ...): a prefill call at a measured bucket, interpolated
-                     log-log between buckets, scaled by FLOPs past the last
+    decode_knots = ((batch, context, step_s), ...): the decode step at measured (batch, KV
+                   bucket) cells, piecewise linear in the context for each batch and then in
+                   the batch between batches (the server only runs KV buckets and its slots)
 
-and answers from them when they are there (the physical rates still say what the engine reaches,
-and carry the what-ifs: other hardware, chunked prefill's attention).
+and answers decode from it when it is there. Prefill keeps the physical form, with the causal
+attention's (query, key) pairs given their own fitted rate (`prefill_attn_flops_per_s`): XLA
+materialises the [T, T] scores, so attention costs far more per FLOP than the dense GEMMs and
+a prompt's time is overhead + a T term + a T^2 term.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from scaletui.roofline import costs
@@ -87,8 +87,8 @@ class CostModel:
     transfer_bw: float  # disaggregated KV hand-over, bytes/s per device
     kernels: str = "auto"  # native | xla | auto: how the engine ran (fits are per kernels)
     source: str = "assumed"  # assumed | fit
-    decode_knots: tuple = ()  # fitted: ((batch, step_s, kv_s per row and KV position), ...)
-    prefill_knots: tuple = ()  # fitted: ((tokens, seconds), ...)
+    decode_knots: tuple = ()  # fitted: ((batch, context, step_s), ...)
+    prefill_attn_flops_per_s: float = 0.0  # fitted: attention FLOP/s in prefill (0: as dense)
     info: dict = field(default_factory=dict, compare=False)  # fit quality, date, host, notes
 
     def __post_init__(self) -> None:
@@ -100,17 +100,14 @@ class CostModel:
                 raise ValueError(f"{name} should be >= 0, got {vars(self)[name]!r}")
         if self.tp < 1 or self.dp < 1:
             raise ValueError(f"tp and dp should be >= 1, got tp={self.tp} dp={self.dp}")
-        decode = tuple(sorted(tuple(map(float, k)) for k in self.decode_knots))
-        prefill = tuple(sorted(tuple(map(float, k)) for k in self.prefill_knots))
-        rows = (("decode_knots", decode, "batch, step_s, kv_s"),
-                ("prefill_knots", prefill, "tokens, seconds"))  # fmt: skip
-        for name, knots, columns in rows:
-            width = columns.count(",") + 1
-            if any(len(k) != width or k[0] < 1 or min(k[1:]) < 0 for k in knots):
-                raise ValueError(f"{name} should be rows of ({columns}), sizes >= 1 and times "
-                                 f">= 0, got {knots}")  # fmt: skip
-        object.__setattr__(self, "decode_knots", decode)  # YAML gives lists: store sorted tuples
-        object.__setattr__(self, "prefill_knots", prefill)
+        knots = tuple(sorted(tuple(map(float, k)) for k in self.decode_knots))
+        if any(len(k) != 3 or k[0] < 1 or k[1] < 0 or k[2] < 0 for k in knots):
+            raise ValueError(f"decode_knots should be rows of (batch >= 1, context >= 0, "
+                             f"step_s >= 0), got {self.decode_knots}")  # fmt: skip
+        object.__setattr__(self, "decode_knots", knots)  # YAML gives lists: sorted tuples
+        if self.prefill_attn_flops_per_s < 0:
+            raise ValueError(f"prefill_attn_flops_per_s should be >= 0 (0: as dense), got "
+                             f"{self.prefill_attn_flops_per_s}")  # fmt: skip
 
     # -- what one step moves and computes, per device ------------------------------------------
 
@@ -125,16 +122,21 @@ class CostModel:
         return (self.weight_bytes + tokens * self.kv_bytes_per_token) / self.tp
 
     def prefill_flops(self, tokens: float, start: float = 0) -> float:
+        return self.prefill_dense_flops(tokens) + self.prefill_attn_flops(tokens, start)
+
+    def prefill_dense_flops(self, tokens: float) -> float:
+        return self.flops_per_token * tokens / self.tp
+
+    def prefill_attn_flops(self, tokens: float, start: float = 0) -> float:
         pairs = tokens * start + tokens * tokens / 2  # causal over the new tokens
-        return (self.flops_per_token * tokens + pairs * self.attn_flops_per_pair) / self.tp
+        return pairs * self.attn_flops_per_pair / self.tp
 
     # -- expected times ------------------------------------------------------------------------
 
     def decode_step_s(self, batch: float, context: float) -> float:
         """One decode step of `batch` rows reading `context` KV positions each."""
         if self.decode_knots:
-            step_s, per_position_s = _decode_at(self.decode_knots, batch)
-            return step_s + context * per_position_s
+            return _decode_at(self.decode_knots, batch, context)
         return self.linear_decode_step_s(batch, context)
 
     def linear_decode_step_s(self, batch: float, context: float) -> float:
@@ -151,20 +153,13 @@ class CostModel:
 
     def prefill_s(self, prompt_len: float, start: float = 0) -> float:
         """One prefill call of `prompt_len` positions (pass the padded bucket) after `start`
-        (a later chunk of a long prompt: its attention over the `start` cached positions is
-        added at the fitted prefill FLOP/s)."""
-        if not self.prefill_knots:
-            return self.linear_prefill_s(prompt_len, start)
-        seconds = _prefill_at(self.prefill_knots, prompt_len, self.prefill_flops)
-        extra = self.prefill_flops(prompt_len, start) - self.prefill_flops(prompt_len)
-        return seconds + extra / self.prefill_flops_per_s
-
-    def linear_prefill_s(self, prompt_len: float, start: float = 0) -> float:
-        """The physical form's prefill call."""
+        (a later chunk of a long prompt attends to the `start` cached positions too)."""
+        attn_rate = self.prefill_attn_flops_per_s or self.prefill_flops_per_s
         return (
             self.prefill_overhead_s
             + self.prefill_bytes(prompt_len) / self.read_bw
-            + self.prefill_flops(prompt_len, start) / self.prefill_flops_per_s
+            + self.prefill_dense_flops(prompt_len) / self.prefill_flops_per_s
+            + self.prefill_attn_flops(prompt_len, start) / attn_rate
         )
 
     def transfer_s(self, prompt_len: float) -> float:
@@ -219,52 +214,40 @@ class CostModel:
         """Plain YAML/JSON-able dict (`from_dict` reads it back)."""
         d = asdict(self)
         d["decode_knots"] = [list(k) for k in self.decode_knots]
-        d["prefill_knots"] = [list(k) for k in self.prefill_knots]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         names = {f.name for f in fields(cls)}
-        missing = names - set(d) - {"kernels", "source", "info", "decode_knots", "prefill_knots"}
+        optional = {"kernels", "source", "info", "decode_knots", "prefill_attn_flops_per_s"}
+        missing = names - set(d) - optional
         if missing:
             raise ValueError(f"cost model is missing {sorted(missing)}")
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _decode_at(knots: tuple, batch: float) -> tuple[float, float]:
-    """(step_s, s per KV position of the whole batch) at `batch`. Between measured batches both
-    are linear in the batch (exact where the cost is linear in it, as on GPUs; on a CPU's
-    concave curve the chord errs a few % low between knots a factor 4 apart), so a step between
-    two knots costs between their steps at any context; below the first knot, the first; past
-    the last, the last segment's per-row slope continues and the KV cost grows with the rows
-    (one knot: its per-row costs)."""
-    b = max(batch, 1.0)
-    b0, s0, k0 = knots[0]
-    if b <= b0:
-        return s0, b0 * k0
-    b1, s1, k1 = knots[-1]
-    if b >= b1:
-        slope = 0.0 if len(knots) == 1 else max(s1 - knots[-2][1], 0.0) / (b1 - knots[-2][0])
-        return s1 + (b - b1) * slope, b * k1
-    hi = next(i for i, k in enumerate(knots) if k[0] >= b)
-    (b0, s0, k0), (b1, s1, k1) = knots[hi - 1], knots[hi]
-    t = (b - b0) / (b1 - b0)
-    return s0 + t * (s1 - s0), b0 * k0 + t * (b1 * k1 - b0 * k0)
+def _along(points: list[tuple[float, float]], x: float) -> float:
+    """y at x on the polyline through sorted (x, y) points: linear between them, flat below the
+    first, the last segment's slope (>= 0) past the last."""
+    (x0, y0) = points[0]
+    if x <= x0 or len(points) == 1:
+        return y0
+    for (xa, ya), (xb, yb) in zip(points, points[1:], strict=False):
+        if x <= xb:
+            return ya + (yb - ya) * (x - xa) / (xb - xa)
+    (xa, ya), (xb, yb) = points[-2], points[-1]
+    return yb + max(yb - ya, 0.0) * (x - xb) / (xb - xa)
 
 
-def _prefill_at(knots: tuple, tokens: float, flops) -> float:
-    """Seconds at `tokens`: log-log between measured buckets, the first below them, and past the
-    last the last one scaled by the FLOPs (`flops(tokens)`: compute grows faster than bytes)."""
-    t = max(tokens, 1.0)
-    if t <= knots[0][0]:
-        return knots[0][1]
-    if t >= knots[-1][0]:
-        return knots[-1][1] * flops(t) / flops(knots[-1][0])
-    hi = next(i for i, k in enumerate(knots) if k[0] >= t)
-    (t0, s0), (t1, s1) = knots[hi - 1], knots[hi]
-    if s0 <= 0 or s1 <= 0:
-        return s0 + (s1 - s0) * (t - t0) / (t1 - t0)
-    return s0 * (s1 / s0) ** (math.log(t / t0) / math.log(t1 / t0))
+def _decode_at(knots: tuple, batch: float, context: float) -> float:
+    """The decode step at (batch, context) from measured (batch, context, step_s) cells: along
+    the context within each measured batch, then along the batch (`_along`: linear between,
+    exact where the cost is linear, as on GPUs; a chord, a few % low, on a CPU's concave
+    curve)."""
+    by_batch: dict[float, list[tuple[float, float]]] = {}
+    for b, c, s in knots:
+        by_batch.setdefault(b, []).append((c, s))
+    return _along([(b, _along(cells, context)) for b, cells in by_batch.items()], batch)
 
 
 def _shape(model: ModelSpec, dtype: str) -> dict:
