@@ -2,7 +2,8 @@
 
 Measures, on device 0 unless stated, each figure the median of several timed runs after a warm-up
 (compile) run, and writes beside each how it was measured (`method`):
-1. `hbm_bw`: the READ bandwidth a decode step meets: a read-only row sum `x[R, C] @ ones[C]` over
+1. `hbm_bw`: the READ bandwidth a decode step meets: `h[1, D] @ W[D, F]` over a list of
+   weight-shaped matrices (the decode step's own GEMVs, D x F = 2048 x 8192) in one jitted call,
    working sets past the last-level cache (>= 1 GiB and 8x the LLC on CPU, 2 GiB on GPU/TPU), the
    plateau past the cache; the old in-place scale (read + write) stays as `measured.memory_copy`;
 2. matmul FLOP/s at serving shapes: thin [B, D] x [D, F] (decode, B = 16/64/256) and a
@@ -41,7 +42,7 @@ __all__ = [
 
 GiB = 1 << 30
 CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
-READ_COLS = 4096  # C: row length of the read-stream matrix (16 KiB of f32 per row)
+READ_SHAPE = (2048, 8192)  # D, F of one read-stream weight matrix (64 MiB of f32), a 1B model's
 
 
 def last_level_cache_bytes(cache_dir: Path = CACHE_DIR) -> int | None:
@@ -94,9 +95,10 @@ class Sizes:
 
     @property
     def read_points(self) -> list[int]:
-        """Working sets of the read curve: R x C f32 rows, at 1/4, 1/2 and all of read_bytes."""
-        row = READ_COLS * 4
-        return sorted({max(self.read_bytes // k // row, 1) * row for k in (4, 2, 1)})
+        """Working sets of the read curve: whole READ_SHAPE f32 matrices, at 1/4, 1/2 and all of
+        read_bytes."""
+        mat = READ_SHAPE[0] * READ_SHAPE[1] * 4
+        return sorted({max(self.read_bytes // k // mat, 1) * mat for k in (4, 2, 1)})
 
     @classmethod
     def for_backend(
@@ -142,26 +144,33 @@ def _summary(median: float, runs: list[float]) -> dict:
 def _read_bw(jax, jnp, device, sizes: Sizes) -> dict:
     """Read-only stream over each working set of `sizes.read_points`; `bw` is the plateau.
 
-    A row sum written as a matrix-vector product: the decode step's own op, nothing written back
-    but R floats. Every core the server uses: XLA:CPU runs one op on its intra-op thread pool, one
-    thread per host core, shared by the server's jitted steps; this runs on that same default
-    backend unpinned (pinned to one core with taskset it falls from ~27 to ~19 GB/s on a 2-core
-    EPYC). Its GEMV streams faster than XLA's own reduce loop (`jnp.sum`: ~22 GB/s there)."""
-    rowsum = jax.jit(lambda x, v: x @ v)
-    v = jax.device_put(jnp.ones((READ_COLS,), jnp.float32), device)  # [C]
+    The decode step's own op at batch 1: `h[1, D] @ W[D, F]` for each of a list of f32 weight
+    matrices, in one jitted call (contracting the weight's leading axis, as the model's dense
+    layers do), nothing written back but F floats per matrix. XLA:CPU's kernel matters: on a
+    2-core EPYC this reaches ~21 GB/s, a dot per row (`x[R, C] @ ones[C]`) ~23, a column sum over
+    one tall matrix ~17, and the same matrices as one batched einsum 1.3; the engine's batch-1
+    step reads its weights at ~0.9-1.0x of this figure (bench/calibrate_check.py). Every core the
+    server uses: XLA:CPU runs one op on its intra-op thread pool, one thread per host core,
+    shared by the server's jitted steps; this runs on that same default backend unpinned."""
+    gemvs = jax.jit(lambda h, ws: [h @ w for w in ws])
+    h = jax.device_put(jnp.ones((1, READ_SHAPE[0]), jnp.float32), device)
+    mat = READ_SHAPE[0] * READ_SHAPE[1] * 4
     curve, last = [], {}
     for nbytes in sizes.read_points:
-        x = jax.device_put(jnp.ones((nbytes // (4 * READ_COLS), READ_COLS), jnp.float32), device)
+        ws = [
+            jax.device_put(jnp.ones(READ_SHAPE, jnp.float32), device) for _ in range(nbytes // mat)
+        ]
         t, runs = _median_time(
-            lambda x=x: rowsum(x, v).block_until_ready(), sizes.reps, sizes.min_time_s / 3
+            lambda ws=ws: jax.block_until_ready(gemvs(h, ws)), sizes.reps, sizes.min_time_s / 3
         )
-        del x
+        del ws
         curve.append({"bytes": nbytes, "bw": nbytes / t})
         last = _summary(t, runs)
     bw = pick_read_bw(curve, sizes.llc_bytes)
     llc = f"LLC {sizes.llc_bytes} B" if sizes.llc_bytes else "LLC unknown"
     method = (
-        f"read-only row sum x[R, {READ_COLS}] f32 @ ones[{READ_COLS}] (jit, block_until_ready) "
+        f"read-only GEMVs h[1, {READ_SHAPE[0]}] @ W[{READ_SHAPE[0]}, {READ_SHAPE[1]}] f32 over a "
+        "list of matrices in one call (jit, block_until_ready) "
         f"at working sets {[p['bytes'] for p in curve]} B ({llc}); median of >= {sizes.reps} "
         "runs each after a warm-up; bw = median of the points >= 8x LLC; bytes read only"
     )
