@@ -2,7 +2,9 @@
 
 `plan_engines` checks a config without building anything (sharding the devices cannot hold,
 native kernels that cannot run) and says which engines it builds where; `build_engines` makes
-the weights once on the host and places them on each engine's mesh; `JaxEngineFactory` is the
+the weights once on the host, casts or quantizes them to the config's weight precision (from
+dummy, safetensors or the caller's host params) and places them on each engine's mesh;
+`JaxEngineFactory` is the
 `engine_api.EngineFactory` the scheduler drives (build, and check before a drain, memory
 included).
 """
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 import jax
 
-from scaletui.serve import memory, native, sharding, weights
+from scaletui.serve import memory, native, quant, sharding, weights
 from scaletui.serve.config import ConfigError, ServeConfig
 from scaletui.serve.engine import JaxEngine
 from scaletui.serve.engine_api import Engine, distinct
@@ -27,6 +29,7 @@ class EnginePlan:
     devices: list
     dp: int
     native: bool  # runs the native CPU kernels (else XLA ops)
+    note: str | None = None  # kernels auto|native and XLA's ops run: why (for /stats)
 
 
 def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
@@ -56,7 +59,9 @@ def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
                               f"{why_not}", "use kernels auto or xla")  # fmt: skip
         if config.kernels == "auto" and why_not is None:
             why_not = native.slower_here()  # they run, but XLA's ops are faster on this CPU
-        plan.append(EnginePlan(role, devs, d, config.kernels != "xla" and why_not is None))
+        use = config.kernels != "xla" and why_not is None
+        note = f"native kernels not used: {why_not}" if why_not and not use else None
+        plan.append(EnginePlan(role, devs, d, use, note))
     return plan
 
 
@@ -70,29 +75,34 @@ def build_engines(
 ) -> tuple[JaxEngine, JaxEngine]:
     """(prefill engine, generate engine); the same object twice when interleaved.
 
-    Weights are made (or read) once on the host and placed on each mesh, so every mesh and
-    mode computes with identical values. `vocab_size`/`eos_id` come from the tokenizer.
+    Weights are made (or read) once on the host, in a float dtype, then cast or quantized
+    once to `config.precision.weights` (`host_params` too, whatever float dtype they come in)
+    and placed on each mesh, so every mesh and mode computes with identical values.
+    `vocab_size`/`eos_id` come from the tokenizer.
     """
-    m = config.model
+    m, p = config.model, config.precision
     plan = plan_engines(config, list(devices or jax.devices()))
     if host_params is None:
+        made = "f32" if p.weights == "int8" else p.weights  # int8 is quantized from f32
         if config.weights:
-            host_params = weights.load_safetensors(config.weights, m, config.dtype)
+            host_params = weights.load_safetensors(config.weights, m, made)
         else:
-            host_params = weights.dummy_params(m, config.seed, config.dtype)
+            host_params = weights.dummy_params(m, config.seed, made)
+    host_params = quant.convert_params(host_params, p.compute, p.weights)
     engines = [
         JaxEngine(
             config,
             host_params,
-            p.devices,
-            dp=p.dp,
+            e.devices,
+            dp=e.dp,
             tp=config.tp,
-            role=p.role,
+            role=e.role,
             vocab_size=vocab_size,
             eos_id=eos_id,
-            native=p.native,
+            native=e.native,
+            kernels_note=e.note,
         )  # fmt: skip
-        for p in plan
+        for e in plan
     ]
     return (engines[0], engines[0]) if len(engines) == 1 else (engines[0], engines[1])
 

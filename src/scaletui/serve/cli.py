@@ -3,7 +3,7 @@
 Every config error is found before the port is bound (the engine plan on these devices and the
 memory it needs included) and exits 2 with one line naming the flag and the fix; an engine
 that fails to build or compile later exits 1 with the reason. Prints the URL line, then the
-model's parameters, dtype, weight and KV-cache bytes on stdout; logs compile progress and a
+model's parameters, precision, weight and KV-cache bytes on stdout; logs compile progress and a
 summary per interval (running, waiting, slots, tokens/s) to stderr, as vLLM's stat logger
 does. JAX is imported only for the real engine, after `--host-devices` has set XLA's host
 device count.
@@ -23,7 +23,7 @@ from aiohttp import web
 
 from scaletui.serve import memory
 from scaletui.serve.api import SCHEDULER, WATCHDOG, ApiSettings, create_app
-from scaletui.serve.config import DTYPES, KERNELS, MODES, ConfigError, ServeConfig
+from scaletui.serve.config import DTYPES, KERNELS, MODES, STORAGE_DTYPES, ConfigError, ServeConfig
 from scaletui.serve.connections import quiet_accept_errors, raise_fd_limit, start_site
 from scaletui.serve.engine_api import EngineFactory
 from scaletui.serve.scheduler import Scheduler
@@ -49,13 +49,24 @@ def parser() -> argparse.ArgumentParser:
     a(
         "--dtype",
         choices=DTYPES,
-        help="weights, activations, KV cache (default: f32 on CPU, else bf16)",
+        help="compute (activations); also weights and KV cache unless set below (default: f32 "
+        "on CPU, else bf16)",
+    )
+    a(
+        "--weight-dtype",
+        choices=STORAGE_DTYPES,
+        help="weight storage (int8: per output channel, f32 scales; default: --dtype)",
+    )
+    a(
+        "--kv-dtype",
+        choices=STORAGE_DTYPES,
+        help="KV-cache storage (int8: a scale per position and KV head; default: --dtype)",
     )
     a(
         "--kernels",
         choices=KERNELS,
         default="auto",
-        help="native CPU kernels (unsharded f32 on CPU; auto: where they build) or XLA ops",
+        help="native CPU kernels (unsharded all-f32 on CPU; auto: where they build) or XLA ops",
     )
     a("--seed", type=int, default=0, help="dummy-weight seed")
     a("--host", default="127.0.0.1", help="bind address (non-loopback: /admin needs a token)")
@@ -96,7 +107,9 @@ def engine_factory(args: argparse.Namespace, tok: Tokenizer) -> EngineFactory:
 
 
 def default_dtype(fake: bool) -> str:
-    """f32 on CPU (XLA's CPU bf16 matmuls run ~20x slower), bf16 on GPU/TPU."""
+    """f32 on CPU, bf16 on GPU/TPU. On CPU f32 is the fastest correct choice: XLA's CPU bf16
+    matmuls run ~15x slower than f32 at batch 1, a bf16 decode step ~3x, and int8 weights are
+    no faster than f32 at batch 1 (docs/serve.md, Precision)."""
     if fake:
         return "f32"
     import jax  # after the XLA flags are set
@@ -172,6 +185,8 @@ def main(argv: list[str]) -> int:
             mode=args.mode,
             prefill_devices=args.prefill_devices,
             dtype=args.dtype or default_dtype(args.fake),
+            weight_dtype=args.weight_dtype or "",
+            kv_dtype=args.kv_dtype or "",
             kernels=args.kernels,
             weights=args.weights,
             tokenizer=args.tokenizer,

@@ -7,10 +7,13 @@ from dataclasses import dataclass, field, replace
 from scaletui.specs import ModelSpec
 
 MODES = ("interleaved", "disaggregated")
-DTYPES = ("f32", "bf16")
+DTYPES = ("f32", "bf16")  # compute (activations) dtypes
+STORAGE_DTYPES = ("f32", "bf16", "int8")  # weight and KV-cache storage
+BITS = {"f32": 32, "bf16": 16, "int8": 8}
 KERNELS = ("auto", "native", "xla")
 # Keys POST /admin/config may change (live reconfiguration); anything else is rejected.
-RECONFIGURABLE = ("slots", "tp", "dp", "mode", "prefill_devices", "decode_steps")
+RECONFIGURABLE = ("slots", "tp", "dp", "mode", "prefill_devices", "decode_steps", "dtype",
+                  "weight_dtype", "kv_dtype", "kernels")  # fmt: skip
 # Sane ranges, whatever the memory: a decode batch past MAX_SLOTS or more decode steps per host
 # sync than MAX_DECODE_STEPS only adds latency (every request waits for the whole k-step call).
 MAX_SLOTS = 1024
@@ -30,6 +33,21 @@ class ConfigError(ValueError):
 
     def flag_line(self) -> str:
         return f"--{self.key.replace('_', '-')} {self.value}: {self}"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a server computes in and stores: the resolved dtype knobs of a ServeConfig."""
+
+    compute: str  # activations and matmul inputs: f32 | bf16
+    weights: str  # f32 | bf16 | int8 (symmetric, per output channel, f32 scales)
+    kv: str  # f32 | bf16 | int8 (symmetric, per position and KV head, f32 scales)
+
+    def describe(self) -> str:
+        """'f32' when all three agree, else 'f32 compute, int8 weights, bf16 KV'."""
+        if self.compute == self.weights == self.kv:
+            return self.compute
+        return f"{self.compute} compute, {self.weights} weights, {self.kv} KV"
 
 
 def pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
@@ -63,7 +81,9 @@ class ServeConfig:
     dp: int = 1  # data parallelism: the 'data' mesh axis (slots)
     mode: str = "interleaved"  # interleaved | disaggregated prefill/generate device sets
     prefill_devices: int = 0  # disaggregated: devices for prefill (0 = half of them)
-    dtype: str = "f32"  # weights, activations and KV cache; f32 on CPU, bf16 on GPU/TPU
+    dtype: str = "f32"  # compute (activations); also weights and KV unless set below
+    weight_dtype: str = ""  # f32 | bf16 | int8; "" = dtype
+    kv_dtype: str = ""  # KV-cache storage: f32 | bf16 | int8; "" = dtype
     kernels: str = "auto"  # native CPU kernels (serve/native) where usable, else XLA ops
     min_prefill_bucket: int = 16  # smallest power-of-two prompt bucket
     max_prefill_bucket: int = 0  # largest bucket (0 = max_seq_len); longer prompts are chunked
@@ -90,9 +110,18 @@ class ServeConfig:
         for key in ("tp", "dp"):
             if value[key] < 1:
                 raise bad(key, f"tp and dp must be >= 1, got tp={self.tp} dp={self.dp}")
-        for key, allowed in (("mode", MODES), ("dtype", DTYPES), ("kernels", KERNELS)):
+        for key, allowed in (("mode", MODES), ("dtype", DTYPES), ("kernels", KERNELS),
+                             ("weight_dtype", ("", *STORAGE_DTYPES)),
+                             ("kv_dtype", ("", *STORAGE_DTYPES))):  # fmt: skip
             if value[key] not in allowed:
-                raise bad(key, f"{key} must be one of {allowed}, got {value[key]!r}")
+                shown = tuple(a for a in allowed if a)
+                raise bad(key, f"{key} must be one of {shown}, got {value[key]!r}")
+        p = self.precision
+        for key, stored, what in (("weight_dtype", p.weights, "weights"), ("kv_dtype", p.kv, "KV")):
+            if BITS[stored] > BITS[p.compute]:  # stored wider than computed: bytes for nothing
+                raise bad(key, f"{key}={stored} is wider than dtype={p.compute}: the {what} "
+                          f"would be read in {stored} and rounded to {p.compute} at every step",
+                          f"use {key} {p.compute} (or int8), or dtype {stored}")  # fmt: skip
         if self.prefill_devices < 0:
             raise bad(
                 "prefill_devices", f"prefill_devices must be >= 0, got {self.prefill_devices}"
@@ -111,6 +140,11 @@ class ServeConfig:
             up = -(-self.slots // self.dp) * self.dp
             raise bad("slots", f"slots ({self.slots}) must be a multiple of dp ({self.dp})",
                       f"use slots {up} or a dp that divides {self.slots}")  # fmt: skip
+
+    @property
+    def precision(self) -> Precision:
+        """The dtype knobs resolved: unset weight_dtype / kv_dtype follow dtype."""
+        return Precision(self.dtype, self.weight_dtype or self.dtype, self.kv_dtype or self.dtype)
 
     @property
     def prefill_buckets(self) -> tuple[int, ...]:
@@ -139,6 +173,8 @@ class ServeConfig:
             "mode": self.mode,
             "prefill_devices": self.prefill_devices,
             "dtype": self.dtype,
+            "weight_dtype": self.precision.weights,
+            "kv_dtype": self.precision.kv,
             "kernels": self.kernels,
             "prefill_buckets": list(self.prefill_buckets),
             "weights": self.weights or "dummy",

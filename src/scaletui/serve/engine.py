@@ -8,7 +8,9 @@ one `fori_loop`, donates the decode state and copies one packed int32 array to t
 bucket is picked on the host from a mirror of the slot lengths, so no device sync picks it.
 An engine built with `native=True` (build.py decides: unsharded f32 on CPU, `--kernels`) holds
 its weights in the native layout and runs the native C++ kernels for matmuls and decode
-attention (`serve/native`); others run XLA ops. The jitted bodies live in steps.py.
+attention (`serve/native`); others run XLA ops, over weights stored as the config's precision
+says (f32, bf16, or int8 with per-channel scales: quant.py) and a KV cache likewise (int8 with a
+scale per position and KV head). The jitted bodies live in steps.py.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletui.serve import kv_cache, model, sharding, steps, weights
+from scaletui.serve import kv_cache, model, quant, sharding, steps, weights
 from scaletui.serve.config import ServeConfig, pow2_buckets
 from scaletui.serve.engine_api import (
     EngineInfo,
@@ -35,7 +37,7 @@ from scaletui.serve.kv_cache import DecodeState, SlotState
 from scaletui.serve.native import pack_params
 from scaletui.serve.steps import PrefillArgs, StepConsts
 
-JNP_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+JNP_DTYPES = quant.JNP
 
 
 class JaxEngine:
@@ -53,6 +55,7 @@ class JaxEngine:
         vocab_size: int | None = None,
         eos_id: int = -1,
         native: bool = False,
+        kernels_note: str | None = None,
     ) -> None:
         m = config.model
         sharding.validate(m, tp=tp, dp=dp, n_devices=len(devices))
@@ -65,12 +68,18 @@ class JaxEngine:
         self.eos_id = eos_id
         self.devices = list(devices)
         self.mesh = sharding.make_mesh(self.devices, dp, tp)
-        self.dtype = JNP_DTYPES[config.dtype]
+        self.precision = p = config.precision
+        self.dtype = jnp.dtype(JNP_DTYPES[p.compute])  # activations
+        self.kv_dtype = jnp.dtype(JNP_DTYPES[p.kv])  # KV-cache storage (int8: with scales)
         self.native = native  # build.plan_engines checked the native kernels can run here
-        self.ops = model.NATIVE if native else model.XLA  # the op set, picked once
+        self.kernels_note = kernels_note  # why not native, when kernels != xla and XLA runs
+        host_params = quant.convert_params(host_params, p.compute, p.weights)  # free if done
         if native:  # fused, packed weights for the native dense kernel
+            self.ops = model.NATIVE
             self.params = jax.device_put(pack_params(host_params), self.mesh.devices.flat[0])
-        else:
+        else:  # on CPU unsharded, int8 / cast weights are converted a panel at a time
+            panel = self.devices[0].platform == "cpu" and tp == 1
+            self.ops = model.xla_ops(compute=self.dtype, panel=panel)
             self.params = weights.place(host_params, m, self.mesh)
         buckets = tuple(b for b in config.prefill_buckets if b <= self.max_seq_len)
         self.prefill_buckets = buckets or (self.max_seq_len,)
@@ -81,7 +90,7 @@ class JaxEngine:
         self.decode_buckets = tuple(b * self.kv_chunk for b in pow2_buckets(1, self.n_chunks))
         self._rep = sharding.replicated(self.mesh)
         self._state_sh = kv_cache.state_shardings(
-            m, self.mesh, self.rows, self.kv_chunk, self.n_chunks
+            m, self.mesh, self.rows, self.kv_chunk, self.n_chunks, self.kv_dtype
         )
         self._exes: dict[tuple, object] = {}
         # (steps, vocab_size, eos_id) -> their device copies, placed once instead of every step
@@ -107,10 +116,9 @@ class JaxEngine:
 
     @cached_property
     def kv_cache_bytes_per_device(self) -> int:
-        shape = (self.rows, self.model.n_kv_heads, self.model.head_dim, self.kv_chunk + 1)
-        shardings = jax.tree.leaves(self._state_sh.cache)  # k and v chunks: same bytes
-        per = sum(int(np.prod(s.shard_shape(shape))) for s in shardings)
-        return per * jnp.dtype(self.dtype).itemsize
+        """K/V chunks (and int8 scales) on the busiest device, in their storage dtypes."""
+        spec = jax.tree.leaves(self._state_spec().cache)
+        return sum(int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize for a in spec)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -128,6 +136,10 @@ class JaxEngine:
             weight_bytes_per_device=self.weight_bytes_per_device,
             kv_cache_bytes_per_device=self.kv_cache_bytes_per_device,
             warmup_total=len(self._warmup_jobs()),
+            dtype=self.precision.compute,
+            weight_dtype=self.precision.weights,
+            kv_dtype=self.precision.kv,
+            kernels_note=self.kernels_note,
         )
 
     def compile_count(self) -> int:
@@ -158,19 +170,16 @@ class JaxEngine:
     def _prefill_exe(self, t: int) -> object:
         if ("prefill", t) in self._exes:  # the request path: no spec building
             return self._exes[("prefill", t)]
-        fn = partial(steps.prefill, m=self.model, ops=self.ops)
+        fn = partial(steps.prefill, m=self.model, ops=self.ops, kv_dtype=self.kv_dtype)
         args = (self.params, self._small((t,), jnp.int32), self._args_spec())
-        out = (kv_cache.prefix_shardings(self.model, self.mesh, t), self._rep)
+        out = (self._prefix_sh(t), self._rep)
         return self._exe(("prefill", t), fn, args, out)
 
     def _chunk_exes(self) -> tuple[object, object]:
         if ("chunk", self.chunk) in self._exes:
             return self._exes[("chunk_zeros", self.chunked_len)], self._exes[("chunk", self.chunk)]
-        n, sh = self.chunked_len, kv_cache.prefix_shardings(self.model, self.mesh, self.chunked_len)
-        shape = (n, self.model.n_kv_heads, self.model.head_dim)
-        fn = partial(
-            steps.zeros_prefix, n_layers=self.model.n_layers, shape=shape, dtype=self.dtype
-        )
+        n, sh = self.chunked_len, self._prefix_sh(self.chunked_len)
+        fn = partial(kv_cache.zeros_prefix, self.model, n, self.kv_dtype)
         zeros = self._exe(("chunk_zeros", n), fn, (), sh)
         args = (
             self.params,
@@ -178,17 +187,21 @@ class JaxEngine:
             self._args_spec(),
             self._kv_spec(n),
         )
-        fn = partial(steps.prefill_chunk, m=self.model, ops=self.ops)
+        fn = partial(steps.prefill_chunk, m=self.model, ops=self.ops, kv_dtype=self.kv_dtype)
         step = self._exe(("chunk", self.chunk), fn, args, (sh, self._rep), donate=(3,))
         return zeros, step
 
+    def _prefix_sh(self, t: int) -> list:
+        return kv_cache.prefix_shardings(self.model, self.mesh, t, self.kv_dtype)
+
     def _kv_spec(self, t: int) -> list:
-        """A prefix's per-layer (k, v) [t, K, H] as shape specs."""
-        shape = (t, self.model.n_kv_heads, self.model.head_dim)
+        """A prefix's per-layer (k, v) [t, K, H] (int8: and scales [t, K]) as shape specs."""
         return [
-            tuple(jax.ShapeDtypeStruct(shape, self.dtype, sharding=s) for s in p)
-            for p in kv_cache.prefix_shardings(self.model, self.mesh, t)
-        ]
+            tuple(jax.ShapeDtypeStruct(shape, dt, sharding=sh)
+                  for (shape, dt), sh in zip(layer, shs, strict=True))
+            for layer, shs in zip(kv_cache.prefix_spec(self.model, t, self.kv_dtype),
+                                  self._prefix_sh(t), strict=True)
+        ]  # fmt: skip
 
     def _args_spec(self) -> PrefillArgs:
         i32, f32 = self._small((), jnp.int32), self._small((), jnp.float32)
@@ -203,7 +216,9 @@ class JaxEngine:
         )
 
     def _empty_state(self) -> DecodeState:
-        return kv_cache.empty_state(self.model, self.rows, self.kv_chunk, self.n_chunks, self.dtype)
+        return kv_cache.empty_state(
+            self.model, self.rows, self.kv_chunk, self.n_chunks, self.kv_dtype
+        )
 
     def _insert_exe(self, t: int) -> object:
         if ("insert", t) in self._exes:
@@ -292,7 +307,7 @@ class JaxEngine:
         if to is self:
             return prefix
         t = prefix.kv[0][0].shape[0]
-        kv = jax.device_put(prefix.kv, kv_cache.prefix_shardings(to.model, to.mesh, t))
+        kv = jax.device_put(prefix.kv, to._prefix_sh(t))
         return replace(prefix, kv=kv)
 
     def insert(self, state: SlotState, prefix: Prefix, slot: int) -> SlotState:

@@ -84,6 +84,10 @@ class EngineInfo:
     weight_bytes_per_device: int
     kv_cache_bytes_per_device: int
     warmup_total: int  # compile units `warmup` reports progress in
+    dtype: str = "f32"  # compute (activations)
+    weight_dtype: str = "f32"  # weight storage: f32 | bf16 | int8 (+ f32 per-channel scales)
+    kv_dtype: str = "f32"  # KV-cache storage: f32 | bf16 | int8 (+ f32 scales)
+    kernels_note: str | None = None  # why XLA's ops run where native kernels were allowed
 
     def mesh(self) -> dict:
         """The /stats `mesh.prefill` / `mesh.generate` object."""

@@ -2,13 +2,14 @@
 
 Layout: the issue's [L, slots, S_max, K, H], split by layer and into chunks of C positions, each
 chunk its own buffer: per layer {"k": [slots, K, H, C+1] x n, "v": [slots, K, C+1, H] x n}
-(column C is a scratch slot for decode's unconditional in-place writes). A decode
+(column C is a scratch slot for decode's unconditional in-place writes); an int8 cache adds
+"k_scale" and "v_scale" chunks [slots, K, C+1] (f32, one per position and KV head). A decode
 bucket is a number of leading chunks, so attention reads them in place (a slice of one big
 buffer would be copied on CPU), and K is stored transposed so q.k is a plain matmul. Sharded
 slots over 'data' and K over 'model' when tp divides K. Beside it, per slot: `lengths` (tokens
 in the cache), `tokens` (the next input token), `active`, `generated` (tokens produced, the
 prefill one included) and the request's sampling/stop parameters. `insert` writes a prefix's
-K/V into one slot's row.
+K/V (per layer (k, v) [T, K, H], int8 ones with (k_scale, v_scale) [T, K]) into one slot's row.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from scaletui.specs import ModelSpec
 
 K_AXES = ("slots", "kv_heads", "head_dim", "seq")  # [B, K, H, C]
 V_AXES = ("slots", "kv_heads", "seq", "head_dim")  # [B, K, C, H]
+S_AXES = ("slots", "kv_heads", "seq")  # int8 scales [B, K, C]
 PREFIX_AXES = ("seq", "kv_heads", "head_dim")
+PREFIX_S_AXES = ("seq", "kv_heads")
 # slot vectors: name -> dtype
 SLOT_FIELDS = {
     "lengths": jnp.int32,
@@ -47,8 +50,9 @@ SLOT_FIELDS = {
 class DecodeState(NamedTuple):
     """The engine's device-side decode state (a pytree; donated into every call).
 
-    `cache`: per layer {"k": [B, K, H, C+1] x n_chunks, "v": [B, K, C+1, H] x n_chunks}; every
-    other field is a [B] vector (B = slot rows) with the dtype SLOT_FIELDS gives.
+    `cache`: per layer {"k": [B, K, H, C+1] x n_chunks, "v": [B, K, C+1, H] x n_chunks} (int8:
+    also "k_scale", "v_scale": [B, K, C+1] x n_chunks); every other field is a [B] vector
+    (B = slot rows) with the dtype SLOT_FIELDS gives.
     """
 
     cache: list
@@ -85,7 +89,13 @@ FLOAT_FIELDS = ("temperature", "top_p")
 
 
 def kv_bytes_per_token(m: ModelSpec, itemsize: int) -> int:
+    """K and V bytes per token (int8: itemsize 1, plus 4-byte scales per KV head: see
+    memory.kv_token_bytes)."""
     return 2 * m.n_layers * m.n_kv_heads * m.head_dim * itemsize
+
+
+def _scaled(dtype: jnp.dtype) -> bool:
+    return jnp.dtype(dtype) == jnp.int8
 
 
 def chunking(max_seq_len: int) -> tuple[int, int]:
@@ -94,30 +104,58 @@ def chunking(max_seq_len: int) -> tuple[int, int]:
     return chunk, -(-max_seq_len // chunk)
 
 
-def state_shardings(m: ModelSpec, mesh: Mesh, slots: int, chunk: int, n_chunks: int) -> DecodeState:
+def state_shardings(
+    m: ModelSpec, mesh: Mesh, slots: int, chunk: int, n_chunks: int, dtype=jnp.float32
+) -> DecodeState:
+    """The decode state's shardings for a cache stored in `dtype` (int8: with scales)."""
     k, h = m.n_kv_heads, m.head_dim
     ks = sharding.named(mesh, K_AXES, (slots, k, h, chunk + 1))
     vs = sharding.named(mesh, V_AXES, (slots, k, chunk + 1, h))
+    ss = sharding.named(mesh, S_AXES, (slots, k, chunk + 1))
+    names = {"k": ks, "v": vs, **({"k_scale": ss, "v_scale": ss} if _scaled(dtype) else {})}
     vec = sharding.named(mesh, ("slots",), (slots,))
-    cache = [{"k": [ks] * n_chunks, "v": [vs] * n_chunks} for _ in range(m.n_layers)]
+    cache = [{name: [sh] * n_chunks for name, sh in names.items()} for _ in range(m.n_layers)]
     return DecodeState(cache, **{name: vec for name in SLOT_FIELDS})
 
 
-def prefix_shardings(m: ModelSpec, mesh: Mesh, length: int) -> list:
+def prefix_shardings(m: ModelSpec, mesh: Mesh, length: int, dtype=jnp.float32) -> list:
+    """Per layer: (k, v) shardings, int8: (k, v, k_scale, v_scale)."""
     s = sharding.named(mesh, PREFIX_AXES, (length, m.n_kv_heads, m.head_dim))
-    return [(s, s) for _ in range(m.n_layers)]
+    if not _scaled(dtype):
+        return [(s, s) for _ in range(m.n_layers)]
+    sc = sharding.named(mesh, PREFIX_S_AXES, (length, m.n_kv_heads))
+    return [(s, s, sc, sc) for _ in range(m.n_layers)]
+
+
+def prefix_spec(m: ModelSpec, length: int, dtype) -> list:
+    """Per layer: the prefix entry's (shape, dtype) pairs, matching prefix_shardings."""
+    kv = ((length, m.n_kv_heads, m.head_dim), jnp.dtype(dtype))
+    sc = ((length, m.n_kv_heads), jnp.dtype(jnp.float32))
+    return [(kv, kv, sc, sc) if _scaled(dtype) else (kv, kv) for _ in range(m.n_layers)]
+
+
+def zeros_prefix(m: ModelSpec, length: int, dtype) -> list:
+    """A zero prefix buffer (chunked prefill writes into it); jit it with out_shardings."""
+    return [tuple(jnp.zeros(shape, dt) for shape, dt in layer)
+            for layer in prefix_spec(m, length, dtype)]  # fmt: skip
 
 
 def empty_state(
     m: ModelSpec, slots: int, chunk: int, n_chunks: int, dtype: jnp.dtype
 ) -> DecodeState:
-    """Zero cache, every slot inactive (a pure function: jit it with out_shardings)."""
+    """Zero cache in `dtype` (int8: zero scales beside it), every slot inactive (a pure
+    function: jit it with out_shardings)."""
     k, h = m.n_kv_heads, m.head_dim
+    shapes = {"k": (slots, k, h, chunk + 1), "v": (slots, k, chunk + 1, h)}
+    dtypes = {"k": dtype, "v": dtype}
+    if _scaled(dtype):
+        shapes.update(k_scale=(slots, k, chunk + 1), v_scale=(slots, k, chunk + 1))
+        dtypes.update(k_scale=jnp.float32, v_scale=jnp.float32)
     cache = [
         {
-            "k": [jnp.zeros((slots, k, h, chunk + 1), dtype) for _ in range(n_chunks)],
-            "v": [jnp.zeros((slots, k, chunk + 1, h), dtype) for _ in range(n_chunks)],
-        }
+            name: [jnp.zeros(shape, dtypes[name]) for _ in range(n_chunks)]
+            for name, shape in shapes.items()
+        }  # fmt: skip
         for _ in range(m.n_layers)
     ]
     vectors = {name: jnp.zeros((slots,), dt) for name, dt in SLOT_FIELDS.items()}
@@ -126,23 +164,29 @@ def empty_state(
 
 
 def insert(state: DecodeState, kv: list, ints: jax.Array, floats: jax.Array) -> DecodeState:
-    """Write prefix K/V (per layer (k, v) [T, K, H]) into row `ints[0]`; set its fields."""
+    """Write a prefix (per layer (k, v) [T, K, H], int8: (k, v, k_scale, v_scale), scales
+    [T, K]) into row `ints[0]`; set its fields."""
     fields = dict(zip(INT_FIELDS, ints, strict=True))
     fields.update(zip(FLOAT_FIELDS, floats, strict=True))
     slot = fields.pop("slot")
+    # prefix axes -> chunk axes: k [T,K,H] -> [K,H,T]; v [T,K,H] -> [K,T,H]; scales -> [K,T]
+    perm = {"k": (1, 2, 0), "v": (1, 0, 2), "k_scale": (1, 0), "v_scale": (1, 0)}
     cache = []
-    for layer, (pk, pv) in zip(state.cache, kv, strict=True):
-        ks, vs = list(layer["k"]), list(layer["v"])
-        c = vs[0].shape[2] - 1  # the last column of a chunk is decode's scratch
-        for i in range(len(ks)):
-            lo, hi = i * c, min((i + 1) * c, pk.shape[0])
+    for layer, entry in zip(state.cache, kv, strict=True):
+        new = {name: list(chunks) for name, chunks in layer.items()}
+        parts = dict(zip(("k", "v", "k_scale", "v_scale"), entry, strict=False))
+        assert parts.keys() == layer.keys(), (parts.keys(), layer.keys())
+        c = layer["v"][0].shape[2] - 1  # the last column of a chunk is decode's scratch
+        t = entry[0].shape[0]
+        for i in range(len(layer["k"])):
+            lo, hi = i * c, min((i + 1) * c, t)
             if lo >= hi:
                 break
-            kpart = jnp.transpose(pk[lo:hi], (1, 2, 0))[None].astype(ks[i].dtype)  # [1,K,H,c]
-            vpart = jnp.transpose(pv[lo:hi], (1, 0, 2))[None].astype(vs[i].dtype)  # [1,K,c,H]
-            ks[i] = lax.dynamic_update_slice(ks[i], kpart, (slot, 0, 0, 0))
-            vs[i] = lax.dynamic_update_slice(vs[i], vpart, (slot, 0, 0, 0))
-        cache.append({"k": ks, "v": vs})
+            for name, x in parts.items():
+                buf = new[name][i]
+                part = jnp.transpose(x[lo:hi], perm[name])[None].astype(buf.dtype)
+                new[name][i] = lax.dynamic_update_slice(buf, part, (slot,) + (0,) * (buf.ndim - 1))
+        cache.append(new)
     now = state._asdict()
     new = {name: now[name].at[slot].set(value.astype(now[name].dtype))
            for name, value in fields.items()}  # fmt: skip

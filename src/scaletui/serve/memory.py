@@ -1,6 +1,9 @@
 """What a ServeConfig holds in memory, from the roofline's pure counts, and whether it fits.
 
-`footprint(config)` gives the parameter count, weight bytes and KV-cache bytes (no JAX): the
+`footprint(config)` gives the parameter count, weight bytes and KV-cache bytes in the config's
+precision (int8 weights: one byte per matrix parameter plus an f32 scale per output channel,
+norms in the compute dtype; int8 KV: one byte per value plus an f32 scale per position and KV
+head; no JAX): the
 start-up banner prints it, and `check_fits` compares it with the devices' memory before
 anything is built, so `--slots 100000` or `{"slots": 100000}` is a 400 naming the largest slot
 count that fits, not an OOM kill on the first request. Capacity is an accelerator's
@@ -14,11 +17,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from scaletui.roofline.costs import kv_bytes_per_seq, param_count
-from scaletui.serve.config import ConfigError, ServeConfig
+from scaletui.roofline.costs import param_count, params_by_part
+from scaletui.serve.config import ConfigError, Precision, ServeConfig
+from scaletui.specs import ModelSpec
 
 log = logging.getLogger("scaletui.serve")
-ITEMSIZE = {"f32": 4, "bf16": 2}
+ITEMSIZE = {"f32": 4, "bf16": 2, "int8": 1}
+SCALE_BYTES = 4  # int8 scales are f32
 DEVICE_FRACTION = 0.9  # of an accelerator's bytes_limit: the rest for activations, scratch
 HOST_MARGIN = 0.1  # of the host's total RAM kept free on CPU
 
@@ -31,10 +36,12 @@ class Footprint:
     weight_bytes: int
     kv_bytes: int  # max(slots, 2) rows (the engine keeps a spare row at 1) x max_seq_len
     kv_row_bytes: int  # one slot's row
+    host_bytes: int = 0  # the host params at load: as made (f32 for int8) and, if any, converted
 
     def describe(self, config: ServeConfig) -> str:
         return (
-            f"{config.model.name}: {_count(self.params)} parameters, {config.dtype}, weights "
+            f"{config.model.name}: {_count(self.params)} parameters, "
+            f"{config.precision.describe()}, weights "
             f"{gib(self.weight_bytes)}, KV cache {gib(self.kv_bytes)} ({config.slots} slots x "
             f"{config.max_seq_len} tokens)"
         )
@@ -49,11 +56,30 @@ class Capacity:
     what: str  # where the number comes from, for the error message
 
 
+def weight_bytes(m: ModelSpec, p: Precision) -> int:
+    """Bytes of one copy of the weights stored as `p` says (what the engine places)."""
+    norms = params_by_part(m)["norms"]
+    matrices = param_count(m) - norms
+    scales = 0
+    if p.weights == "int8":  # one per output channel of every matrix; a table's per row
+        per_layer = (m.n_heads + 2 * m.n_kv_heads) * m.head_dim + 2 * m.d_model + 2 * m.d_ff
+        tables = 1 if m.tied_embeddings else 2
+        scales = (m.n_layers * per_layer + tables * m.vocab_size) * SCALE_BYTES
+    return matrices * ITEMSIZE[p.weights] + norms * ITEMSIZE[p.compute] + scales
+
+
+def kv_token_bytes(m: ModelSpec, kv: str) -> int:
+    """K and V bytes per token in every layer (int8: with a scale per KV head)."""
+    per_head = m.head_dim * ITEMSIZE[kv] + (SCALE_BYTES if kv == "int8" else 0)
+    return 2 * m.n_layers * m.n_kv_heads * per_head
+
+
 def footprint(config: ServeConfig) -> Footprint:
-    m, item = config.model, ITEMSIZE[config.dtype]
-    params = param_count(m)
-    row = int(kv_bytes_per_seq(m, config.max_seq_len, item))
-    return Footprint(params, params * item, row * max(config.slots, 2), row)
+    m, p = config.model, config.precision
+    row = kv_token_bytes(m, p.kv) * config.max_seq_len
+    stored = weight_bytes(m, p)
+    made = stored if p.weights != "int8" else param_count(m) * ITEMSIZE["f32"] + stored
+    return Footprint(param_count(m), stored, row * max(config.slots, 2), row, made)
 
 
 def gib(n: float) -> str:
@@ -72,8 +98,8 @@ def check_fits(config: ServeConfig, replicas: int, capacity: Capacity) -> None:
     if capacity.per_device:  # the busiest device: a tp shard of the weights, its slots' KV
         fixed = fp.weight_bytes // tp
         per_slot = fp.kv_row_bytes / (dp * kv_split)
-    else:  # every device's copy in one RAM, and the host copy the weights are placed from
-        fixed = fp.weight_bytes * (replicas + 1)
+    else:  # every device's copy in one RAM, and the host copies the weights are placed from
+        fixed = fp.weight_bytes * replicas + fp.host_bytes
         per_slot = fp.kv_row_bytes * tp / kv_split
     rows = max(config.slots, 2)
     need = fixed + per_slot * rows
@@ -90,7 +116,7 @@ def check_fits(config: ServeConfig, replicas: int, capacity: Capacity) -> None:
         raise ConfigError("slots", config.slots, message, f"use slots <= {most} or a smaller "
                           "max_seq_len")  # fmt: skip
     raise ConfigError("model", config.model.name, message, "the weights alone do not fit: use "
-                      "bf16, a larger tp or a smaller model")  # fmt: skip
+                      "weight_dtype bf16 or int8, a larger tp or a smaller model")  # fmt: skip
 
 
 def capacity(devices: list, held_bytes: int = 0) -> Capacity | None:

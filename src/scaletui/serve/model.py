@@ -7,15 +7,18 @@ rotate-half convention of HF checkpoints. Three entry points: `forward` (full ca
 the reference), `prefill` (one prompt chunk, returning its K/V) and `decode` (one token per
 slot against a slot cache, attending over a static bucket of the cache only).
 
-The op set is an argument, picked once when the engine is built: `XLA` (the default, over the
-layout above) or `NATIVE` (over `native.pack_params`' fused, packed projections), whose matmuls
-run the native dense kernel and whose decode attention runs the native kernel, writing the
-step's K/V in place.
+The op set is an argument, picked once when the engine is built: `xla_ops(...)` (`XLA` is the
+default, over the layout above, with any weight precision of `quant.py`: plain, cast or int8
+`QTensor` matrices) or `NATIVE` (over `native.pack_params`' fused, packed f32 projections),
+whose matmuls run the native dense kernel and whose decode attention runs the native kernel,
+writing the step's K/V in place. The KV cache may be stored in f32, bf16 or int8 (with a scale
+per position and KV head); attention always reads it back in the compute dtype.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -23,6 +26,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from scaletui.serve import native as native_ops
+from scaletui.serve import quant
+from scaletui.serve.quant import QTensor, dense
 from scaletui.specs import ModelSpec
 
 NEG = -1e30  # finite "minus infinity": fully masked rows stay NaN-free
@@ -50,36 +55,42 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x.astype(jnp.float32) * c + rot.astype(jnp.float32) * s).astype(x.dtype)
 
 
-def embed_tokens(params: dict, tokens: jax.Array, m: ModelSpec) -> jax.Array:
-    """Token ids [...] -> embeddings [..., D]."""
-    return params["embed"][tokens]
+def embed_tokens(params: dict, tokens: jax.Array, m: ModelSpec, compute=None) -> jax.Array:
+    """Token ids [...] -> embeddings [..., D] (in `compute`; None: the table's dtype)."""
+    return quant.embed_rows(params["embed"], tokens, compute)
 
 
-def mlp(p: dict, h: jax.Array, m: ModelSpec) -> jax.Array:
-    gate = jnp.einsum("...D,DF->...F", h, p["w_gate"])
-    up = jnp.einsum("...D,DF->...F", h, p["w_up"])
-    return jnp.einsum("...F,FD->...D", jax.nn.silu(gate) * up, p["w_down"])
+def mlp(p: dict, h: jax.Array, m: ModelSpec, panel: bool = False) -> jax.Array:
+    gate = dense("...D,DF->...F", h, p["w_gate"], panel=panel)
+    up = dense("...D,DF->...F", h, p["w_up"], panel=panel)
+    return dense("...F,FD->...D", jax.nn.silu(gate) * up, p["w_down"], panel=panel)
 
 
-def logits_of(params: dict, x: jax.Array, m: ModelSpec) -> jax.Array:
+def logits_of(params: dict, x: jax.Array, m: ModelSpec, panel: bool = False) -> jax.Array:
     """Final norm and output projection: x [..., D] -> f32 logits [..., V]."""
     h = rms_norm(x, params["norm"], m.norm_eps)
     table = params.get("lm_head", params["embed"])  # [V, D]
-    return jnp.einsum("...D,VD->...V", h, table, preferred_element_type=jnp.float32)
+    return dense("...D,VD->...V", h, table, panel=panel, out=jnp.float32)
 
 
-def qkv_proj(p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array, m: ModelSpec) -> tuple:
-    q = apply_rope(jnp.einsum("...D,DNH->...NH", h, p["wq"]), cos, sin)
-    k = apply_rope(jnp.einsum("...D,DKH->...KH", h, p["wk"]), cos, sin)
-    v = jnp.einsum("...D,DKH->...KH", h, p["wv"])
+def qkv_proj(
+    p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array, m: ModelSpec, panel: bool = False
+) -> tuple:
+    q = apply_rope(dense("...D,DNH->...NH", h, p["wq"], panel=panel), cos, sin)
+    k = apply_rope(dense("...D,DKH->...KH", h, p["wk"], panel=panel), cos, sin)
+    v = dense("...D,DKH->...KH", h, p["wv"], panel=panel)
     return q, k, v
 
 
-def out_proj(p: dict, o: jax.Array, m: ModelSpec) -> jax.Array:
+def out_proj(p: dict, o: jax.Array, m: ModelSpec, panel: bool = False) -> jax.Array:
     """Attention output o [..., N, H] -> [..., D]."""
     flat = o.reshape(*o.shape[:-2], -1)
-    wo = p["wo"].reshape(flat.shape[-1], -1)  # 2-D, so XLA does not re-lay out the weight
-    return jnp.einsum("...E,ED->...D", flat, wo)
+    wo = p["wo"]  # 2-D, so XLA does not re-lay out the weight
+    if isinstance(wo, QTensor):
+        wo = QTensor(wo.q.reshape(flat.shape[-1], -1), wo.scale)
+    else:
+        wo = wo.reshape(flat.shape[-1], -1)
+    return dense("...E,ED->...D", flat, wo, panel=panel)
 
 
 # --- the native layout (native.pack_params): fused projections packed in panels -----------------
@@ -115,12 +126,13 @@ def native_out(p: dict, o: jax.Array, m: ModelSpec) -> jax.Array:
     return native_ops.dense(flat, p["wo"], m.d_model).astype(o.dtype)
 
 
-def native_decode_attention(q, k, v, positions, ks, vs, n_live: int) -> tuple:
-    """The native kernel: writes and attends exactly each slot's live positions."""
+def native_decode_attention(q, k, v, positions, layer: dict, n_live: int) -> tuple:
+    """The native kernel (f32 cache): writes and attends exactly each slot's live positions."""
+    ks, vs = list(layer["k"]), list(layer["v"])
     o, ks[:n_live], vs[:n_live] = native_ops.decode_attention(
         q, k, v, positions, ks[:n_live], vs[:n_live]
     )
-    return o, ks, vs
+    return o, {"k": ks, "v": vs}
 
 
 class Ops(NamedTuple):
@@ -131,8 +143,8 @@ class Ops(NamedTuple):
     out: Callable  # (layer, o [..., N, H], m) -> [..., D]
     mlp: Callable  # (layer, h [..., D], m) -> [..., D]
     logits: Callable  # (params, x [..., D], m) -> f32 [..., V]
-    # (q [R, N, H], k/v [R, K, H], positions [B], k/v chunk lists, n_live) -> (o [R, N, H],
-    # k chunks, v chunks) with the step's K/V written at each slot's position
+    # (q [R, N, H], k/v [R, K, H], positions [B], one layer's cache (kv_cache.DecodeState),
+    # n_live) -> (o [R, N, H], the layer's cache with the step's K/V at each slot's position)
     decode_attention: Callable
 
 
@@ -168,15 +180,18 @@ def prefill(
     true_len: jax.Array,
     m: ModelSpec,
     start: jax.Array | int = 0,
-    prior: list[tuple[jax.Array, jax.Array]] | None = None,
+    prior: list[tuple] | None = None,
     ops: Ops | None = None,
-) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
+    kv_dtype: jnp.dtype | None = None,
+) -> tuple[jax.Array, list[tuple]]:
     """One prompt chunk. tokens [T] at positions start..start+T-1; true_len = prompt length.
 
     Without `prior` the chunk is the whole prompt: returns (logits [V] at position true_len-1,
     per-layer (k, v) [T, K, H]). With `prior` (per-layer (k, v) [S, K, H] holding the earlier
     chunks at 0..start-1), the chunk's K/V are written into it at `start` and attention reads
-    the whole buffer; returns the updated buffer.
+    the whole buffer; returns the updated buffer. K/V are stored in `kv_dtype` (None: the
+    compute dtype; int8 entries are (k, v, k_scale [., K], v_scale), see `quant.store_kv`), and
+    attention reads what is stored, so a prompt sees the cache precision decode will see.
     """
     ops = ops or XLA
     t = tokens.shape[0]
@@ -186,14 +201,16 @@ def prefill(
     kv_out = []
     for i, p in enumerate(params["layers"]):
         q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        entry = quant.store_kv(k[0], v[0], kv_dtype)  # [T, K, H] (+ scales [T, K])
         if prior is None:
-            keys, vals = k[0], v[0]  # [T, K, H]
             kpos = pos
         else:
-            keys = lax.dynamic_update_slice(prior[i][0], k[0], (start, 0, 0))
-            vals = lax.dynamic_update_slice(prior[i][1], v[0], (start, 0, 0))
-            kpos = jnp.arange(keys.shape[0])
-        kv_out.append((keys, vals))
+            at = lambda a: (start,) + (0,) * (a.ndim - 1)
+            entry = tuple(lax.dynamic_update_slice(b, a.astype(b.dtype), at(a))
+                          for a, b in zip(entry, prior[i], strict=True))  # fmt: skip
+            kpos = jnp.arange(entry[0].shape[0])
+        kv_out.append(entry)
+        keys, vals = quant.load_kv(entry, q.dtype)
         mask = (kpos[None, :] <= pos[:, None])[None]  # [1, T, S]
         x = x + ops.out(p, _attend(q, keys[None], vals[None], mask), m)
         x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
@@ -202,22 +219,25 @@ def prefill(
     return ops.logits(params, h, m), kv_out
 
 
-def _write_chunk(
-    kc: jax.Array, vc: jax.Array, k: jax.Array, v: jax.Array, local: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """Write k, v [B, K, H] at per-slot `local` index of kc [B, K, H, C+1] and vc [B, K, C+1, H].
+def _write_chunk(chunk: dict, step: dict, local: jax.Array) -> dict:
+    """Write one step's entries (k, v [B, K, H], int8 ones with k_scale, v_scale [B, K]) at
+    per-slot `local` index of one chunk ({"k": [B, K, H, C+1], "v": [B, K, C+1, H], scales
+    [B, K, C+1]}).
 
     A slot whose index falls outside this chunk writes to the scratch column C, which attention
     masks, so the scatter is always in bounds and unconditional: XLA does it in place (with an
     out-of-bounds "drop" it added a select that copied the whole chunk every step).
     """
-    c = vc.shape[2] - 1
+    c = chunk["v"].shape[2] - 1
     idx = jnp.where((local >= 0) & (local < c), local, c)
-    rows = jnp.arange(k.shape[0])
+    rows = jnp.arange(step["k"].shape[0])
     kw = {"mode": "promise_in_bounds", "unique_indices": True}
-    kc = kc.at[rows, :, :, idx].set(k.astype(kc.dtype), **kw)
-    vc = vc.at[rows, :, idx].set(v.astype(vc.dtype), **kw)
-    return kc, vc
+    at = (rows, slice(None), idx)  # v [B, K, C+1, H] and scales [B, K, C+1]: the position axis
+    out = {name: buf.at[at].set(step[name].astype(buf.dtype), **kw)
+           for name, buf in chunk.items() if name != "k"}  # fmt: skip
+    k = chunk["k"]  # [B, K, H, C+1]: K is stored transposed
+    out["k"] = k.at[rows, :, :, idx].set(step["k"].astype(k.dtype), **kw)
+    return out
 
 
 def decode(
@@ -232,9 +252,10 @@ def decode(
 ) -> tuple[jax.Array, list[dict]]:
     """One token per slot. tokens, positions [B]; returns (logits [R, V], updated cache).
 
-    cache: per layer {"k": chunks [B, K, H, C+1], "v": chunks [B, K, C+1, H]} (kv_cache). The
-    token's K/V are written at its position, then attention reads only the first `n_live`
-    chunks (the bucket), each as its own buffer: no slice copies, no work past the bucket.
+    cache: per layer {"k": chunks [B, K, H, C+1], "v": chunks [B, K, C+1, H]}, an int8 cache's
+    with "k_scale"/"v_scale" chunks [B, K, C+1] (kv_cache). The token's K/V are written at its
+    position, then attention reads only the first `n_live` chunks (the bucket), each as its own
+    buffer: no slice copies, no work past the bucket.
     Needs positions < n_live * C. Only the first R = n_rows slots run the matmuls (the cache
     may carry spare rows: XLA CPU's batch-1 GEMV is far faster than a batch-2 matmul).
     """
@@ -246,51 +267,60 @@ def decode(
     out = []
     for layer, p in zip(cache, params["layers"], strict=True):
         q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
-        o, ks, vs = ops.decode_attention(q, k, v, positions, list(layer["k"]), list(layer["v"]),
-                                         n_live)  # fmt: skip
-        out.append({"k": ks, "v": vs})
+        o, layer = ops.decode_attention(q, k, v, positions, layer, n_live)
+        out.append(layer)
         x = x + ops.out(p, o[:r], m)
         x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
     return ops.logits(params, x, m), out
 
 
 def _chunk_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    positions: jax.Array,
-    ks: list[jax.Array],
-    vs: list[jax.Array],
-    n_live: int,
-) -> jax.Array:
-    """XLA decode attention: q [R, N, H], k/v [R, K, H]; writes into ks/vs (lists, in place)
-    and returns (o [B, N, H], ks, vs)."""
+    q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, layer: dict, n_live: int
+) -> tuple[jax.Array, dict]:
+    """XLA decode attention: q [R, N, H], k/v [R, K, H]; writes the step's K/V into the layer's
+    chunks (in place) and returns (o [B, N, H], the layer's chunks)."""
     b = positions.shape[0]
     pad = lambda a: jnp.pad(a, [(0, b - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
     q, k, v = pad(q), pad(k), pad(v)
-    c = vs[0].shape[2] - 1  # positions per chunk; column c is scratch
+    scaled = "k_scale" in layer  # an int8 cache
+    step = dict(zip(("k", "v", "k_scale", "v_scale"),
+                    quant.store_kv(k, v, jnp.int8 if scaled else None), strict=False))  # fmt: skip
+    chunks = [{name: layer[name][i] for name in layer} for i in range(len(layer["k"]))]
+    c = layer["v"][0].shape[2] - 1  # positions per chunk; column c is scratch
     col = jnp.arange(n_live * (c + 1))
     kpos = (col // (c + 1)) * c + col % (c + 1)  # position held by each column read
     mask = ((col % (c + 1) < c)[None] & (kpos[None] <= positions[:, None]))[:, None, None]
     for i in range(n_live):  # each slot's K/V go to the chunk holding its position
-        ks[i], vs[i] = _write_chunk(ks[i], vs[i], k, v, positions - i * c)
+        chunks[i] = _write_chunk(chunks[i], step, positions - i * c)
     n, kh, hd = q.shape[1], k.shape[1], q.shape[2]
     qg = q.reshape(b, kh, n // kh, hd)  # [B, K, G, H]
-    s = jnp.concatenate(
-        [
-            jnp.einsum("BKGH,BKHS->BKGS", qg, kc, preferred_element_type=jnp.float32)
-            for kc in ks[:n_live]
-        ],
-        axis=-1,
-    )  # [B, K, G, S]
-    pr = jax.nn.softmax(jnp.where(mask, s * hd**-0.5, NEG), axis=-1).astype(q.dtype)
+    scores = []
+    for ch in chunks[:n_live]:
+        s = jnp.einsum("BKGH,BKHS->BKGS", qg, ch["k"].astype(q.dtype),
+                       preferred_element_type=jnp.float32)  # fmt: skip
+        scores.append(s * ch["k_scale"][:, :, None] if scaled else s)
+    s = jnp.concatenate(scores, axis=-1)  # [B, K, G, S]
+    pr = jax.nn.softmax(jnp.where(mask, s * hd**-0.5, NEG), axis=-1)
     w = c + 1
-    o = sum(
-        jnp.einsum("BKGS,BKSH->BKGH", pr[..., i * w : (i + 1) * w], vs[i]) for i in range(n_live)
-    )
-    return o.reshape(b, n, hd), ks, vs
+    o = 0
+    for i, ch in enumerate(chunks[:n_live]):
+        pi = pr[..., i * w : (i + 1) * w]
+        pi = (pi * ch["v_scale"][:, :, None] if scaled else pi).astype(q.dtype)
+        o = o + jnp.einsum("BKGS,BKSH->BKGH", pi, ch["v"].astype(q.dtype))
+    out = {name: [ch[name] for ch in chunks] for name in layer}
+    return o.reshape(b, n, hd), out
 
 
-XLA = Ops(embed_tokens, qkv_proj, out_proj, mlp, logits_of, _chunk_attention)
+def xla_ops(compute: jnp.dtype | None = None, panel: bool = False) -> Ops:
+    """XLA's ops over weights.py's layout. `compute`: the activations' dtype (None: the
+    embedding table's); `panel`: int8 / cast weights converted a column panel at a time
+    (CPU, unsharded; see quant.dense)."""
+    kw = {"panel": panel}
+    return Ops(partial(embed_tokens, compute=compute), partial(qkv_proj, **kw),
+               partial(out_proj, **kw), partial(mlp, **kw), partial(logits_of, **kw),
+               _chunk_attention)  # fmt: skip
+
+
+XLA = xla_ops()
 NATIVE = Ops(native_embed, native_qkv, native_out, native_mlp, native_logits,
              native_decode_attention)  # fmt: skip

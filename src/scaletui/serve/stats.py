@@ -54,16 +54,18 @@ def build_stats(sched: Scheduler, window_s: float = 5.0) -> dict:
     now = sched.update_gauges()
     backend, devices = _devices()
     engines = sched.engines
-    meshes = {}
+    meshes, running = {}, {"kernels_running": None, "kernels_note": None}
     if engines is not None:
         meshes = {"prefill": engines[0].describe().mesh(), "generate": engines[1].describe().mesh()}
+        gen = engines[1].describe()  # what decodes: the kernels and why, when not native
+        running = {"kernels_running": gen.kernels, "kernels_note": gen.kernels_note}
     model = {k: v for k, v in dataclasses.asdict(c.model).items() if k != "extra"}
     return {
         "time": time.time(),
         "uptime_s": time.perf_counter() - sched.started,
         "state": sched.state,
         "error": sched.error,
-        "config": c.public(),
+        "config": {**c.public(), **running},
         "model": model,
         "backend": backend,
         "devices": devices,

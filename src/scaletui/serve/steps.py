@@ -61,24 +61,23 @@ def sample_one(logits: jax.Array, args: PrefillArgs) -> jax.Array:
     )[0]
 
 
-def prefill(params: dict, tokens: jax.Array, args: PrefillArgs, *, m: ModelSpec, ops: model.Ops):
-    """A whole prompt in one bucket -> (per-layer (k, v) [T, K, H], first token)."""
-    logits, kv = model.prefill(params, tokens, args.true_len, m, ops=ops)
+def prefill(
+    params: dict, tokens: jax.Array, args: PrefillArgs, *, m: ModelSpec, ops: model.Ops, kv_dtype
+):
+    """A whole prompt in one bucket -> (per-layer (k, v) [T, K, H] in `kv_dtype` (int8 with
+    scales), first token)."""
+    logits, kv = model.prefill(params, tokens, args.true_len, m, ops=ops, kv_dtype=kv_dtype)
     return kv, sample_one(logits, args)
 
 
 def prefill_chunk(
-    params: dict, tokens: jax.Array, args: PrefillArgs, prior: list, *, m: ModelSpec, ops
+    params: dict, tokens: jax.Array, args: PrefillArgs, prior: list, *, m: ModelSpec, ops, kv_dtype
 ):
     """One chunk of a long prompt into the donated `prior` buffer -> (buffer, token so far)."""
     logits, kv = model.prefill(
-        params, tokens, args.true_len, m, start=args.start, prior=prior, ops=ops
+        params, tokens, args.true_len, m, start=args.start, prior=prior, ops=ops, kv_dtype=kv_dtype
     )
     return kv, sample_one(logits, args)
-
-
-def zeros_prefix(*, n_layers: int, shape: tuple[int, ...], dtype) -> list:
-    return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(n_layers)]
 
 
 def generate(

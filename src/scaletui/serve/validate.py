@@ -20,6 +20,7 @@ from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.events import ErrorKind
 from scaletui.serve.tokenizer import Tokenizer
 
+STRING_KEYS = ("mode", "dtype", "weight_dtype", "kv_dtype", "kernels")  # /admin/config strings
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # Stop strings are searched in the event loop after every token (only the unsent tail, so each
 # check costs the new text plus the longest stop string): bound both. OpenAI allows 4.
@@ -275,7 +276,7 @@ def config_changes(body: dict) -> dict:
         raise ApiError(400, f"unknown config key(s) {unknown}; reconfigurable: "
                        f"{list(RECONFIGURABLE)}", unknown[0])  # fmt: skip
     for key, value in body.items():
-        want = str if key == "mode" else int
+        want = str if key in STRING_KEYS else int
         if not isinstance(value, want) or isinstance(value, bool):
             raise ApiError(400, f"'{key}' must be {'a string' if want is str else 'an integer'},"
                            f" got {value!r}", key)  # fmt: skip

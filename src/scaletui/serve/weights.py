@@ -4,7 +4,9 @@ Dummy weights (like vLLM's `--load-format dummy`) are drawn with numpy from `see
 mesh gets bit-identical values; matrices are scaled by 1/sqrt(fan-in) so activations and logits
 stay O(1). HF LLaMA checkpoints (one `.safetensors` file, a directory, or a sharded
 `model.safetensors.index.json`) are mapped to our names; HF stores projections as [out, in],
-ours are [in, ...]; both use rotate-half RoPE, so no q/k permutation is needed.
+ours are [in, ...]; both use rotate-half RoPE, so no q/k permutation is needed. Either is
+made in a float dtype; `quant.convert_params` casts or quantizes it for the server's weight
+precision, and `place` shards int8 scales with their weights (over the output axes).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from scaletui.serve import sharding
+from scaletui.serve.quant import IN_AXES, QTensor, storage_of
 from scaletui.specs import ModelSpec
 
 NP_DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16)}
@@ -52,21 +55,37 @@ def layer_shapes(m: ModelSpec) -> dict[str, tuple[int, ...]]:
     }
 
 
-def param_axes(m: ModelSpec) -> dict:
-    """The params pytree with a tuple of logical axis names at each leaf."""
+def _with_scales(tree: dict, weights: str) -> dict:
+    """int8: each quantized matrix's entry x becomes QTensor(x, x without its input axes)."""
+    if weights != "int8":
+        return tree
+
+    def q(name: str, x: tuple) -> object:
+        if name not in IN_AXES:
+            return x
+        return QTensor(x, tuple(a for i, a in enumerate(x) if i not in IN_AXES[name]))
+
+    out = {name: q(name, x) for name, x in tree.items() if name != "layers"}
+    out["layers"] = [{name: q(name, x) for name, x in layer.items()} for layer in tree["layers"]]
+    return out
+
+
+def param_axes(m: ModelSpec, weights: str = "f32") -> dict:
+    """The params pytree with a tuple of logical axis names at each leaf (int8 scales carry
+    their weight's output axes, so they shard with it)."""
     axes: dict = {"embed": ("vocab", "embed"), "norm": ("embed",)}
     axes["layers"] = [dict(_LAYER_AXES) for _ in range(m.n_layers)]
     if not m.tied_embeddings:
         axes["lm_head"] = ("vocab", "embed")
-    return axes
+    return _with_scales(axes, weights)
 
 
-def param_shapes(m: ModelSpec) -> dict:
+def param_shapes(m: ModelSpec, weights: str = "f32") -> dict:
     shapes: dict = {"embed": (m.vocab_size, m.d_model), "norm": (m.d_model,)}
     shapes["layers"] = [layer_shapes(m) for _ in range(m.n_layers)]
     if not m.tied_embeddings:
         shapes["lm_head"] = (m.vocab_size, m.d_model)
-    return shapes
+    return _with_scales(shapes, weights)
 
 
 def param_count(m: ModelSpec) -> int:
@@ -105,8 +124,9 @@ def dummy_params(m: ModelSpec, seed: int = 0, dtype: str = "f32") -> dict:
 
 
 def place(params: dict, m: ModelSpec, mesh: Mesh) -> dict:
-    """device_put the host params with the rules-table shardings of `mesh`."""
-    shardings = sharding.tree_shardings(mesh, param_axes(m), param_shapes(m))
+    """device_put the host params (any storage) with the rules-table shardings of `mesh`."""
+    weights = storage_of(params)
+    shardings = sharding.tree_shardings(mesh, param_axes(m, weights), param_shapes(m, weights))
     return jax.device_put(params, shardings)
 
 

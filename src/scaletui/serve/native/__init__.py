@@ -73,8 +73,13 @@ def unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | N
         return "they are CPU kernels and the devices are " + devices[0].platform
     if tp * dp != 1:
         return f"they run unsharded (tp=1, dp=1), got tp={tp} dp={dp}"
+    p = config.precision
     if config.dtype != "f32":
         return f"they compute in f32, got dtype={config.dtype}"
+    if p.weights != "f32":
+        return f"they read f32 weights, got weight_dtype={p.weights}"
+    if p.kv != "f32":
+        return f"they read an f32 KV cache, got kv_dtype={p.kv}"
     if m.head_dim % 16 or m.head_dim > 256:
         return f"they need head_dim a multiple of 16 up to 256, got {m.head_dim}"
     if m.n_heads // m.n_kv_heads > 8:
