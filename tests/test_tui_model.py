@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scaletui.records import Record, StatsSnapshot
+from scaletui.records import Record, RecordKind, StatsSnapshot
 from scaletui.tui import views
 from scaletui.tui.knobs import Knobs, check_mesh, step_pow2
 from scaletui.tui.replay import Recorder, ReplaySource, parse_line, read_replay
@@ -155,6 +155,29 @@ def test_tp2_halves_predicted_weights_per_chip():
     one = m.prediction(m.applied)
     two = m.prediction(Knobs.from_dict({**m.applied.to_dict(), "tp": 2}))
     assert two.weight_bytes_per_chip == pytest.approx(one.weight_bytes_per_chip / 2, rel=0.05)
+
+
+def test_the_floor_reads_weight_and_kv_bytes_from_the_servers_precision():
+    """A server that stores int8 weights and KV (its /stats config says so) reads a quarter of
+    the f32 bytes: the floor's weight memory and decode step follow."""
+    from scaletui import specs
+    from scaletui.tui.predict import predict
+
+    model, hw = specs.load_model("small"), specs.load_hardware("h100")
+    knobs = Knobs(slots=8, input_len=128, output_len=128)
+    f32 = predict(model, hw, knobs, "f32", 1024)
+    int8 = predict(model, hw, knobs, "f32", 1024, weight_dtype="int8", kv_dtype="int8")
+    assert int8.weight_bytes_per_chip == pytest.approx(f32.weight_bytes_per_chip / 4)
+    assert int8.kv_bytes_per_chip == pytest.approx(f32.kv_bytes_per_chip / 4)
+    assert int8.tpot_ms < f32.tpot_ms / 2  # memory-bound: fewer bytes, a shorter step
+    only_kv = predict(model, hw, knobs, "f32", 1024, kv_dtype="bf16")
+    assert only_kv.weight_bytes_per_chip == f32.weight_bytes_per_chip
+    assert only_kv.kv_bytes_per_chip == pytest.approx(f32.kv_bytes_per_chip / 2)
+    m = loaded()  # the same through the state: a /stats line that says int8 weights
+    plain = m.prediction(m.applied)
+    raw = {**m.stats.raw, "config": {**m.stats.raw["config"], "weight_dtype": "int8"}}
+    m.add(Record(t=1e9, kind=RecordKind.STATS, data=raw))
+    assert m.prediction(m.applied).weight_bytes_per_chip < plain.weight_bytes_per_chip / 2
 
 
 def test_no_local_spec_names_the_fallback(monkeypatch):

@@ -132,15 +132,20 @@ def predict(
     knobs: Knobs,
     dtype: str = "f32",
     max_seq_len: int | None = None,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
 ) -> Prediction:
     """The roofline for these knobs (raises ImportError until the roofline lands): the decode
     step at the load's batch (`decode_batch`), the prompt's prefill as TTFT, and memory per chip
     for what the server allocates: KV for every slot at `max_seq_len` (its /stats config), or at
-    the mean context when unknown."""
+    the mean context when unknown. Bytes per weight and per KV entry follow the server's
+    `weight_dtype` / `kv_dtype` (its /stats config; default: `dtype`, the compute dtype)."""
     from scaletui.roofline import estimate, share_host  # lazy: the TUI starts without them
 
     hardware = share_host(hardware, host_devices(knobs))
     nbytes = DTYPE_BYTES.get(dtype, 2)
+    w_bytes = DTYPE_BYTES.get(weight_dtype or dtype, nbytes)
+    kv_bytes = DTYPE_BYTES.get(kv_dtype or dtype, nbytes)
     compute = dtype if dtype in hardware.flops_per_s and hardware.flops_per_s[dtype] else "bf16"
     if not hardware.flops_per_s.get(compute):
         compute = next(k for k, v in hardware.flops_per_s.items() if v)
@@ -157,8 +162,8 @@ def predict(
             chips=knobs.chips,
             tp=knobs.tp,
             dp=knobs.dp,
-            weight_bytes=nbytes,
-            kv_bytes=nbytes,
+            weight_bytes=w_bytes,
+            kv_bytes=kv_bytes,
             compute_dtype=compute,
         ).to_dict()
 
@@ -196,15 +201,17 @@ def predict_cached(
     knobs: Knobs,
     dtype: str = "f32",
     max_seq_len: int | None = None,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
 ) -> Prediction | str:
     """`predict`, memoized on its inputs (the render tick asks for the same few every second),
     or the reason there is no prediction, in words."""
-    key = (model, repr(hardware), knobs, dtype, max_seq_len)  # HardwareSpec holds a dict
-    if key not in _MEMO:
+    key = (model, repr(hardware), knobs, dtype, max_seq_len, weight_dtype, kv_dtype)
+    if key not in _MEMO:  # (repr: HardwareSpec holds a dict)
         if len(_MEMO) > 1024:
             _MEMO.clear()
         try:
-            _MEMO[key] = predict(model, hardware, knobs, dtype, max_seq_len)
+            _MEMO[key] = predict(model, hardware, knobs, dtype, max_seq_len, weight_dtype, kv_dtype)
         except (ImportError, ValueError, KeyError, specs.SpecError) as exc:
             _MEMO[key] = f"no prediction: {exc}"
     return _MEMO[key]

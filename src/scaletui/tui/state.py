@@ -323,6 +323,8 @@ class SessionState:
             knobs,
             str(config.get("dtype", "f32")),
             config.get("max_seq_len"),
+            config.get("weight_dtype"),
+            config.get("kv_dtype"),
         )
 
     def prediction(self, knobs: Knobs | None = None) -> Prediction | None:
