@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import numpy as np
 import pytest
 
 from scaletui.serve.build import build_engines
 from scaletui.serve.config import ServeConfig
-from scaletui.serve.engine_api import SamplingParams
+from scaletui.serve.testing import greedy_tokens
 from scaletui.specs import load_model
 
 pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
@@ -18,25 +17,12 @@ pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset
 TINY = load_model("tiny")  # 4 heads, 2 KV heads
 TINY8 = dataclasses.replace(TINY, name="tiny8", n_heads=8, head_dim=8)  # for tp=8
 PROMPTS = [np.random.default_rng(0).integers(0, 512, n).tolist() for n in (6, 13, 11)]
-GREEDY = SamplingParams(max_tokens=9, ignore_eos=True)
 
 
 def tokens(model, **kw):
     """Greedy tokens per prompt; prompts share the decode batch (slots 0..)."""
     cfg = ServeConfig(model=model, max_seq_len=32, decode_steps=4, **{"slots": 6, **kw})
-    pre, gen = build_engines(cfg, jax.devices())
-    state = gen.init_decode_state()
-    out = {}
-    for slot, p in enumerate(PROMPTS):
-        prefix = pre.transfer(pre.prefill(p, GREEDY), gen)
-        out[slot] = [prefix.first_token]
-        state = gen.insert(state, prefix, slot)
-    for _ in range(2):
-        state, step = gen.generate(state, 4)
-        for s in range(4):
-            for b in out:
-                if step.valid[s, b]:
-                    out[b].append(int(step.tokens[s, b]))
+    out, pre, gen = greedy_tokens(cfg, PROMPTS)
     assert all(len(t) == 9 for t in out.values())
     return out, pre, gen
 

@@ -23,6 +23,7 @@ from scaletui.serve.cli import main
 from scaletui.serve.config import ConfigError, Precision, ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.scheduler import Scheduler
+from scaletui.serve.testing import greedy_tokens
 from scaletui.serve.tokenizer import load_tokenizer
 from scaletui.specs import load_model
 
@@ -257,7 +258,6 @@ def test_logits_match_the_f32_model(f32_reference, prec) -> None:
 
 # --- engines ----------------------------------------------------------------------------------
 
-GREEDY = SamplingParams(max_tokens=9, ignore_eos=True)
 ENGINE_PROMPTS = [np.random.default_rng(0).integers(0, 512, n).tolist() for n in (6, 13, 40)]
 
 
@@ -266,18 +266,7 @@ def engine_tokens(prec: tuple[str, str, str], **kw) -> tuple[dict, object, objec
     dtype, wd, kd = prec
     cfg = ServeConfig(TINY, max_seq_len=64, decode_steps=4, max_prefill_bucket=16, dtype=dtype,
                       weight_dtype=wd, kv_dtype=kd, **{"slots": 6, **kw})  # fmt: skip
-    pre, gen = build_engines(cfg, jax.devices())
-    state, out = gen.init_decode_state(), {}
-    for slot, p in enumerate(ENGINE_PROMPTS):
-        prefix = pre.transfer(pre.prefill(p, GREEDY), gen)
-        out[slot] = [prefix.first_token]
-        state = gen.insert(state, prefix, slot)
-    for _ in range(2):
-        state, step = gen.generate(state, 4)
-        for s in range(4):
-            for b in out:
-                if step.valid[s, b]:
-                    out[b].append(int(step.tokens[s, b]))
+    out, pre, gen = greedy_tokens(cfg, ENGINE_PROMPTS)
     assert all(len(t) == 9 for t in out.values())
     return out, pre, gen
 

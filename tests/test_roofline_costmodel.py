@@ -9,22 +9,12 @@ import math
 
 import numpy as np
 import pytest
+from fake_specs import CPU
 
 from scaletui import roofline as rl
 from scaletui.roofline import fitstore
-from scaletui.specs import HardwareSpec, load_hardware, load_model
+from scaletui.specs import load_hardware, load_model
 
-CPU = HardwareSpec(
-    name="cpu-test",
-    kind="cpu",
-    flops_per_s={"f32": 4e11, "bf16": 4e11},
-    hbm_bytes=24e9,
-    hbm_bw=3.2e10,
-    ici_bw=1e10,
-    ici_bidirectional=False,
-    dcn_bw=1e10,
-    chips_per_host=1,
-)
 TRUE = {  # a machine: 1.5 ms per step, 2 ms per host sync, 20 GB/s, 100 / 60 GFLOP/s
     "step_overhead_s": 1.5e-3,
     "sync_s": 2e-3,

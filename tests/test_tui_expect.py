@@ -9,28 +9,18 @@ import dataclasses
 from dataclasses import replace
 
 import pytest
+from fake_specs import CPU
 
 from scaletui.records import Record
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.fitstore import save_fit
-from scaletui.specs import HardwareSpec, load_hardware, load_model
+from scaletui.specs import load_hardware, load_model
 from scaletui.tui import views
 from scaletui.tui.expect import ServerConfig, expect, fit_label, sweep_grid
 from scaletui.tui.knobs import Knobs
 from scaletui.tui.predict import predict
 from scaletui.tui.state import SessionState
 
-CPU = HardwareSpec(
-    name="cpu-test",
-    kind="cpu",
-    flops_per_s={"f32": 4e11, "bf16": 4e11},
-    hbm_bytes=24e9,
-    hbm_bw=3.2e10,
-    ici_bw=1e10,
-    ici_bidirectional=False,
-    dcn_bw=1e10,
-    chips_per_host=1,
-)
 KNOBS = Knobs(slots=4, input_len=32, output_len=32)
 CONFIG = {  # the /stats "config" of a tiny server
     "model": "tiny",

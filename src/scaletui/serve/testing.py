@@ -84,3 +84,26 @@ def serve_in_thread(app, host: str = "127.0.0.1"):
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(60)
+
+
+def greedy_tokens(config: ServeConfig, prompts: list[list[int]], calls: int = 2) -> tuple:
+    """(tokens per prompt, prefill engine, generate engine): `config`'s engines built on every
+    device, each prompt prefilled (and handed over) into slot i, then `calls` generate calls of
+    `config.decode_steps` steps; greedy, EOS ignored. For tests that compare engines."""
+    from scaletui.serve.build import build_engines  # JAX: only for the tests that want it
+    from scaletui.serve.engine_api import SamplingParams
+
+    params = SamplingParams(max_tokens=1 + calls * config.decode_steps, ignore_eos=True)
+    pre, gen = build_engines(config)
+    state, out = gen.init_decode_state(), {}
+    for slot, p in enumerate(prompts):
+        prefix = pre.transfer(pre.prefill(p, params), gen)
+        out[slot] = [prefix.first_token]
+        state = gen.insert(state, prefix, slot)
+    for _ in range(calls):
+        state, step = gen.generate(state, config.decode_steps)
+        for s in range(config.decode_steps):
+            for b in out:
+                if step.valid[s, b]:
+                    out[b].append(int(step.tokens[s, b]))
+    return out, pre, gen
