@@ -1,34 +1,42 @@
 #!/usr/bin/env bash
 # The accelerator run kit (issue 15): everything the first minutes on a GPU host should measure,
-# in one command, each stage under its own time limit, all results under $OUT (7 files).
+# in one command, each stage under its own time limit, all results under $OUT (9 files).
 #
-#   bench/accelerator_run.sh                on the GPU host (llama3-8b bf16, under 8 minutes)
+#   bench/accelerator_run.sh                on the GPU host (llama3-8b, limits add up to 9 min)
 #   bench/accelerator_run.sh --dry-run      here, on CPU: tiny/small models, short sweeps, in a
 #                                           Python 3.12 env holding only the GPU image's packages
 #   bench/accelerator_run.sh --check        imports and every stage's arguments, nothing heavy
+#   bench/accelerator_run.sh --plan         each stage's limit and command line; runs nothing
+#                                           (with --dry-run: the dry run's)
 #   bench/accelerator_run.sh --make-dry-env (re)create that env in .dryenv/
-#   ... --only decode,serving               run only these stages (wheels and env always run)
+#   ... --only decode,serving               run only these stages (wheels and env always run;
+#                                           decode: all three decode stages)
 #
 # Stages: wheels (install the carried .whl/ with --no-index --target, bench/fetch_gpu_wheels.sh
 # fetches them), env (versions, nvidia-smi, every import), calibrate (`scaletui calibrate`),
-# greedy (bench/greedy_check.py), decode (bench/decode_roofline.py vs the h200 spec and the
-# calibrated one), serving (bench/accelerator_serving.py: loadgen against `scaletui serve`, which
-# starts in the background right after env, so that its minutes of host-side weight generation
-# and compiles overlap calibrate, greedy and decode). A failed or timed-out stage does not stop
-# the next; summary.txt gets one line per stage. The project runs from src/ on PYTHONPATH: the
-# GPU host has no registry, so nothing is pip-installed there but the wheels.
-# Files in $OUT: summary.txt log.txt env.txt calibrate.yaml greedy.json decode.json serving.json
+# greedy (bench/greedy_check.py), decode-f32, decode, decode-int8 (bench/decode_roofline.py vs
+# the h200 spec and the calibrated one, in three precisions so that one run records them all:
+# f32 compute and weights, then bf16 compute and weights (the full sweep), then bf16 compute
+# with int8 weights; the extra two time fewer batches, calls and prompts in less time), serving
+# (bench/accelerator_serving.py: loadgen against `scaletui serve`, which starts in the
+# background right after env, so that its minutes of host-side weight generation and compiles
+# overlap calibrate, greedy and decode). A failed or timed-out stage does not stop the next;
+# summary.txt gets one line per stage. The project runs from src/ on PYTHONPATH: the GPU host
+# has no registry, so nothing is pip-installed there but the wheels.
+# Files in $OUT: summary.txt log.txt env.txt calibrate.yaml greedy.json decode-f32.json
+# decode.json decode-int8.json serving.json
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-MODE=real ONLY=
+MODE=real ONLY= PLAN=
 while (($#)); do
   case $1 in
     --dry-run) MODE=dry ;;
     --check) MODE=check ;;
+    --plan) PLAN=1 ;;
     --make-dry-env) MODE=make-env ;;
     --only) ONLY=,$2, && shift ;;
-    -h | --help) sed -n '2,20p' "$0" | cut -c3- && exit 0 ;;
+    -h | --help) sed -n '2,27p' "$0" | cut -c3- && exit 0 ;;
     *) echo "accelerator_run: unknown argument $1 (see --help)" >&2 && exit 2 ;;
   esac
   shift
@@ -60,6 +68,80 @@ make_dry_env() {
   rm -rf "$DRYENV"
   "$py312" -m venv "$DRYENV" && "$DRYENV/bin/python" -m pip install -q "${IMAGE_PACKAGES[@]}"
 }
+
+# --- the stages' command lines, per mode -----------------------------------------------------
+plan() {  # $1: real | dry
+  if [[ $1 == real ]]; then
+    CALIBRATE=(--out "$OUT/calibrate.yaml")
+    GREEDY=(--model small --dtype bf16 --new-tokens 32)
+    # decode: f32 -> bf16 -> int8 weights (bf16 compute); the full sweep in bf16, the other two
+    # at the ends of it (batch 1: the weight read; 64: with the KV) and one prompt length
+    local sweep=(--model llama3-8b --context 1024 --max-seq-len 2048 --steps 8)
+    local short=(--batches 1 64 --calls 3 --repeats 1 --prompt-lens 512)
+    DECODE_F32=("${sweep[@]}" --dtype f32 "${short[@]}")
+    DECODE=("${sweep[@]}" --dtype bf16 --slots 64 --calls 5 --repeats 2 --prompt-lens 128 512 2048)
+    DECODE_INT8=("${sweep[@]}" --dtype bf16 --weight-dtype int8 "${short[@]}")
+    SERVING=(--model llama3-8b --dtype bf16 --slots 64 --concurrency 1 8 64 --qps 20
+             --poisson-requests 200 --input-len 128 --output-len 128)
+    LIMITS=(wheels=30 env=45 calibrate=45 greedy=75 decode-f32=55 decode=135 decode-int8=55
+            serving=100)
+  else
+    CALIBRATE=(--quick --out "$OUT/calibrate.yaml")
+    GREEDY=(--model small --dtype bf16 --new-tokens 32)
+    local sweep=(--model tiny --context 64 --max-seq-len 256 --steps 4)
+    local short=(--batches 1 4 --calls 2 --repeats 1 --prompt-lens 64)
+    DECODE_F32=("${sweep[@]}" --dtype f32 "${short[@]}")
+    DECODE=("${sweep[@]}" --dtype bf16 --slots 4 --calls 2 --repeats 1 --prompt-lens 16 64 128)
+    DECODE_INT8=("${sweep[@]}" --dtype bf16 --weight-dtype int8 "${short[@]}")
+    SERVING=(--model tiny --dtype bf16 --slots 8 --concurrency 1 2 8 --requests-per-stream 2
+             --qps 4 --poisson-requests 8 --input-len 32 --output-len 16)
+    LIMITS=(wheels=30 env=60 calibrate=45 greedy=240 decode-f32=60 decode=120 decode-int8=60
+            serving=90)
+  fi
+  local compare=(--hardware h200 --compare "$OUT/calibrate.yaml" --no-floor --weights device)
+  DECODE_F32+=("${compare[@]}" --json-out "$OUT/decode-f32.json")
+  DECODE+=("${compare[@]}" --json-out "$OUT/decode.json")
+  DECODE_INT8+=("${compare[@]}" --json-out "$OUT/decode-int8.json")
+  GREEDY+=(--json-out "$OUT/greedy.json")
+}
+
+selected() {  # is stage $1 to run? wheels and env always; --only decode names decode-*
+  [[ -z $ONLY || $1 == wheels || $1 == env || $ONLY == *,$1,* || $ONLY == *,${1%%-*},* ]]
+}
+
+limit_of() {  # stage $1's limit in seconds (120 when LIMITS leaves it out)
+  local kv
+  for kv in "${LIMITS[@]}"; do [[ ${kv%%=*} == "$1" ]] && echo "${kv#*=}" && return; done
+  echo 120
+}
+
+stages() {  # $1 (run_stage | show_stage) for each one-command stage between env and serving
+  "$1" calibrate "$PYTHON" -m scaletui.cli calibrate "${CALIBRATE[@]}"
+  "$1" greedy "$PYTHON" bench/greedy_check.py "${GREEDY[@]}"
+  "$1" decode-f32 "$PYTHON" bench/decode_roofline.py "${DECODE_F32[@]}"
+  "$1" decode "$PYTHON" bench/decode_roofline.py "${DECODE[@]}"
+  "$1" decode-int8 "$PYTHON" bench/decode_roofline.py "${DECODE_INT8[@]}"
+}
+
+PLAN_TOTAL=0
+show_stage() {  # one line of --plan: name, limit, command
+  selected "$1" || return 0
+  local limit
+  limit=$(limit_of "$1")
+  PLAN_TOTAL=$((PLAN_TOTAL + limit))
+  printf '%-12s %4ss  %s\n' "$1" "$limit" "${*:2}"
+}
+
+if [[ -n $PLAN ]]; then  # what a run would do, stage by stage; nothing runs, nothing is written
+  PYTHON=${PYTHON:-python3} OUT=${OUT:-'$OUT'}
+  plan "$([[ $MODE == dry ]] && echo dry || echo real)"
+  show_stage wheels "pip install --no-index --target \$SITE $WHL/*.whl"
+  show_stage env "$PYTHON bench/accelerator_check.py (and nvidia-smi)"
+  stages show_stage
+  show_stage serving "$PYTHON" bench/accelerator_serving.py "${SERVING[@]}" --out "$OUT/serving.json"
+  printf '%-12s %4ss\n' total "$PLAN_TOTAL"
+  exit 0
+fi
 
 case $MODE in
   make-env) make_dry_env; exit ;;
@@ -97,30 +179,6 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 LOG=$OUT/log.txt SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 
-# --- the stages' command lines, per mode -----------------------------------------------------
-plan() {  # $1: real | dry
-  if [[ $1 == real ]]; then
-    CALIBRATE=(--out "$OUT/calibrate.yaml")
-    GREEDY=(--model small --dtype bf16 --new-tokens 32)
-    DECODE=(--model llama3-8b --dtype bf16 --slots 64 --context 1024 --max-seq-len 2048
-            --steps 8 --calls 5 --repeats 2 --prompt-lens 128 512 2048)
-    SERVING=(--model llama3-8b --dtype bf16 --slots 64 --concurrency 1 8 64 --qps 20
-             --poisson-requests 200 --input-len 128 --output-len 128)
-    LIMITS=(wheels=30 env=45 calibrate=45 greedy=75 decode=180 serving=100)
-  else
-    CALIBRATE=(--quick --out "$OUT/calibrate.yaml")
-    GREEDY=(--model small --dtype bf16 --new-tokens 32)
-    DECODE=(--model tiny --dtype bf16 --slots 4 --context 64 --max-seq-len 256 --steps 4
-            --calls 2 --repeats 1 --prompt-lens 16 64 128)
-    SERVING=(--model tiny --dtype bf16 --slots 8 --concurrency 1 2 8 --requests-per-stream 2
-             --qps 4 --poisson-requests 8 --input-len 32 --output-len 16)
-    LIMITS=(wheels=30 env=60 calibrate=45 greedy=240 decode=120 serving=90)
-  fi
-  DECODE+=(--hardware h200 --compare "$OUT/calibrate.yaml" --no-floor --weights device
-           --json-out "$OUT/decode.json")
-  GREEDY+=(--json-out "$OUT/greedy.json")
-}
-
 # --- stages that are not one command ---------------------------------------------------------
 stage_wheels() {
   local wheels=("$WHL"/*.whl)
@@ -150,12 +208,10 @@ stage_env() {
 export -f stage_wheels stage_env
 
 run_stage() {  # name command...: under its limit, output to the console and log.txt
-  local name=$1 limit=120 t0=$SECONDS rc status kv
+  local name=$1 limit t0=$SECONDS rc status
   shift
-  for kv in "${LIMITS[@]}"; do [[ ${kv%%=*} == "$name" ]] && limit=${kv#*=}; done
-  if [[ -n $ONLY && $ONLY != *,$name,* && $name != wheels && $name != env ]]; then
-    return
-  fi
+  selected "$name" || return 0
+  limit=$(limit_of "$name")
   echo -e "\n=== $name (limit ${limit}s): ${*##"$ROOT"/}" | tee -a "$LOG"
   timeout --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
@@ -176,7 +232,9 @@ if [[ $MODE == check ]]; then  # imports, then the real and the dry run's argume
     plan "$m"
     run_stage "calibrate-$m" "$PYTHON" -m scaletui.cli calibrate --help
     run_stage "greedy-$m" "$PYTHON" bench/greedy_check.py "${GREEDY[@]}" --check
+    run_stage "decode-f32-$m" "$PYTHON" bench/decode_roofline.py "${DECODE_F32[@]}" --check
     run_stage "decode-$m" "$PYTHON" bench/decode_roofline.py "${DECODE[@]}" --check
+    run_stage "decode-int8-$m" "$PYTHON" bench/decode_roofline.py "${DECODE_INT8[@]}" --check
     run_stage "serving-$m" "$PYTHON" bench/accelerator_serving.py "${SERVING[@]}" --out x --check
   done
 else
@@ -191,10 +249,8 @@ else
       >"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
   fi
-  run_stage calibrate "$PYTHON" -m scaletui.cli calibrate "${CALIBRATE[@]}"
-  run_stage greedy "$PYTHON" bench/greedy_check.py "${GREEDY[@]}"
-  run_stage decode "$PYTHON" bench/decode_roofline.py "${DECODE[@]}"
-  limit=$(printf '%s\n' "${LIMITS[@]}" | sed -n 's/^serving=//p')
+  stages run_stage
+  limit=$(limit_of serving)
   run_stage serving "$PYTHON" bench/accelerator_serving.py "${SERVING[@]}" --out \
     "$OUT/serving.json" --url "http://127.0.0.1:${PORT:-0}" --server-timeout $((limit - 45))
   if [[ -n $SERVER_PID ]]; then

@@ -9,7 +9,10 @@ lengths. `--json` prints one JSON object instead.
 
 The engine runs with `--kernels` (default auto: the native CPU kernels of `serve/native` where
 they build, as the server does). When that is native, the same step is also timed on XLA's own
-ops in the same run (`xla`, and the speedup `x`; `--no-baseline` skips it). `--compare SPEC`
+ops in the same run (`xla`, and the speedup `x`; `--no-baseline` skips it). `--weight-dtype` and
+`--kv-dtype` store weights and KV narrower than `--dtype` computes (int8: with scales), as
+`scaletui serve` does; the predictions read those bytes. `--batches` measures those batches
+instead of 1, 2, 4, ... `--slots`. `--compare SPEC`
 adds the predictions of a second hardware spec (say the one `scaletui calibrate` just wrote)
 beside the first; `--json-out FILE` writes the JSON and still prints the tables; `--check`
 parses the arguments and loads the specs, then exits (bench/accelerator_run.sh --check).
@@ -37,9 +40,11 @@ import orjson
 from jax import lax
 
 from scaletui import roofline
+from scaletui.roofline.costmodel import DTYPE_BYTES, kv_token_bytes
 from scaletui.serve import model as llama
+from scaletui.serve import quant
 from scaletui.serve.build import build_engines
-from scaletui.serve.config import ServeConfig
+from scaletui.serve.config import DTYPES, STORAGE_DTYPES, ConfigError, ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.weights import dummy_params, layer_shapes
 from scaletui.specs import HardwareSpec, SpecError, load_hardware, load_model
@@ -117,10 +122,11 @@ def _hardware(ref: str) -> tuple[HardwareSpec, str]:
         return probe_hardware(), "inline probe (run `scaletui calibrate` for a saved spec)"
 
 
-DTYPE_BYTES = {"f32": 4, "bf16": 2}
-
-
-def _estimate(model, hw, *, batch: int, context: int, dtype: str, prompt_len: int = 16):
+def _estimate(model, hw, args, *, batch: int, context: int, prompt_len: int = 16):
+    """The roofline in the run's precision: weights and KV bytes in their storage dtypes (int8
+    KV with its scales, spread over the elements), the FLOP roof of the compute dtype."""
+    m = model
+    kv_elements = 2 * m.n_layers * m.n_kv_heads * m.head_dim  # per token
     return roofline.estimate(
         model,
         hw,
@@ -128,9 +134,17 @@ def _estimate(model, hw, *, batch: int, context: int, dtype: str, prompt_len: in
         context=context,
         prompt_len=prompt_len,
         chips=1,
-        weight_bytes=DTYPE_BYTES[dtype],
-        kv_bytes=DTYPE_BYTES[dtype],
-        compute_dtype=dtype,
+        weight_bytes=DTYPE_BYTES[args.weight_dtype],
+        kv_bytes=kv_token_bytes(model, args.kv_dtype) / kv_elements,
+        compute_dtype=args.dtype,
+    )
+
+
+def serve_config(args, model, **kw) -> ServeConfig:
+    """The engine's config in the run's precision (`kw`: slots, max_seq_len, ...)."""
+    kw.setdefault("kernels", args.kernels)
+    return ServeConfig(
+        model=model, dtype=args.dtype, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, **kw
     )
 
 
@@ -170,14 +184,10 @@ def time_decode_step(args, model, host_params, batch: int, kernels: str) -> tupl
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, model.vocab_size, args.context)]
     params = SamplingParams(max_tokens=args.max_seq_len, ignore_eos=True)
-    cfg = ServeConfig(
-        model=model,
-        slots=batch,
-        max_seq_len=args.max_seq_len,
-        decode_steps=args.steps,
-        dtype=args.dtype,
+    cfg = serve_config(
+        args, model, slots=batch, max_seq_len=args.max_seq_len, decode_steps=args.steps,
         kernels=kernels,
-    )
+    )  # fmt: skip
     eng, _ = build_engines(cfg, jax.devices()[:1], host_params=host_params)
     prefix = eng.prefill(prompt, params)
     for b in eng.decode_buckets:  # every bucket the timed calls can reach: no compile inside
@@ -198,9 +208,15 @@ def time_decode_step(args, model, host_params, batch: int, kernels: str) -> tupl
     return min(medians), eng
 
 
+def batches(args) -> list[int]:
+    """`--batches`, else 1, 2, 4, ... up to `--slots`."""
+    if args.batches:
+        return sorted(set(args.batches))
+    return [1 << i for i in range(args.slots.bit_length()) if 1 << i <= args.slots]
+
+
 def bench_decode(args, model, hw, host_params, rows: list, save) -> list[dict]:
-    batch = 1
-    while batch <= args.slots:
+    for batch in batches(args):
         step, eng = time_decode_step(args, model, host_params, batch, args.kernels)
         floor = None
         if args.floor:
@@ -209,7 +225,7 @@ def bench_decode(args, model, hw, host_params, rows: list, save) -> list[dict]:
         if eng.native and args.baseline:  # the same step on XLA's own ops, in the same run
             baseline, _ = time_decode_step(args, model, host_params, batch, "xla")
         ctx = args.context + args.steps * (1 + args.calls / 2)  # mean live context measured
-        est = _estimate(model, hw, batch=batch, context=int(ctx), dtype=args.dtype)
+        est = _estimate(model, hw, args, batch=batch, context=int(ctx))
         kv_read = batch * est.kv_bytes_per_token * ctx
         rows.append(
             {
@@ -235,14 +251,13 @@ def bench_decode(args, model, hw, host_params, rows: list, save) -> list[dict]:
               f"{est.decode_step_s * 1e3:.3f} ms", file=sys.stderr, flush=True)  # fmt: skip
         save()
         eng = None  # free this engine's weights and cache before the next one is built
-        batch *= 2
     return rows
 
 
 def bench_prefill(args, model, hw, host_params, rows: list, save) -> list[dict]:
     # a prompt must leave one position free: room for the longest asked for
     seq = max(args.max_seq_len, max(args.prompt_lens) + 1)
-    cfg = ServeConfig(model=model, slots=1, max_seq_len=seq, dtype=args.dtype, kernels=args.kernels)
+    cfg = serve_config(args, model, slots=1, max_seq_len=seq)
     eng, _ = build_engines(cfg, jax.devices()[:1], host_params=host_params)
     rng = np.random.default_rng(1)
     for n in args.prompt_lens:
@@ -254,7 +269,7 @@ def bench_prefill(args, model, hw, host_params, rows: list, save) -> list[dict]:
             eng.prefill(prompt, SamplingParams())
             times.append(time.perf_counter() - t0)
         t = statistics.median(times)
-        est = _estimate(model, hw, batch=1, context=n, dtype=args.dtype, prompt_len=n)
+        est = _estimate(model, hw, args, batch=1, context=n, prompt_len=n)
         print(f"prefill {n}: {t * 1e3:.2f} ms", file=sys.stderr, flush=True)
         rows.append(
             {
@@ -282,7 +297,7 @@ def compare(other: HardwareSpec, name: str, model, args, decode: list, prefill: 
     out: dict = {"hardware": name, "hbm_bw": other.hbm_bw, "flops": other.flops(args.dtype)}
     out["decode"] = []
     for r in decode:
-        est = _estimate(model, other, batch=r["batch"], context=r["context"], dtype=args.dtype)
+        est = _estimate(model, other, args, batch=r["batch"], context=r["context"])
         pred = est.decode_step_s * 1e3
         eff = pred / r["measured_ms"]
         row = {"batch": r["batch"], "predicted_ms": pred, "efficiency": eff}
@@ -290,7 +305,7 @@ def compare(other: HardwareSpec, name: str, model, args, decode: list, prefill: 
     out["prefill"] = []
     for r in prefill:
         n = r["prompt_len"]
-        est = _estimate(model, other, batch=1, context=n, dtype=args.dtype, prompt_len=n)
+        est = _estimate(model, other, args, batch=1, context=n, prompt_len=n)
         pred = est.prefill_s * 1e3
         eff = pred / r["measured_ms"]
         out["prefill"].append({"prompt_len": n, "predicted_ms": pred, "efficiency": eff})
@@ -300,9 +315,9 @@ def compare(other: HardwareSpec, name: str, model, args, decode: list, prefill: 
 def print_tables(result: dict, hw: HardwareSpec, args) -> None:
     meta, decode, prefill = result["meta"], result["decode"], result["prefill"]
     print(
-        f"{meta['model']} on {meta['hardware']} ({meta['device']}): {hw.hbm_bw / 1e9:.1f} GB/s, "
-        f"{hw.flops(args.dtype) / 1e9:.0f} GFLOP/s {args.dtype}; {args.steps} steps per call; "
-        f"{meta['kernels']} kernels"
+        f"{meta['model']} ({meta['precision']}) on {meta['hardware']} ({meta['device']}): "
+        f"{hw.hbm_bw / 1e9:.1f} GB/s, {hw.flops(args.dtype) / 1e9:.0f} GFLOP/s {args.dtype}; "
+        f"{args.steps} steps per call; {meta['kernels']} kernels"
     )
     print(
         f"{'batch':>5} {'ctx':>5} {'bucket':>6} {'measured':>9} {'predicted':>9} {'GB/s':>6} "
@@ -344,11 +359,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=448, help="KV tokens per slot at the start")
     p.add_argument("--max-seq-len", type=int, default=1024)
     p.add_argument("--slots", type=int, default=16, help="largest batch measured")
+    p.add_argument("--batches", type=int, nargs="*", help="these batches (default: 1, 2, 4, "
+                   "... --slots)")  # fmt: skip
     p.add_argument("--steps", type=int, default=8, help="decode steps per generate call")
     p.add_argument("--calls", type=int, default=6, help="timed generate calls per repeat")
     p.add_argument("--repeats", type=int, default=3, help="best median of this many repeats")
     p.add_argument("--prompt-lens", type=int, nargs="*", default=[64, 256, 512])
-    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    p.add_argument("--dtype", default="f32", choices=DTYPES, help="compute dtype")
+    p.add_argument("--weight-dtype", choices=STORAGE_DTYPES, help="weight storage (int8: "
+                   "per-channel scales; default: --dtype)")  # fmt: skip
+    p.add_argument("--kv-dtype", choices=STORAGE_DTYPES, help="KV-cache storage (int8: a scale "
+                   "per position and KV head; default: --dtype)")  # fmt: skip
     p.add_argument("--kernels", default="auto", choices=["auto", "native", "xla"])
     p.add_argument(
         "--no-baseline",
@@ -384,17 +405,27 @@ def _compare_spec(ref: str | None) -> tuple[HardwareSpec, str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.weight_dtype = args.weight_dtype or args.dtype
+    args.kv_dtype = args.kv_dtype or args.dtype
     model = load_model(args.model)
+    try:  # the precision as the server checks it (no wider storage than compute)
+        seq = min(args.max_seq_len, model.max_seq_len)
+        p = serve_config(args, model, max_seq_len=seq).precision
+    except ConfigError as exc:
+        print(f"decode_roofline: {exc.flag_line()}", file=sys.stderr)
+        return 2
     if args.check:
         load_hardware(args.hardware)
-        print(f"decode_roofline: arguments ok ({model.name} on {args.hardware})")
+        print(f"decode_roofline: arguments ok ({model.name}, {p.describe()}, on {args.hardware})")
         return 0
     hw, hw_name = _hardware(args.hardware)
     other = _compare_spec(args.compare)
+    made = p.compute if p.weights == "int8" else p.weights  # int8 is quantized from these
     if args.weights == "device":
-        host_params = device_params(model, args.dtype)
+        host_params = device_params(model, made)
     else:
-        host_params = dummy_params(model, 0, args.dtype)
+        host_params = dummy_params(model, 0, made)
+    host_params = quant.convert_params(host_params, p.compute, p.weights)  # once, every engine
     meta = {
         "model": model.name,
         "hardware": hw_name,
@@ -404,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,
         "dtype": args.dtype,
+        "weight_dtype": args.weight_dtype,
+        "kv_dtype": args.kv_dtype,
+        "precision": p.describe(),
         "steps": args.steps,
         "kernels": args.kernels,
         "complete": False,  # True once every row is in; the file is rewritten after each row

@@ -33,7 +33,7 @@ def test_kit_check_parses_every_stage_and_imports_everything(tmp_path):
     summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
     stages = {line.split()[0]: line.split()[1] for line in summary}
     for mode in ("real", "dry"):
-        for stage in ("calibrate", "greedy", "decode", "serving"):
+        for stage in ("calibrate", "greedy", "decode-f32", "decode", "decode-int8", "serving"):
             assert stages.get(f"{stage}-{mode}") == "ok", summary
     assert stages["wheels"] == stages["env"] == "ok", summary
 
@@ -42,3 +42,49 @@ def test_kit_rejects_unknown_arguments():
     proc = subprocess.run(["bash", str(KIT), "--dry-rum"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "unknown argument --dry-rum" in proc.stderr
+
+
+def _plan(*args: str) -> dict[str, tuple[int, str]]:
+    """`--plan`: {stage: (limit in s, command line)}, in order, and the total."""
+    proc = subprocess.run(["bash", str(KIT), "--plan", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": "python3", "OUT": "/out"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {}
+    for line in proc.stdout.splitlines():
+        name, limit, *command = line.split(maxsplit=2)
+        rows[name] = (int(limit.rstrip("s")), command[0] if command else "")
+    return rows
+
+
+def test_the_decode_stages_record_f32_bf16_and_int8_weights_inside_nine_minutes():
+    plan = _plan()
+    decode = [name for name in plan if name.startswith("decode")]
+    assert decode == ["decode-f32", "decode", "decode-int8"]  # f32 -> bf16 -> int8, in order
+    f32, bf16, int8 = (plan[name][1].split() for name in decode)
+    assert f32[f32.index("--dtype") + 1] == "f32" and "--weight-dtype" not in f32
+    assert bf16[bf16.index("--dtype") + 1] == "bf16" and "--weight-dtype" not in bf16
+    assert int8[int8.index("--dtype") + 1] == "bf16"
+    assert int8[int8.index("--weight-dtype") + 1] == "int8"
+    assert all("--model llama3-8b" in plan[name][1] for name in decode)
+    outs = {cmd[cmd.index("--json-out") + 1] for cmd in (f32, bf16, int8)}
+    assert outs == {"/out/decode-f32.json", "/out/decode.json", "/out/decode-int8.json"}
+    # the extra precisions time fewer batches in less time than the full bf16 sweep
+    assert "--batches" in f32 and "--batches" in int8 and "--batches" not in bf16
+    assert plan["decode-f32"][0] < plan["decode"][0] and plan["decode-int8"][0] < plan["decode"][0]
+    stages = {name: limit for name, (limit, _) in plan.items() if name != "total"}
+    assert sum(stages.values()) == plan["total"][0] <= 9 * 60
+    assert {"wheels", "env", "calibrate", "greedy", "serving"} <= set(stages)
+
+
+def test_only_decode_selects_the_three_decode_stages_and_h200_decode_runs_them():
+    assert list(_plan("--only", "decode")) == ["wheels", "env", "decode-f32", "decode",
+                                               "decode-int8", "total"]  # fmt: skip
+    assert list(_plan("--only", "decode-int8")) == ["wheels", "env", "decode-int8", "total"]
+    dry = _plan("--dry-run")
+    int8 = dry["decode-int8"][1]
+    assert "--model tiny" in int8 and "--weight-dtype int8" in int8
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "h200_decode.sh"), "--plan"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    names = [line.split()[0] for line in proc.stdout.splitlines()]
+    assert names == ["wheels", "env", "calibrate", "decode-f32", "decode", "decode-int8", "total"]

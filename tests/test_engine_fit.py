@@ -60,3 +60,50 @@ def test_calibrate_model_refuses_a_configuration_it_cannot_build(capsys):
     assert engine_fit.main(["--model", "tiny", "--max-seq-len", "100000"]) == 2
     assert "max_seq_len" in capsys.readouterr().err
     assert engine_fit.main(["--model", "nope"]) == 2
+
+
+def test_calibrate_model_precision_flags_reach_the_engines_the_base_and_the_file(monkeypatch):
+    """The grid is not timed here (a fake `fit_engine`); what the flags set is checked."""
+    from types import SimpleNamespace
+
+    from scaletui.roofline import costfit
+    from scaletui.roofline.costmodel import DecodeSample
+    from scaletui.serve import build, quant
+    from scaletui.serve.config import Precision
+
+    seen = {}
+
+    def probe(config, devices, host_params=None):
+        seen["probe"] = config
+        buckets = (16, 32, 64)
+        eng = SimpleNamespace(describe=lambda: SimpleNamespace(kernels="xla"),
+                              decode_buckets=buckets, prefill_buckets=buckets)  # fmt: skip
+        return eng, eng
+
+    def fake_fit(config, devices, base, *, grid, host_params, log):
+        seen.update(config=config, base=base, weights=quant.storage_of(host_params))
+        decode = [DecodeSample(b, c, 1e-3 * b + 1e-5 * c, 1) for b in (1, 4) for c in (16, 64)]
+        return costfit.fit(base, decode, seconds=0.0)
+
+    monkeypatch.setattr(build, "build_engines", probe)
+    monkeypatch.setattr(engine_fit, "fit_engine", fake_fit)
+    argv = ["--model", "tiny", "--slots", "4", "--max-seq-len", "64", "--decode-steps", "2",
+            "--quick", "--dtype", "f32", "--weight-dtype", "int8",
+            "--kv-dtype", "bf16"]  # fmt: skip
+    assert engine_fit.main(argv) == 0
+    assert seen["config"].precision == Precision("f32", "int8", "bf16") == seen["probe"].precision
+    assert seen["weights"] == "int8"  # converted once, before the engines are built
+    base = seen["base"]
+    assert (base.dtype, base.weight_dtype, base.kv_dtype) == ("f32", "int8", "bf16")
+    path = fitstore.find_fit("tiny", "f32", 1, 1, "auto", weight_dtype="int8", kv_dtype="bf16")
+    assert path is not None and "f32-wint8-kvbf16--xla" in path.name
+    assert fitstore.load_fit(path).weight_dtype == "int8"
+    assert fitstore.find_fit("tiny", "f32", 1, 1, "auto") is None  # f32 weights: not fitted
+    with pytest.raises(SystemExit):
+        engine_fit.build_parser().parse_args(["--model", "tiny", "--weight-dtype", "int4"])
+
+
+def test_calibrate_model_refuses_weights_wider_than_compute(capsys):
+    argv = ["--model", "tiny", "--dtype", "bf16", "--weight-dtype", "f32"]
+    assert engine_fit.main(argv) == 2
+    assert "weight_dtype=f32 is wider than dtype=bf16" in capsys.readouterr().err

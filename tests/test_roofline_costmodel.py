@@ -247,3 +247,94 @@ def test_fixed_costs_alone_fit_without_a_read_bandwidth():
     got = rl.fit(_base(), decode)
     assert got.read_bw == float("inf") and "no read bandwidth" in got.info["notes"][0]
     assert got.decode_call_s(2, 128, 4) == pytest.approx(1.4e-3, rel=1e-6)
+
+
+# -- precision: weights and KV stored narrower than they are computed ------------------------
+
+
+def test_weight_and_kv_storage_set_the_bytes_read_and_compute_sets_the_flop_roof():
+    model = load_model("small")  # 8 layers, 4 KV heads of 64, 40.9M parameters
+    by = {w: rl.CostModel.assumed(model, CPU, dtype="f32", weight_dtype=w) for w in
+          ("f32", "bf16", "int8")}  # fmt: skip
+    read_s = {w: c.decode_bytes(1, 0) / c.read_bw for w, c in by.items()}  # the weight read
+    assert read_s["f32"] == pytest.approx(rl.param_count(model) * 4 / CPU.hbm_bw)
+    assert read_s["bf16"] == pytest.approx(read_s["f32"] / 2)
+    assert read_s["int8"] == pytest.approx(read_s["f32"] / 4)
+    assert by["int8"].weight_dtype == "int8" and by["int8"].kv_dtype == "f32"
+    assert by["int8"].kv_bytes_per_token == by["f32"].kv_bytes_per_token == 2 * 8 * 4 * 64 * 4
+    assert by["int8"].flops_per_token == by["f32"].flops_per_token  # FLOPs do not change
+    # int8 KV: one byte a value plus an f32 scale per (layer, KV head) for K and for V
+    kv8 = rl.CostModel.assumed(model, CPU, dtype="bf16", kv_dtype="int8")
+    assert kv8.kv_bytes_per_token == 2 * 8 * 4 * 64 * 1 + 2 * 8 * 4 * 4  # 4096 + 256
+    assert kv8.weight_dtype == "bf16" and kv8.weight_bytes == rl.param_count(model) * 2
+    h200 = load_hardware("h200")  # the FLOP term runs at the compute dtype's roof
+    bf16 = rl.CostModel.assumed(model, h200, dtype="bf16", weight_dtype="int8")
+    assert bf16.decode_flops_per_s == h200.flops("bf16")
+    assert bf16.describe_precision() == "bf16 compute, int8 weights, bf16 KV"
+    assert by["f32"].describe_precision() == "f32"
+
+
+def test_a_fit_keeps_its_bases_precision_and_reads_the_narrower_weights_faster():
+    model = load_model("small")
+    f32 = rl.CostModel.assumed(model, CPU, dtype="f32")
+    int8 = rl.CostModel.assumed(model, CPU, dtype="f32", weight_dtype="int8", kv_dtype="bf16")
+    truth = dataclasses.replace(int8, **TRUE)
+    decode = [rl.DecodeSample(b, c, truth.decode_call_s(b, c, k), steps=k)
+              for b in (1, 4, 16) for c in (128, 1024) for k in (1, 4)]  # fmt: skip
+    got = rl.fit(int8, decode, knots=False)
+    assert (got.dtype, got.weight_dtype, got.kv_dtype) == ("f32", "int8", "bf16")
+    assert got.weight_bytes == int8.weight_bytes == f32.weight_bytes / 4
+    assert got.read_bw == pytest.approx(TRUE["read_bw"], rel=1e-6)
+    # at the same bandwidth a quarter of the f32 weights' read time
+    f32_read = f32.weight_bytes / TRUE["read_bw"]
+    assert got.decode_bytes(1, 0) / got.read_bw == pytest.approx(f32_read / 4)
+
+
+def test_precision_is_checked_and_round_trips_through_yaml_old_files_meaning_all_dtype(
+    private_config,
+):
+    model = load_model("small")
+    with pytest.raises(ValueError, match="weight_dtype should be one of"):
+        rl.CostModel.assumed(model, CPU, dtype="f32", weight_dtype="int4")
+    with pytest.raises(ValueError, match="kv_dtype should be one of"):
+        dataclasses.replace(_base(), kv_dtype="fp8")
+    with pytest.raises(ValueError, match="dtype should be one of"):
+        rl.CostModel.assumed(model, CPU, dtype="int8")
+    cost = rl.CostModel.assumed(model, CPU, dtype="bf16", weight_dtype="int8", kv_dtype="int8")
+    d = cost.to_dict()
+    assert (d["dtype"], d["weight_dtype"], d["kv_dtype"]) == ("bf16", "int8", "int8")
+    back = fitstore.load_fit(fitstore.save_fit(cost, host="box"))
+    assert back == cost and back.kv_bytes_per_token == cost.kv_bytes_per_token
+    old = {k: v for k, v in _base().to_dict().items() if k not in ("weight_dtype", "kv_dtype")}
+    got = rl.CostModel.from_dict(old)  # a fit written before the precision knobs
+    assert (got.dtype, got.weight_dtype, got.kv_dtype) == ("f32", "f32", "f32")
+    assert got == _base()
+
+
+def test_fit_files_carry_the_precision_unless_it_is_all_one_dtype(private_config):
+    fits = private_config / "scaletui" / "hardware" / "fits"
+    plain = fitstore.fit_path("small", "f32", "xla", 1, 1, host="box")
+    assert plain == fits / "box--small--f32--xla--tp1-dp1.yaml"  # the name fits always had
+    assert fitstore.fit_path("small", "f32", "xla", 1, 1, host="box", weight_dtype="f32",
+                             kv_dtype="f32") == plain  # fmt: skip
+    mixed = fitstore.fit_path("small", "f32", "xla", 1, 1, host="box", weight_dtype="int8",
+                              kv_dtype="bf16")  # fmt: skip
+    assert mixed.name == "box--small--f32-wint8-kvbf16--xla--tp1-dp1.yaml"
+    kv_only = fitstore.fit_path("small", "bf16", "xla", 1, 1, host="box", kv_dtype="int8")
+    assert kv_only.name == "box--small--bf16-wbf16-kvint8--xla--tp1-dp1.yaml"
+    model = load_model("small")
+    int8 = dataclasses.replace(
+        rl.CostModel.assumed(model, CPU, dtype="f32", weight_dtype="int8", kv_dtype="bf16"),
+        kernels="xla",
+    )
+    assert fitstore.save_fit(int8, host="box") == mixed
+    # kernels "auto" finds whichever kernels were fitted, for this precision only
+    find = lambda **kw: fitstore.find_fit("small", "f32", 1, 1, "auto", host="box", **kw)  # noqa: E731
+    assert find(weight_dtype="int8", kv_dtype="bf16") == mixed
+    assert find() is None and find(weight_dtype="int8") is None
+    fitstore.save_fit(dataclasses.replace(_base(), kernels="native"), host="box")
+    assert find() == fits / "box--small--f32--native--tp1-dp1.yaml"
+    assert find(weight_dtype="f32", kv_dtype="f32") == find()
+    assert find(weight_dtype="int8", kv_dtype="bf16") == mixed
+    assert fitstore.find_fit("small", "f32", 1, 1, "native", host="box",
+                             weight_dtype="int8", kv_dtype="bf16") is None  # fmt: skip

@@ -219,3 +219,34 @@ def test_simulate_cli_prints_loadgen_keys_and_says_where_costs_come_from(capsys,
     assert simulate_main([*local_argv, "--no-fit"]) == 0
     assert "assumed" in capsys.readouterr().out
     assert simulate_main(["--model", "small", "--hardware", "h200"]) == 2
+
+
+def test_simulate_cli_takes_the_precision_flags_and_finds_the_fit_for_that_precision(capsys):
+    argv = ["--model", "small", "--hardware", "h200", "--concurrency", "4", "--num-requests",
+            "40", "--input-len", "64", "--output-len", "32", "--efficiency", "0.5"]  # fmt: skip
+    assert simulate_main([*argv, "--json"]) == 0
+    bf16 = orjson.loads(capsys.readouterr().out)
+    assert bf16["config"]["precision"] == "bf16"
+    assert simulate_main([*argv, "--weight-dtype", "int8", "--kv-dtype", "int8", "--json"]) == 0
+    int8 = orjson.loads(capsys.readouterr().out)
+    cost = int8["config"]["cost_model"]
+    assert (cost["dtype"], cost["weight_dtype"], cost["kv_dtype"]) == ("bf16", "int8", "int8")
+    assert int8["median_tpot_ms"] < bf16["median_tpot_ms"]  # half the weight bytes a step
+    assert simulate_main([*argv, "--weight-dtype", "int8"]) == 0
+    assert "at bf16 compute, int8 weights, bf16 KV;" in capsys.readouterr().out  # the header
+    assert simulate_main([*argv, "--weight-dtype", "f32"]) == 2  # wider than compute
+    assert "wider than --dtype bf16" in capsys.readouterr().err
+    # `--hardware local`: the stored fit of this precision, not another one's
+    spec = {k: v for k, v in dataclasses.asdict(load_hardware("h200")).items() if k != "extra"}
+    local_hardware_path().parent.mkdir(parents=True, exist_ok=True)
+    local_hardware_path().write_text(yaml.safe_dump({**spec, "name": "local"}))
+    fit8 = CostModel.assumed(load_model("small"), load_hardware("h200"), weight_dtype="int8",
+                             efficiency=0.5)  # fmt: skip
+    stored = fitstore.save_fit(dataclasses.replace(fit8, source="fit"))
+    local = [a if a != "h200" else "local" for a in argv]
+    assert simulate_main([*local, "--weight-dtype", "int8"]) == 0
+    assert f"fit {stored}" in capsys.readouterr().out
+    assert simulate_main(local) == 0  # bf16 weights: no fit of theirs, the assumed roofs
+    assert "assumed" in capsys.readouterr().out
+    assert simulate_main([*argv, "--fit", str(stored), "--kv-dtype", "int8"]) == 0
+    assert "the fit is for bf16 compute, int8 weights, bf16 KV" in capsys.readouterr().err

@@ -1,12 +1,12 @@
 """`scaletui calibrate --model M`: time the real engine over a small grid and fit the cost model.
 
 The grid (DESIGN.md §4, level 2): for a server configuration (model, slots, max_seq_len,
-decode_steps, tp, dp, dtype, kernels), engines at a few slot counts (the JAX engine computes every
-slot row, so a step's batch is its slot count) stay built side by side; in each, every slot holds
-a prompt that keeps the generate call inside one KV bucket, and generate calls of 1 and
+decode_steps, tp, dp, precision, kernels), engines at a few slot counts (the JAX engine computes
+every slot row, so a step's batch is its slot count) stay built side by side; in each, every slot
+holds a prompt that keeps the generate call inside one KV bucket, and generate calls of 1 and
 `decode_steps` steps are timed (the two tell the per-call sync from the per-step cost). Prefill is
 timed at a few of the engine's prompt buckets. `costmodel.fit` turns the samples into a
-CostModel; `fitstore.save_fit` stores it beside `local`.
+CostModel; `fitstore.save_fit` stores it beside `local`, under the precision it ran in.
 
 Timing on a shared host drifts by 10-20 % over tens of seconds, so every point is timed in
 `rounds` passes over the whole grid (round robin), `calls` calls a pass after one untimed call,
@@ -30,7 +30,7 @@ import numpy as np
 
 from scaletui.roofline.costfit import fit
 from scaletui.roofline.costmodel import CostModel, DecodeSample, PrefillSample
-from scaletui.serve.config import ServeConfig
+from scaletui.serve.config import DTYPES, STORAGE_DTYPES, ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 
 __all__ = [
@@ -146,12 +146,13 @@ def measure(
     """Time `grid` on engines of `config` (one per batch in the grid, slots = batch) on
     `devices`. Returns the decode samples (one per point, whole generate calls) and the prefill
     samples (one per prompt length, on the largest engine)."""
-    from scaletui.serve import weights
+    from scaletui.serve import quant, weights
     from scaletui.serve.build import build_engines
 
-    m = config.model
+    m, p = config.model, config.precision
     if host_params is None:
         host_params = weights.dummy_params(m, config.seed, config.dtype)
+    host_params = quant.convert_params(host_params, p.compute, p.weights)  # once, not per engine
     engines = {}
     for b in sorted({p.batch for p in grid.decode}):
         engines[b] = build_engines(replace(config, slots=b), devices, host_params=host_params)[1]
@@ -204,7 +205,7 @@ def fit_engine(
     log: Callable[[str], None] = lambda _: None,
 ) -> CostModel:
     """Time `config`'s engine over `grid` (default `grid_for`) and fit `base` (an assumed model
-    for the same model, dtype and mesh) to it; the fit's info says when, where, how long and on
+    for the same model, precision and mesh) to it; the fit's info says when, where, how long and on
     what grid it was made, with the raw samples."""
     from scaletui.serve.build import build_engines
 
@@ -274,7 +275,12 @@ def build_parser():
     a("--dp", type=int, default=1)
     a("--mode", choices=("interleaved", "disaggregated"), default="interleaved",
       help="recorded with the fit (the grid times the generate engine)")  # fmt: skip
-    a("--dtype", default=None, help="default: f32 on CPU, bf16 on GPU/TPU")
+    a("--dtype", choices=DTYPES, default=None, help="compute; default: f32 on CPU, bf16 on "
+      "GPU/TPU")  # fmt: skip
+    a("--weight-dtype", choices=STORAGE_DTYPES, help="weight storage (int8: per-channel "
+      "scales); default: --dtype")  # fmt: skip
+    a("--kv-dtype", choices=STORAGE_DTYPES, help="KV-cache storage (int8: a scale per position "
+      "and KV head); default: --dtype")  # fmt: skip
     a("--kernels", choices=("auto", "native", "xla"), default="auto")
     a("--host-devices", type=int, help="JAX CPU: virtual devices (default: tp * dp)")
     a("--quick", action="store_true", help="2 passes of 2 calls (about half the time)")
@@ -313,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         config = ServeConfig(
             model=model, slots=args.slots, max_seq_len=args.max_seq_len,
             decode_steps=args.decode_steps, tp=args.tp, dp=args.dp, dtype=dtype,
+            weight_dtype=args.weight_dtype or "", kv_dtype=args.kv_dtype or "",
             kernels=args.kernels, mode=args.mode,
         )  # fmt: skip
     except (SpecError, ConfigError, ValueError) as exc:
@@ -326,21 +333,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     devices = devices[: args.tp * args.dp]
     hardware, note = _base_hardware(len(jax.devices()))
-    from scaletui.serve import weights
+    from scaletui.serve import quant, weights
     from scaletui.serve.build import build_engines
 
+    p = config.precision
     host_params = weights.dummy_params(model, config.seed, dtype)
+    host_params = quant.convert_params(host_params, p.compute, p.weights)  # once for every engine
     _, probe = build_engines(replace(config, slots=config.dp), devices, host_params=host_params)
     kernels = probe.describe().kernels  # what auto resolved to: fits are per kernels
     grid = grid_for(config, probe.decode_buckets, probe.prefill_buckets, args.quick)
     del probe
     base = CostModel.assumed(
-        model, hardware, dtype=dtype, tp=args.tp, dp=args.dp, kernels=kernels,
+        model, hardware, dtype=p.compute, weight_dtype=p.weights, kv_dtype=p.kv, tp=args.tp,
+        dp=args.dp, kernels=kernels,
         host_devices=len(jax.devices()) if hardware.kind == "cpu" else None,
     )  # fmt: skip
     n = len(grid.decode) + len(grid.prefill)
-    stderr_log(f"calibrate --model {model.name}: {n} points x {grid.rounds} passes on "
-               f"{len(devices)} {backend} device(s), kernels {kernels}")  # fmt: skip
+    stderr_log(f"calibrate --model {model.name} ({p.describe()}): {n} points x {grid.rounds} "
+               f"passes on {len(devices)} {backend} device(s), kernels {kernels}")  # fmt: skip
     cost = fit_engine(config, devices, base, grid=grid, host_params=host_params, log=stderr_log)
     if note:
         cost = replace(cost, info={**cost.info, "notes": [*cost.info.get("notes", []), note]})
@@ -351,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     text = yaml.safe_dump(cost.to_dict(), sort_keys=False)
     if not args.no_write:
         path = Path(args.out) if args.out else fit_path(
-            model.name, dtype, kernels, args.tp, args.dp)  # fmt: skip
+            model.name, p.compute, kernels, args.tp, args.dp, weight_dtype=p.weights,
+            kv_dtype=p.kv)  # fmt: skip
         save_fit(cost, path)
         stderr_log(f"calibrate --model: wrote {path}")
     sys.stdout.write(text)

@@ -3,7 +3,8 @@
 The workload flags are loadgen's, and loadgen's own `iter_requests` draws the request list, so
 the same flags and seed give the same offsets and lengths as a real run. The cost of each step
 comes from a fitted cost model (`--fit FILE`, else the stored fit for this server configuration
-when `--hardware local`) or from the spec's roofs times assumed efficiencies. Prints loadgen's
+and precision when `--hardware local`) or from the spec's roofs times assumed efficiencies, with
+weights and KV read in `--weight-dtype` and `--kv-dtype` (default: `--dtype`). Prints loadgen's
 table, or (`--json`, `--out FILE`) loadgen's summary JSON keys.
 """
 
@@ -22,7 +23,7 @@ import orjson
 from scaletui.loadgen import cli as loadgen_cli
 from scaletui.loadgen.output import table
 from scaletui.loadgen.workload import ARRIVALS, DISTS, Workload, iter_requests
-from scaletui.roofline.costmodel import DTYPE_BYTES, CostModel
+from scaletui.roofline.costmodel import COMPUTE_DTYPES, DTYPE_BYTES, CostModel
 from scaletui.roofline.fitstore import find_fit, load_fit
 from scaletui.roofline.simulate import MODES, Load, ServerShape, SimResult, simulate
 from scaletui.specs import SpecError, load_hardware, load_model
@@ -49,7 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefill-devices", type=int, default=0, help="disaggregated (0 = as many "
                    "as generate has)")  # fmt: skip
     s.add_argument("--max-seq-len", type=int, help="default: min(1024, the model's)")
-    s.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="default: f32 on CPU, else bf16")
+    s.add_argument("--dtype", choices=COMPUTE_DTYPES, help="compute; default: f32 on CPU, "
+                   "else bf16")  # fmt: skip
+    s.add_argument("--weight-dtype", choices=tuple(DTYPE_BYTES), help="weight storage "
+                   "(int8: per-channel scales); default: --dtype")  # fmt: skip
+    s.add_argument("--kv-dtype", choices=tuple(DTYPE_BYTES), help="KV-cache storage (int8: a "
+                   "scale per position and KV head); default: --dtype")  # fmt: skip
     s.add_argument("--kernels", choices=("auto", "native", "xla"), default="auto")
     s.add_argument("--max-waiting", type=int, default=256)
     s.add_argument("--max-waiting-tokens", type=int, default=262144)
@@ -103,6 +109,18 @@ def draw(workload: Workload, n: int | None, duration: float | None) -> tuple[np.
     return np.array(offsets, float), np.array(inp, int), np.array(out, int)
 
 
+def precision(args: argparse.Namespace, dtype: str) -> dict:
+    """dtype, weight_dtype and kv_dtype for `dtype` (the compute dtype) and the flags; like the
+    server, refuses weights or KV stored wider than they are computed."""
+    got = {"dtype": dtype, "weight_dtype": args.weight_dtype or dtype,
+           "kv_dtype": args.kv_dtype or dtype}  # fmt: skip
+    for key in ("weight_dtype", "kv_dtype"):
+        if DTYPE_BYTES[got[key]] > DTYPE_BYTES[dtype]:
+            raise ValueError(f"--{key.replace('_', '-')} {got[key]} is wider than --dtype "
+                             f"{dtype}: the server refuses it")  # fmt: skip
+    return got
+
+
 def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
     """(decode, prefill, words saying where the costs come from)."""
     path = Path(args.fit) if args.fit else None
@@ -110,13 +128,20 @@ def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
     if path is None and not args.no_fit and args.hardware == "local":
         hw = load_hardware("local")
         dtype = dtype or ("f32" if hw.kind == "cpu" else "bf16")
-        path = find_fit(model.name, dtype, args.tp, args.dp, args.kernels)
+        p = precision(args, dtype)
+        path = find_fit(model.name, dtype, args.tp, args.dp, args.kernels,
+                        weight_dtype=p["weight_dtype"], kv_dtype=p["kv_dtype"])  # fmt: skip
     if path is not None:
         cost = load_fit(path)
         if (cost.model, cost.tp, cost.dp) != (model.name, args.tp, args.dp):
             print(f"scaletui simulate: warning: the fit is for {cost.model} tp {cost.tp} dp "
                   f"{cost.dp}, not {model.name} tp {args.tp} dp {args.dp}",
                   file=sys.stderr)  # fmt: skip
+        asked = {k: vars(args)[k] for k in ("dtype", "weight_dtype", "kv_dtype") if vars(args)[k]}
+        if any(vars(cost)[k] != v for k, v in asked.items()):
+            flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in asked.items())
+            print(f"scaletui simulate: warning: the fit is for {cost.describe_precision()}, "
+                  f"not {flags}", file=sys.stderr)  # fmt: skip
         made = cost.info.get("date", "an unknown date")
         return cost, cost, f"cost model: fit {path} ({cost.source}, {made})"
     if not args.hardware:
@@ -126,8 +151,9 @@ def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
     gen_devices = args.tp * args.dp
     pre_devices = args.prefill_devices or gen_devices
     host = gen_devices + (pre_devices if shape.mode == "disaggregated" else 0)
-    kw = dict(dtype=dtype, efficiency=args.efficiency, flops_efficiency=args.flops_efficiency,
-              overhead_s=args.overhead_ms / 1e3, kernels=args.kernels)  # fmt: skip
+    kw = dict(**precision(args, dtype), efficiency=args.efficiency,
+              flops_efficiency=args.flops_efficiency, overhead_s=args.overhead_ms / 1e3,
+              kernels=args.kernels)  # fmt: skip
     decode = CostModel.assumed(model, hw, tp=args.tp, dp=args.dp, host_devices=host, **kw)
     prefill = CostModel.assumed(model, hw, tp=args.tp, dp=max(pre_devices // args.tp, 1),
                                 host_devices=host, **kw)  # fmt: skip
@@ -168,6 +194,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         "tp": args.tp,
         "dp": args.dp,
         "workload": asdict(replace(workload, prompt_format="text")),
+        "precision": decode.describe_precision(),
         "cost_model": decode.to_dict(),
         "cost_source": words,
     }
@@ -189,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(s, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    print(f"simulated {s['num_prompts']} requests in {seconds:.2f} s; {words}")
+    print(f"simulated {s['num_prompts']} requests in {seconds:.2f} s at "
+          f"{s['config']['precision']}; {words}")  # fmt: skip
     print(table(s))
     batch = s.get("mean_running_batch")
     print(f"mean running batch {batch:.2f} over {s['generate_calls']} generate calls"

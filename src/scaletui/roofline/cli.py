@@ -10,7 +10,7 @@ import sys
 
 import orjson
 
-from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.costmodel import CostModel, describe_precision
 from scaletui.roofline.estimate import Estimate, estimate
 from scaletui.roofline.fitstore import load_fit
 from scaletui.specs import SpecError, hardware_names, load_hardware, load_model, model_names
@@ -130,6 +130,9 @@ def format_table(e: Estimate) -> str:
     return "\n".join(f"{k:<{width}}  {v}" if k else "" for k, v in rows)
 
 
+FIT_CONFIG = ("model", "hardware", "dtype", "weight_dtype", "kv_dtype", "tp", "dp")
+
+
 def expected(e: Estimate, cost: CostModel) -> dict:
     """The fitted expectation for this estimate's batch, context and prompt, beside the floor
     (the `expected` object of `--json`)."""
@@ -138,7 +141,7 @@ def expected(e: Estimate, cost: CostModel) -> dict:
     prefill = cost.prefill_s(c["prompt_len"])
     return {
         "source": cost.source,
-        "fit_config": {k: vars(cost)[k] for k in ("model", "hardware", "dtype", "tp", "dp")},
+        "fit_config": {k: vars(cost)[k] for k in FIT_CONFIG},
         "decode_step_s": step,
         "decode_tokens_per_s": c["batch"] / step,
         "prefill_s": prefill,
@@ -152,7 +155,8 @@ def format_expected(x: dict) -> str:
     f = x["fit_config"]
     rows = [
         ("expected", f"{x['source']} cost model for {f['model']} on {f['hardware']} "
-                     f"({f['dtype']}, tp={f['tp']}, dp={f['dp']})"),
+                     f"({describe_precision(f['dtype'], f['weight_dtype'], f['kv_dtype'])}, "
+                     f"tp={f['tp']}, dp={f['dp']})"),
         ("decode step", f"{_si(x['decode_step_s'], 's')} "
                         f"({x['decode_step_over_floor']:.2f}x the floor)"),
         ("decode tokens/s", f"{x['decode_tokens_per_s']:,.1f}"),

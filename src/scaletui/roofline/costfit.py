@@ -139,8 +139,8 @@ def fit(
     knots: bool = True,
     **info: object,
 ) -> CostModel:
-    """Fit `base`'s rates (its model, hardware, dtype and mesh stay) and, with `knots`, its
-    decode table to timed calls.
+    """Fit `base`'s rates (its model, hardware, precision and mesh stay: the bytes are those
+    the timed engine moved) and, with `knots`, its decode table to timed calls.
 
     Decode needs >= 3 samples varying batch and context (and steps, to tell the per-call sync
     from the per-step cost; with one `steps` the sync is 0 and the step carries it). Prefill needs

@@ -10,7 +10,9 @@ The physical form (what `assumed` builds, and what a fit reports as rates):
                      + FLOPs / prefill_flops_per_s
 
 Bytes and FLOPs are per device and come from `costs` (weights / tp, KV and FLOPs / (tp * dp) for
-a decode batch, a prompt on one tp group). On a GPU/TPU a step's cost is close to linear in the
+a decode batch, a prompt on one tp group), in the server's precision: weights and KV bytes in
+their storage dtypes (`weight_dtype`, `kv_dtype`; int8 KV with its scales), FLOPs at the compute
+`dtype`'s roof. On a GPU/TPU a step's cost is close to linear in the
 batch, and this form is the book's. On a CPU it is not: XLA's dot runs a matrix-vector kernel at
 one row and a packed GEMM above it, whose FLOP rate rises with the rows, so a step costs 15 ms
 at batch 1, 26 at 4 and 54 at 32 for `small` at context 128 on a 2-core EPYC (concave in the
@@ -37,9 +39,20 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from scaletui.roofline import costs
 from scaletui.specs import HardwareSpec, ModelSpec
 
-__all__ = ["DTYPE_BYTES", "CostModel", "DecodeSample", "PrefillSample", "share_host"]
+__all__ = [
+    "COMPUTE_DTYPES",
+    "DTYPE_BYTES",
+    "CostModel",
+    "DecodeSample",
+    "PrefillSample",
+    "describe_precision",
+    "kv_token_bytes",
+    "share_host",
+]
 
-DTYPE_BYTES = {"f32": 4, "bf16": 2}  # the server's dtypes: weights, KV and compute alike
+DTYPE_BYTES = {"f32": 4, "bf16": 2, "int8": 1}  # bytes per stored weight / KV element
+COMPUTE_DTYPES = ("f32", "bf16")  # what the server computes in (serve.config.DTYPES)
+SCALE_BYTES = 4  # an int8 KV entry's f32 scale: one per (token, layer, KV head), K and V each
 
 
 @dataclass(frozen=True)
@@ -65,7 +78,7 @@ class PrefillSample:
 
 @dataclass(frozen=True)
 class CostModel:
-    """Expected step times for one server configuration (model, hardware, dtype, tp, dp).
+    """Expected step times for one server configuration (model, hardware, precision, tp, dp).
 
     Build it with `assumed(...)` (spec roofs times efficiencies) or `fit(...)` (measured steps);
     `to_dict`/`from_dict` round-trip it through YAML.
@@ -73,11 +86,11 @@ class CostModel:
 
     model: str
     hardware: str
-    dtype: str  # f32 | bf16: weight, KV and compute dtype
+    dtype: str  # f32 | bf16: the compute dtype (its FLOP roof); weights and KV unless set below
     tp: int
     dp: int
-    weight_bytes: float  # the whole model's weights, bytes (costs.param_count * dtype bytes)
-    kv_bytes_per_token: float  # K and V of one token, all layers, bytes
+    weight_bytes: float  # the whole model's weights, bytes (param_count * weight_dtype bytes)
+    kv_bytes_per_token: float  # K and V of one token, all layers, bytes (int8: with scales)
     flops_per_token: float  # costs.flops_per_token: 2 * P
     attn_flops_per_pair: float  # attention FLOPs per (query, key) pair, all layers
     step_overhead_s: float  # fixed cost per decode step
@@ -91,9 +104,19 @@ class CostModel:
     source: str = "assumed"  # assumed | fit
     decode_knots: tuple = ()  # fitted: ((batch, context, step_s), ...)
     prefill_attn_flops_per_s: float = 0.0  # fitted: attention FLOP/s in prefill (0: as dense)
+    weight_dtype: str = ""  # f32 | bf16 | int8: weight storage; "" = dtype (resolved at init)
+    kv_dtype: str = ""  # f32 | bf16 | int8: KV-cache storage; "" = dtype (resolved at init)
     info: dict = field(default_factory=dict, compare=False)  # fit quality, date, host, notes
 
     def __post_init__(self) -> None:
+        if self.dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"dtype should be one of {COMPUTE_DTYPES}, got {self.dtype!r}")
+        object.__setattr__(self, "weight_dtype", self.weight_dtype or self.dtype)
+        object.__setattr__(self, "kv_dtype", self.kv_dtype or self.dtype)
+        for name in ("weight_dtype", "kv_dtype"):
+            if vars(self)[name] not in DTYPE_BYTES:
+                raise ValueError(f"{name} should be one of {tuple(DTYPE_BYTES)} (or empty: "
+                                 f"dtype), got {vars(self)[name]!r}")  # fmt: skip
         for name in ("read_bw", "decode_flops_per_s", "prefill_flops_per_s", "transfer_bw"):
             if not vars(self)[name] > 0:
                 raise ValueError(f"{name} should be > 0, got {vars(self)[name]!r}")
@@ -110,6 +133,10 @@ class CostModel:
         if self.prefill_attn_flops_per_s < 0:
             raise ValueError(f"prefill_attn_flops_per_s should be >= 0 (0: as dense), got "
                              f"{self.prefill_attn_flops_per_s}")  # fmt: skip
+
+    def describe_precision(self) -> str:
+        """'f32' when compute, weights and KV agree, else 'bf16 compute, int8 weights, bf16 KV'."""
+        return describe_precision(self.dtype, self.weight_dtype, self.kv_dtype)
 
     # -- what one step moves and computes, per device ------------------------------------------
 
@@ -177,6 +204,8 @@ class CostModel:
         hardware: HardwareSpec,
         *,
         dtype: str = "bf16",
+        weight_dtype: str | None = None,
+        kv_dtype: str | None = None,
         tp: int = 1,
         dp: int = 1,
         efficiency: float = 1.0,
@@ -186,18 +215,23 @@ class CostModel:
         host_devices: int | None = None,
     ) -> CostModel:
         """What-if hardware with no fit: the spec's roofs times `efficiency` (bandwidth;
-        `flops_efficiency` defaults to the same), `overhead_s` per step and per prefill. On a
+        `flops_efficiency` defaults to the same), `overhead_s` per step and per prefill. Bytes
+        in `weight_dtype` and `kv_dtype` (None: `dtype`), FLOPs at the `dtype` roof. On a
         CPU spec the devices are virtual and share the host's roofs (`share_host`): tp * dp of
         them unless `host_devices` says more (disaggregated prefill devices on the same host)."""
         if not 0 < efficiency <= 1 or not 0 < (flops_efficiency or efficiency) <= 1:
             raise ValueError(f"efficiencies should be in (0, 1], got {efficiency}, "
                              f"{flops_efficiency}")  # fmt: skip
+        weight_dtype, kv_dtype = weight_dtype or dtype, kv_dtype or dtype
+        shape = _shape(model, dtype, weight_dtype, kv_dtype)  # checks the dtypes first
         hw = share_host(hardware, host_devices or tp * dp)
         peak = hw.flops(dtype) * (flops_efficiency or efficiency)
         return cls(
-            **_shape(model, dtype),
+            **shape,
             hardware=hardware.name,
             dtype=dtype,
+            weight_dtype=weight_dtype,
+            kv_dtype=kv_dtype,
             tp=tp,
             dp=dp,
             step_overhead_s=overhead_s,
@@ -221,7 +255,8 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         names = {f.name for f in fields(cls)}
-        optional = {"kernels", "source", "info", "decode_knots", "prefill_attn_flops_per_s"}
+        optional = {"kernels", "source", "info", "decode_knots", "prefill_attn_flops_per_s",
+                    "weight_dtype", "kv_dtype"}  # fmt: skip
         missing = names - set(d) - optional
         if missing:
             raise ValueError(f"cost model is missing {sorted(missing)}")
@@ -258,15 +293,37 @@ def _decode_at(knots: tuple, batch: float, context: float) -> float:
     return _along([(b, _along(cells, context)) for b, cells in by_batch.items()], batch, log=True)
 
 
-def _shape(model: ModelSpec, dtype: str) -> dict:
-    """The model's bytes and FLOPs per token, from `costs` (never re-derived here)."""
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"dtype should be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
-    b = DTYPE_BYTES[dtype]
+def describe_precision(dtype: str, weight_dtype: str = "", kv_dtype: str = "") -> str:
+    """'f32' when all three agree, else 'f32 compute, int8 weights, bf16 KV' (as
+    serve.config.Precision.describe words it)."""
+    weight_dtype, kv_dtype = weight_dtype or dtype, kv_dtype or dtype
+    if dtype == weight_dtype == kv_dtype:
+        return dtype
+    return f"{dtype} compute, {weight_dtype} weights, {kv_dtype} KV"
+
+
+def kv_token_bytes(model: ModelSpec, kv_dtype: str) -> float:
+    """K and V bytes of one token, all layers, stored in `kv_dtype`; int8 adds its f32 scales,
+    one per (layer, KV head) for K and one for V (serve.memory.kv_token_bytes)."""
+    if kv_dtype not in DTYPE_BYTES:
+        raise ValueError(f"kv_dtype should be one of {tuple(DTYPE_BYTES)}, got {kv_dtype!r}")
+    scales = 2.0 * model.n_layers * model.n_kv_heads * SCALE_BYTES if kv_dtype == "int8" else 0
+    return costs.kv_bytes_per_token(model, DTYPE_BYTES[kv_dtype]) + scales
+
+
+def _shape(model: ModelSpec, dtype: str, weight_dtype: str, kv_dtype: str) -> dict:
+    """The model's bytes and FLOPs per token, from `costs` (never re-derived here): weights in
+    `weight_dtype` (int8: one byte a parameter; its per-channel scales, ~0.1 % more, left out),
+    KV in `kv_dtype`; FLOPs do not depend on the precision (`dtype` sets their roof)."""
+    if dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"dtype should be one of {COMPUTE_DTYPES}, got {dtype!r}")
+    if weight_dtype not in DTYPE_BYTES:
+        raise ValueError(f"weight_dtype should be one of {tuple(DTYPE_BYTES)}, got "
+                         f"{weight_dtype!r}")  # fmt: skip
     return {
         "model": model.name,
-        "weight_bytes": float(costs.param_count(model) * b),
-        "kv_bytes_per_token": costs.kv_bytes_per_token(model, b),
+        "weight_bytes": float(costs.param_count(model) * DTYPE_BYTES[weight_dtype]),
+        "kv_bytes_per_token": kv_token_bytes(model, kv_dtype),
         "flops_per_token": float(costs.flops_per_token(model)),
         "attn_flops_per_pair": costs.attention_flops(model, 1, 1, causal=False),
     }

@@ -1,8 +1,10 @@
-"""Where fitted cost models live: one YAML per (host, model, dtype, kernels, mesh shape), in
+"""Where fitted cost models live: one YAML per (host, model, precision, kernels, mesh shape), in
 `fits/` beside the `local` hardware spec (`$XDG_CONFIG_HOME/scaletui/hardware/`).
 
-`scaletui calibrate --model M` (later) writes with `save_fit`; `scaletui simulate`, `scaletui
-roofline --fit` and the TUI read with `load_fit` / `find_fit`.
+`scaletui calibrate --model M` writes with `save_fit`; `scaletui simulate`, `scaletui roofline
+--fit` and the TUI read with `load_fit` / `find_fit`. A name carries the compute dtype alone when
+weights and KV are stored in it (`box--small--f32--xla--tp1-dp1.yaml`, the form fits had before
+the precision knobs), else all three (`box--small--bf16-wint8-kvbf16--xla--tp1-dp1.yaml`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import yaml
 from scaletui.roofline.costmodel import CostModel
 from scaletui.specs import user_config_dir
 
-__all__ = ["find_fit", "fit_path", "fits_dir", "load_fit", "save_fit"]
+__all__ = ["find_fit", "fit_path", "fits_dir", "load_fit", "precision_tag", "save_fit"]
 
 
 def fits_dir() -> Path:
@@ -28,6 +30,13 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text) or "_"
 
 
+def precision_tag(dtype: str, weight_dtype: str | None = None, kv_dtype: str | None = None) -> str:
+    """'f32' when weights and KV are stored in the compute dtype (None: they are), else
+    'f32-wint8-kvbf16'. Single dashes: '--' separates a name's fields."""
+    w, kv = weight_dtype or dtype, kv_dtype or dtype
+    return dtype if w == kv == dtype else f"{dtype}-w{w}-kv{kv}"
+
+
 def fit_path(
     model: str,
     dtype: str,
@@ -35,16 +44,21 @@ def fit_path(
     tp: int,
     dp: int,
     host: str | None = None,
+    *,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
 ) -> Path:
     """The file for one server configuration on one host (default: this host's name)."""
     host = host or platform.node() or "host"
-    name = f"{_safe(host)}--{_safe(model)}--{dtype}--{kernels}--tp{tp}-dp{dp}.yaml"
+    tag = _safe(precision_tag(dtype, weight_dtype, kv_dtype))
+    name = f"{_safe(host)}--{_safe(model)}--{tag}--{kernels}--tp{tp}-dp{dp}.yaml"
     return fits_dir() / name
 
 
 def save_fit(cost: CostModel, path: Path | None = None, host: str | None = None) -> Path:
-    """Write `cost` as YAML (to its `fit_path` unless `path`); returns where."""
-    path = path or fit_path(cost.model, cost.dtype, cost.kernels, cost.tp, cost.dp, host)
+    """Write `cost` as YAML (to its `fit_path`, by its precision, unless `path`); returns where."""
+    path = path or fit_path(cost.model, cost.dtype, cost.kernels, cost.tp, cost.dp, host,
+                            weight_dtype=cost.weight_dtype, kv_dtype=cost.kv_dtype)  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cost.to_dict(), sort_keys=False))
     return path
@@ -71,10 +85,15 @@ def find_fit(
     dp: int,
     kernels: str = "auto",
     host: str | None = None,
+    *,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
 ) -> Path | None:
-    """The stored fit for this configuration, or None. `kernels="auto"` takes whichever kernels
-    were fitted (the newest file), as the server's auto resolves to one of them."""
-    exact = fit_path(model, dtype, kernels, tp, dp, host)
+    """The stored fit for this configuration and precision (weights and KV: None means
+    `dtype`), or None. `kernels="auto"` takes whichever kernels were fitted (the newest file),
+    as the server's auto resolves to one of them."""
+    exact = fit_path(model, dtype, kernels, tp, dp, host, weight_dtype=weight_dtype,
+                     kv_dtype=kv_dtype)  # fmt: skip
     if exact.exists():
         return exact
     if kernels != "auto":
