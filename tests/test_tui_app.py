@@ -145,11 +145,11 @@ async def settle(app: ScaleTUI, pilot, rounds: int = 2) -> None:
     await pilot.pause()
 
 
-def kpi_text(app: ScaleTUI) -> str:
+def kpi_text(app: ScaleTUI, selector: str = "#kpis") -> str:
     from rich.console import Console
 
     console = Console(width=60, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
-    console.print(app.query_one("#kpis").content)
+    console.print(app.query_one(selector).content)
     return console.export_text()
 
 
@@ -646,3 +646,126 @@ async def test_status_bar_names_the_fit_and_kpis_show_three_levels():
         step = build_view(app.state).kpi("decode_step")
         assert step.ratio == pytest.approx(step.measured / e.decode_step_ms)
         assert "×" in text or "÷" in text
+
+
+def memory_text(app: ScaleTUI) -> str:
+    return app.query_one("#memory").content.plain
+
+
+async def test_w_and_k_stage_the_precision_and_the_prediction_follows_before_apply():
+    from scaletui.tui.panels.fmt import nbytes, num
+
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        m = app.state
+        assert m.precision().label() == "f32"  # the fixture's server: f32 throughout
+        f32 = m.prediction()
+        await pilot.press("w")
+        assert m.pending.weight_dtype == "bf16"
+        bf16 = m.prediction()
+        await pilot.press("w")
+        await settle(app, pilot)
+        assert m.pending.weight_dtype == "int8" and m.applied.weight_dtype == ""
+        assert build_view(m).pending == {"weight_dtype": "int8"}
+        knobs = app.query_one("#knobs")
+        assert knobs.has_class("-dirty") and "f32 → int8" in kpi_text(app, "#knobs")
+        int8 = m.prediction()
+        # weight memory and the weight-read floor: half of bf16's, a quarter of f32's
+        assert int8.weight_bytes_per_chip == pytest.approx(bf16.weight_bytes_per_chip / 2)
+        assert int8.weight_bytes_per_chip == pytest.approx(f32.weight_bytes_per_chip / 4)
+        assert int8.weight_read_ms == pytest.approx(bf16.weight_read_ms / 2)
+        assert int8.weight_read_ms == pytest.approx(f32.weight_read_ms / 4)
+        assert int8.kv_bytes_per_chip == f32.kv_bytes_per_chip
+        assert build_view(m).kpi("mem").floor < build_view(m).kpi("mem").measured
+        assert nbytes(int8.weight_bytes_per_chip) in memory_text(app)
+        assert "floor*" in kpi_text(app)
+        await pilot.press("w")  # round to f32, what the server runs: nothing left pending
+        assert m.pending is None
+        # k: a narrower KV cache fits more slots beside the weights
+        await pilot.press("k", "k")
+        await settle(app, pilot)
+        assert m.pending.kv_dtype == "int8"
+        kv8 = m.prediction()
+        assert kv8.kv_bytes_per_token == pytest.approx(f32.kv_bytes_per_token / 4)
+        assert kv8.max_slots > 3 * f32.max_slots
+        line = next(x for x in memory_text(app).splitlines() if x.startswith("max slots"))
+        assert line.split()[-1] == num(kv8.max_slots)
+        await pilot.press("escape")
+        await settle(app, pilot)
+        assert m.pending is None and m.prediction() == f32
+        assert not app.query_one("#knobs").has_class("-dirty")
+        assert line.split()[-1] not in memory_text(app)
+
+
+async def test_apply_sends_the_precision_and_the_status_shows_it(tmp_path):
+    ctl = FakeController()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(app, pilot)
+        status = str(app.query_one("#status").content)
+        assert "│ f32 │" in status
+        await pilot.press("w", "w", "k", "a")
+        await settle(app, pilot)
+        assert ("apply", {"weight_dtype": "int8", "kv_dtype": "bf16"}) in ctl.calls
+        ctl.apply_gate.set()
+        await settle(app, pilot)
+        m = app.state
+        assert m.pending is None and m.applied.weight_dtype == "int8"
+        assert m.precision().label() == "f32·w int8·kv bf16"
+        assert "f32·w int8·kv bf16" in str(app.query_one("#status").content)
+        cfg = m.server_config()
+        assert (cfg.weight_dtype, cfg.kv_dtype) == ("int8", "bf16")
+        assert m.run_knobs.weight_dtype == "int8"  # the new run, at the new precision
+
+
+async def test_a_rejected_precision_is_shown_and_the_old_config_kept(tmp_path):
+    refusal = (
+        "server refused {'weight_dtype': 'f32'}: HTTP 400 weight_dtype=f32 is wider than "
+        "dtype=bf16; use weight_dtype bf16 (or int8), or dtype f32"
+    )
+    ctl = FakeController(fail_apply=refusal)
+    ctl.apply_gate.set()
+    app = make_app(ctl, tmp_path)
+    async with app.run_test(size=(160, 48), notifications=True) as pilot:
+        await settle(app, pilot)
+        await pilot.press("k", "a")
+        await settle(app, pilot)
+        assert ("apply", {"kv_dtype": "bf16"}) in ctl.calls
+        assert app.state.phase == "error"
+        assert any("weight_dtype=f32 is wider" in e.text for e in app.state.events)
+        assert any("HTTP 400" in n.message for n in app._notifications)
+        assert app.state.precision(app.state.applied).kv == "f32"
+        assert "│ f32 │" in str(app.query_one("#status").content)
+        await pilot.press("escape")  # the edit was kept to fix or discard
+        assert app.state.pending is None
+        await pilot.press("r")  # and the TUI carries on at the old config
+        await settle(app, pilot)
+        assert app.state.phase == "running" and app.is_running
+
+
+async def test_palette_stages_precisions_by_name_and_typed(tmp_path):
+    app = make_app()
+    async with app.run_test(size=(160, 48), notifications=True) as pilot:
+        await settle(app, pilot)
+        app.command("weights int8")
+        app.command("kv bf16")
+        assert (app.state.knobs.weight_dtype, app.state.knobs.kv_dtype) == ("int8", "bf16")
+        app.command("weights fp4")
+        assert app.state.knobs.weight_dtype == "int8"
+        await pilot.press("escape", "ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"KV cache: int8")
+        for _ in range(20):
+            await pilot.pause()
+        await pilot.press("enter")
+        await settle(app, pilot)
+        assert app.state.knobs.kv_dtype == "int8" and app.state.pending is not None
+
+
+async def test_help_lists_the_precision_keys():
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        rows = {row[0]: row[1] for row in await help_rows(app, pilot)}
+        assert "weights" in rows["w"] and "int8" in rows["w"]
+        assert "KV" in rows["k"] and "int8" in rows["k"]

@@ -34,6 +34,7 @@ assert args[-1] == "--quick"
 flag = dict(zip(args[:-1:2], args[1:-1:2]))
 cpu = HardwareSpec("cpu", "cpu", {"f32": 1e11}, 8e9, 2e10, 2e10, False, 2e10, 1)
 base = CostModel.assumed(load_model(flag["--model"]), cpu, dtype=flag["--dtype"],
+                         weight_dtype=flag["--weight-dtype"], kv_dtype=flag["--kv-dtype"],
                          tp=int(flag["--tp"]), dp=int(flag["--dp"]))
 info = {"date": "2026-12-01T02:08:00+00:00", "host": "testhost", "seconds": 3.0}
 save_fit(replace(base, kernels=flag["--kernels"], source="fit", info=info))
@@ -181,7 +182,7 @@ async def test_fit_runs_once_per_configuration_and_not_when_one_exists(tmp_path)
     flags, xla = runs[0].split(" | ")
     assert flags == (
         "--model tiny --slots 4 --max-seq-len 256 --decode-steps 2 --tp 1 --dp 1 --dtype f32 "
-        "--kernels xla --quick"
+        "--weight-dtype f32 --kv-dtype f32 --kernels xla --quick"
     )
     assert "--xla_force_host_platform_device_count=2" in xla  # the server's virtual devices
     texts = drain(ctl, model)
@@ -198,6 +199,23 @@ async def test_fit_runs_once_per_configuration_and_not_when_one_exists(tmp_path)
     assert await ctl.fit_server(CONFIG | {"tp": 2}) is True
     assert len(marker.read_text().splitlines()) == 2
     assert not ctl.groups.pgids  # the finished children are no longer tracked
+
+
+async def test_fit_is_per_precision_and_names_it(tmp_path):
+    """After `w` int8 is applied the server's config says so: that precision has no fit yet, so
+    it is fitted with its own flags, and the label says which precision it is."""
+    marker = tmp_path / "fits-run"
+    ctl = Controller(log_dir=tmp_path, fit_cmd=fake_fit(marker), host_devices=0)
+    model = SessionState(Knobs(slots=4), "tiny")
+    assert await ctl.fit_server(CONFIG | {"weight_dtype": "f32", "kv_dtype": "f32"}) is True
+    int8 = CONFIG | {"weight_dtype": "int8", "kv_dtype": "f32"}
+    assert await ctl.fit_server(int8) is True
+    runs = marker.read_text().splitlines()
+    assert len(runs) == 2 and "--weight-dtype int8 --kv-dtype f32" in runs[1]
+    assert drain(ctl, model)[-1].startswith("fitted testhost tiny f32·w int8 xla tp1")
+    assert host.fit_lookup(int8).find() is not None
+    assert await ctl.fit_server(int8) is True  # stored now: not fitted again
+    assert len(marker.read_text().splitlines()) == 2
 
 
 async def test_failed_fit_is_an_event_not_retried_until_forced(tmp_path):
@@ -236,3 +254,14 @@ async def test_cancelled_fit_does_not_outlive_its_wait(tmp_path):
         await task
     assert ctl.fitter.returncode is not None and not group_alive(pid)
     assert pid not in ctl.groups.pgids
+
+
+def test_the_embedded_server_starts_at_the_knobs_precision():
+    """A restart after `w`/`k` were applied starts the server at that precision; "" leaves the
+    server's own default (its --dtype), and a flag the user passed wins."""
+    cmd = host.serve_command("py", "tiny", 8000, Knobs(weight_dtype="int8", kv_dtype="bf16"), 0, [])
+    assert " --weight-dtype int8 --kv-dtype bf16" in " ".join(cmd)
+    assert "--weight-dtype" not in host.serve_command("py", "tiny", 8000, Knobs(), 0, [])
+    extra = ["--weight-dtype", "bf16"]
+    cmd = host.serve_command("py", "tiny", 8000, Knobs(weight_dtype="int8"), 0, extra)
+    assert cmd.count("--weight-dtype") == 1 and cmd[-1] == "bf16"

@@ -1,7 +1,8 @@
 """End to end: a real `scaletui serve --model tiny`, a short loadgen run through the controller,
 the measured numbers arriving on the screen beside predictions for this host (`local`, written by
 a calibrate child run first; the expectation on a fit a stand-in fit child writes before the
-load), then t/T to tp 2 halving the weights per chip and fitting tp 2 (CPU only)."""
+load), then t/T to tp 2 halving the weights per chip and fitting tp 2, then `w` to int8 weights
+(a quarter of f32's bytes, measured) fitted at that precision (CPU only)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from scaletui.specs import load_hardware, load_model
 args = sys.argv[1:]
 flag = dict(zip(args[:-1:2], args[1:-1:2]))
 base = CostModel.assumed(load_model(flag["--model"]), load_hardware("local"), dtype=flag["--dtype"],
+                         weight_dtype=flag["--weight-dtype"], kv_dtype=flag["--kv-dtype"],
                          tp=int(flag["--tp"]), dp=int(flag["--dp"]), efficiency=0.5)
 info = {"date": "2026-12-01T02:08:00+00:00", "host": "e2e", "seconds": 1.0}
 save_fit(replace(base, kernels=flag["--kernels"], source="fit", info=info))
@@ -128,7 +130,7 @@ async def drive(app: ScaleTUI, ctl: Controller, tmp_path) -> None:
         status = str(app.query_one("#status").content)
         assert "tiny" in status and "serving" in status
         # the unsharded f32 CPU server runs the native kernels wherever they build and are the
-        # faster (AVX-512), and says so
+        # faster (AVX2, AVX-512), and says so
         runs_native = native.available() and native.slower_here() is None
         assert ("cpu+native×2" if runs_native else "cpu×2") in status
         assert "auto (local)" in text_of(app.query_one("#knobs").content)
@@ -154,6 +156,30 @@ async def drive(app: ScaleTUI, ctl: Controller, tmp_path) -> None:
         w2 = build_view(app.state).mem_weights
         assert w2 == pytest.approx(w1 / 2, rel=0.1)
         assert "dp1·tp2" in str(app.query_one("#status").content)
+
+        await pilot.press("w", "w")  # int8 weights: a quarter of f32's bytes, before apply
+        pred2 = app.state.prediction().weight_bytes_per_chip
+        assert pred2 == pytest.approx(
+            app.state.prediction(app.state.applied).weight_bytes_per_chip / 4
+        )
+        await pilot.press("a")
+        assert await wait_for(
+            lambda: (
+                app.state.stats.config.get("weight_dtype") == "int8"
+                and app.state.stats.state == "serving"
+            ),
+            240,
+        ), [e.text for e in app.state.events]
+
+        def fitted_int8() -> bool:  # the new precision is fitted with its own flags
+            e = app.state.expectation()
+            return e is not None and "w int8" in e.fit.label
+
+        assert await wait_for(fitted_int8, 60), [e.text for e in app.state.events]
+        await asyncio.sleep(0.6)
+        w3 = build_view(app.state).mem_weights
+        assert w3 < w2 / 3  # measured: int8 weights plus their f32 per-channel scales
+        assert "f32·w int8" in str(app.query_one("#status").content)
         server_pid = ctl.server.pid
         await pilot.press("q")
         await pilot.pause()

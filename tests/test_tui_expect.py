@@ -37,10 +37,11 @@ CONFIG = {  # the /stats "config" of a tiny server
 INFO = {"date": "2026-12-01T02:08:11+00:00", "host": "testhost", "seconds": 41.2}
 
 
-def hand_fit(tp: int = 1, dp: int = 1, kernels: str = "xla") -> CostModel:
+def hand_fit(tp: int = 1, dp: int = 1, kernels: str = "xla", **precision: str) -> CostModel:
     """A fit whose times are computable by hand: 1 ms per decode step, 2 ms per generate call
-    (host sync), and bytes, FLOPs and prefill all but free."""
-    base = CostModel.assumed(load_model("tiny"), CPU, dtype="f32", tp=tp, dp=dp)
+    (host sync), and bytes, FLOPs and prefill all but free. `precision`: weight_dtype,
+    kv_dtype (default f32, as the compute dtype)."""
+    base = CostModel.assumed(load_model("tiny"), CPU, dtype="f32", tp=tp, dp=dp, **precision)
     return replace(
         base,
         step_overhead_s=1e-3,
@@ -145,6 +146,28 @@ def test_new_configuration_uses_its_own_fit_once_written():
     got = m.expectation()
     assert got.fit.source == "fit" and "tp2" in got.fit.label
     assert views.build_view(m).expected_note is None
+
+
+def test_a_pending_precision_uses_its_own_fit_else_assumes_and_says_so():
+    save_fit(hand_fit())
+    m = serving()
+    assert m.expectation().fit.source == "fit"
+    m.edit(weight_dtype="int8")  # `w` to int8, not applied: f32 compute, int8 weights
+    assert m.server_config().weight_dtype == "int8"
+    assert m.expectation().fit.source == "assumed"
+    note = "expected: assumed efficiencies, no fit for this configuration (f32·w int8) yet"
+    assert views.build_view(m).expected_note == note
+    save_fit(hand_fit(weight_dtype="int8"))
+    m.add(Record(2.0, "event", {"text": "fitted", "fit": "done"}))
+    got = m.expectation()
+    assert got.fit.source == "fit" and got.fit.label.startswith("testhost tiny f32·w int8 xla")
+    m.discard()  # the f32 server's own fit again
+    assert m.expectation().fit.label.startswith("testhost tiny f32 xla tp1")
+    # without fits (a what-if spec) the assumed model reads the narrower weights too
+    what_if = serving(replace(KNOBS, hardware="h100"))
+    f32 = what_if.expectation().decode_step_ms
+    what_if.edit(weight_dtype="int8")
+    assert what_if.expectation().decode_step_ms < f32
 
 
 def test_fit_in_progress_and_failure_are_said():

@@ -49,6 +49,28 @@ def test_server_changes_are_the_admin_config_body():
     assert pending.server_changes(applied) == {"slots": 16, "tp": 2}
 
 
+def test_precision_knobs_cycle_validate_and_go_to_the_admin_config():
+    from scaletui.tui.knobs import Precision, next_precision
+
+    assert [next_precision(d) for d in ("f32", "bf16", "int8", "")] == [
+        "bf16", "int8", "f32", "f32",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="weight_dtype must be one of"):
+        Knobs(weight_dtype="fp4")
+    applied = Knobs(weight_dtype="f32", kv_dtype="f32")
+    pending = replace(applied, weight_dtype="int8", input_len=256)
+    assert pending.server_changes(applied) == {"weight_dtype": "int8"}
+    assert Precision("f32", "f32", "f32").label() == "f32"
+    assert Precision("f32", "int8", "bf16").label() == "f32·w int8·kv bf16"
+    assert Precision("bf16", "bf16", "int8").label() == "bf16·kv int8"
+    # before /stats says, "" is the server's own: its compute dtype
+    assert Precision.of(Knobs(), {"dtype": "bf16"}, "bf16") == Precision("bf16", "bf16", "bf16")
+    m = loaded()  # the fixture's /stats has no weight_dtype: cycling back leaves no edit
+    for dtype in ("bf16", "int8", "f32"):
+        m.edit(weight_dtype=dtype)
+    assert m.pending is None and views.build_view(m).pending == {}
+
+
 def test_replay_lines_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="kind in"):
         parse_line(b'{"t": 0, "kind": "bogus", "data": {}}')

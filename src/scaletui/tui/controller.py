@@ -29,7 +29,7 @@ import orjson
 from scaletui import specs
 from scaletui.procs import ProcessGroups, free_port, signal_group
 from scaletui.records import Record, RecordKind
-from scaletui.roofline.fitstore import find_fit, load_fit
+from scaletui.roofline.fitstore import load_fit
 from scaletui.tui.client import ServerClient
 from scaletui.tui.expect import fit_label
 from scaletui.tui.host import (
@@ -176,9 +176,10 @@ class Controller:
     async def fit_server(self, config: dict | None = None, force: bool = False) -> bool:
         """When our server's configuration (its /stats `config`, fetched when None) has no fitted
         cost model on this host, or `force`: run `scaletui calibrate --model M --slots S ...
-        --quick` (its own process group, log fit.log, the server's virtual devices) and wait,
-        before the load starts so the two do not compete. True when a fit exists afterwards;
-        an event with `fit="done"` says so either way (fitted now, or stored already).
+        --weight-dtype W --kv-dtype K --quick` (its own process group, log fit.log, the
+        server's virtual devices) and wait, before the load starts so the two do not compete.
+        True when a fit exists afterwards; an event with `fit="done"` says so either way (fitted
+        now, or stored already).
         Skipped for an attached server (another host's, or one holding the devices), with
         --no-calibrate, or a what-if --hardware. A failure or a timeout is an event and the
         expectation stays on assumed efficiencies (a failed configuration is not retried until
@@ -195,7 +196,7 @@ class Controller:
         except (KeyError, TypeError, ValueError) as exc:
             self.event(f"no cost-model fit: the server's config lacks {exc}", "warning")
             return False
-        stored = None if force else find_fit(*key)
+        stored = None if force else key.find()
         if stored is not None:  # said as a fit that is done, so the state reads "fit ready"
             self.event(f"cost model: stored fit {stored.name} (no fit needed)", fit="done")
             return True
@@ -221,7 +222,7 @@ class Controller:
                 self.log_dir / "fit.log",
                 self.fit_timeout,
                 started,
-                lambda: find_fit(*key) is not None,
+                lambda: key.find() is not None,
             )
         finally:  # also when cancelled (quit): the child does not outlive its wait
             proc = self.fitter
@@ -231,7 +232,7 @@ class Controller:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(proc.wait(), 3)
                 self.groups.discard(proc.pid)
-        path, label = find_fit(*key), ""
+        path, label = key.find(), ""
         if why is None and path is None:
             why = "it wrote no fit"
         if why is None:

@@ -1,8 +1,9 @@
 """The expectation: our own scheduler simulated (`roofline.simulate`) on a cost model of this host.
 
 The cost model is the stored fit for the server's configuration (`fitstore.find_fit`: model,
-dtype, tp, dp, kernels; written by `scaletui calibrate --model M`), else the hardware spec's
-roofs times assumed efficiencies (`CostModel.assumed`), said plainly. The load is the TUI's
+precision, tp, dp, kernels; written by `scaletui calibrate --model M`), else the hardware spec's
+roofs times assumed efficiencies (`CostModel.assumed`, at the same precision), said plainly. The
+precision is the knobs' (a pending `w`/`k` edit), else the server's. The load is the TUI's
 own: fixed input/output lengths (the server prepends a BOS token to each prompt), a closed loop
 at the knobs' concurrency or loadgen's own Poisson offsets at the knobs' rate (seed 0, as a
 loadgen run draws them), a few hundred requests. Results are memoized on every input, the fits'
@@ -22,10 +23,10 @@ import numpy as np
 from scaletui import specs
 from scaletui.loadgen.workload import arrival_offsets
 from scaletui.roofline.costmodel import DTYPE_BYTES, CostModel
-from scaletui.roofline.fitstore import find_fit, fits_dir, load_fit
+from scaletui.roofline.fitstore import fits_dir, load_fit
 from scaletui.roofline.simulate import Load, ServerShape, simulate
-from scaletui.tui.host import serve_max_seq_len
-from scaletui.tui.knobs import Knobs
+from scaletui.tui.host import FitKey, serve_max_seq_len
+from scaletui.tui.knobs import Knobs, Precision
 from scaletui.tui.predict import host_devices
 
 ASSUMED_EFFICIENCY = 0.5  # no fit: this fraction of the spec's bandwidth and FLOP/s
@@ -40,7 +41,9 @@ class ServerConfig:
 
     max_seq_len: int = 1024
     decode_steps: int = 4
-    dtype: str = "f32"
+    dtype: str = "f32"  # compute
+    weight_dtype: str = "f32"  # weight storage: f32 | bf16 | int8
+    kv_dtype: str = "f32"  # KV-cache storage: f32 | bf16 | int8
     kernels: str = "auto"
     min_prefill_bucket: int = 16
     max_prefill_bucket: int = 0  # 0 = max_seq_len
@@ -51,14 +54,17 @@ class ServerConfig:
     def from_stats(
         cls, config: dict, knobs: Knobs, model_max: int | None, backend: str | None = None
     ) -> ServerConfig:
-        """From /stats "config"; what it lacks (no server yet) as the embedded server will
-        start: max_seq_len for the knobs' lengths, f32 on a CPU backend, else bf16."""
+        """From /stats "config" and the knobs' precision; what it lacks (no server yet) as
+        the embedded server will start: max_seq_len for the knobs' lengths, f32 on a CPU
+        backend, else bf16, weights and KV as the compute dtype."""
         buckets = [int(b) for b in config.get("prefill_buckets") or () if int(b) > 0]
-        dtype = config.get("dtype") or ("f32" if backend in (None, "cpu", "?") else "bf16")
+        precision = Precision.of(knobs, config, str(config.get("dtype") or start_dtype(backend)))
         return cls(
             max_seq_len=int(config.get("max_seq_len") or serve_max_seq_len(knobs, model_max)),
             decode_steps=int(config.get("decode_steps") or 4),
-            dtype=str(dtype),
+            dtype=precision.compute,
+            weight_dtype=precision.weights,
+            kv_dtype=precision.kv,
             kernels=str(config.get("kernels") or "auto"),
             min_prefill_bucket=min(buckets) if buckets else 16,
             max_prefill_bucket=max(buckets) if buckets else 0,
@@ -94,14 +100,21 @@ class Expectation:
     fit: FitChoice
 
 
-def fit_key(model: str, cfg: ServerConfig, knobs: Knobs) -> tuple[str, str, int, int, str]:
-    """`find_fit`'s arguments for the server the knobs describe."""
-    return model, cfg.dtype, knobs.tp, knobs.dp, cfg.kernels
+def start_dtype(backend: str | None) -> str:
+    """The compute dtype the embedded server starts with: f32 on a CPU backend, else bf16."""
+    return "f32" if backend in (None, "cpu", "?") else "bf16"
+
+
+def fit_key(model: str, cfg: ServerConfig, knobs: Knobs) -> FitKey:
+    """The fit of the server the knobs describe, precision included."""
+    return FitKey(model, cfg.dtype, knobs.tp, knobs.dp, cfg.kernels, cfg.weight_dtype, cfg.kv_dtype)
 
 
 def fit_label(cost: CostModel) -> str:
-    """'vm small f32 xla tp1 (2026-12-01 02:08, 41 s)' from a fitted cost model."""
+    """'vm small f32 xla tp1 (2026-12-01 02:08, 41 s)' from a fitted cost model; a precision
+    that is not uniform reads 'f32·w int8'."""
     info = cost.info or {}
+    precision = Precision(cost.dtype, cost.weight_dtype, cost.kv_dtype)
     mesh = f"tp{cost.tp}" + (f" dp{cost.dp}" if cost.dp > 1 else "")
     when = str(info.get("date") or "undated")
     with contextlib.suppress(ValueError):  # not ISO: shown as written
@@ -109,7 +122,7 @@ def fit_label(cost: CostModel) -> str:
     took = info.get("seconds")
     took = f", {float(took):.0f} s" if isinstance(took, (int, float)) else ""
     host = f"{info['host']} " if info.get("host") else ""
-    return f"{host}{cost.model} {cost.dtype} {cost.kernels} {mesh} ({when}{took})"
+    return f"{host}{cost.model} {precision.label()} {cost.kernels} {mesh} ({when}{took})"
 
 
 def cost_models(
@@ -123,21 +136,26 @@ def cost_models(
     fits do not apply (a what-if spec, a remote server) and the costs are assumed. ValueError
     when there is neither a fit nor a hardware spec."""
     if use_fits is None:
-        path = find_fit(*fit_key(model.name, cfg, knobs))
+        path = fit_key(model.name, cfg, knobs).find()
         if path is not None:
             cost = load_fit(path)  # ValueError naming the file when it is not a cost model
             return cost, cost, FitChoice("fit", fit_label(cost), None, path)
-        why = "no fit for this configuration yet"
+        precision = Precision(cfg.dtype, cfg.weight_dtype, cfg.kv_dtype)
+        shown = "" if precision.uniform else f" ({precision.label()})"
+        why = f"no fit for this configuration{shown} yet"
     else:
         why = use_fits
     if hardware is None:
         raise ValueError(f"no hardware spec to assume costs on ({why})")
-    if cfg.dtype not in DTYPE_BYTES:
-        raise ValueError(f"no cost model for dtype {cfg.dtype!r}")
+    for dtype in (cfg.dtype, cfg.weight_dtype, cfg.kv_dtype):
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"no cost model for dtype {dtype!r}")
     devices = host_devices(knobs)
     dispatch = (hardware.extra.get("measured") or {}).get("dispatch_s") or 0.0
     kw = dict(
         dtype=cfg.dtype,
+        weight_dtype=cfg.weight_dtype,
+        kv_dtype=cfg.kv_dtype,
         efficiency=ASSUMED_EFFICIENCY,
         overhead_s=float(dispatch),
         kernels=cfg.kernels,

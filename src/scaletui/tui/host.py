@@ -1,8 +1,8 @@
 """This host, as the TUI's children see it: the default number of virtual JAX CPU devices, and
 running `scaletui calibrate` as a child (own process group, bounded in time): `--quick` for the
 `local` hardware spec the floor for "this machine" needs, `--model M ...` for the fitted cost
-model of one server configuration the expectation needs. No events here: the controller reports
-what these return.
+model of one server configuration (mesh and precision) the expectation needs. No events here:
+the controller reports what these return.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import yaml
 
 from scaletui import specs
 from scaletui.procs import is_loopback_host, signal_group
+from scaletui.roofline.fitstore import find_fit
 from scaletui.tui.knobs import Knobs
 
 MAX_DEFAULT_HOST_DEVICES = 8
@@ -90,6 +91,9 @@ def serve_command(
     cmd = [python, "-m", "scaletui", "serve", "--model", model]
     cmd += ["--port", str(port), "--slots", str(k.slots), "--tp", str(k.tp)]
     cmd += ["--dp", str(k.dp), "--mode", k.mode]
+    for flag, dtype in (("--weight-dtype", k.weight_dtype), ("--kv-dtype", k.kv_dtype)):
+        if dtype and flag not in extra:  # "": the server's default (its --dtype)
+            cmd += [flag, dtype]
     if "--max-seq-len" not in extra:
         model_max = None
         with contextlib.suppress(specs.SpecError):  # a bad model: the server names it
@@ -110,23 +114,53 @@ def serve_max_seq_len(knobs: Knobs, model_max: int | None) -> int:
     return min(need, model_max) if model_max else need
 
 
-def fit_lookup(config: dict) -> tuple[str, str, int, int, str]:
-    """`fitstore.find_fit`'s (model, dtype, tp, dp, kernels) for a /stats "config" object."""
+@dataclass(frozen=True)
+class FitKey:
+    """One server configuration as `fitstore.find_fit` looks its fit up: model, precision
+    (compute, weight and KV-cache dtypes), mesh and kernels."""
+
+    model: str
+    dtype: str  # compute
+    tp: int
+    dp: int
+    kernels: str = "auto"
+    weight_dtype: str | None = None  # None: as dtype (fitstore names both alike)
+    kv_dtype: str | None = None
+
+    def find(self) -> Path | None:
+        """The stored fit for this configuration, or None."""
+        return find_fit(
+            self.model,
+            self.dtype,
+            self.tp,
+            self.dp,
+            self.kernels,
+            weight_dtype=self.weight_dtype,
+            kv_dtype=self.kv_dtype,
+        )
+
+
+def fit_lookup(config: dict) -> FitKey:
+    """The fit key of a /stats "config" object (KeyError naming a key it lacks)."""
     c = config
-    return (
+    dtype = str(c.get("dtype", "f32"))
+    return FitKey(
         str(c["model"]),
-        str(c.get("dtype", "f32")),
+        dtype,
         int(c.get("tp", 1)),
         int(c.get("dp", 1)),
         str(c.get("kernels", "auto")),
+        str(c.get("weight_dtype") or dtype),
+        str(c.get("kv_dtype") or dtype),
     )
 
 
 def fit_command(prefix: list[str], config: dict) -> list[str]:
     """`scaletui calibrate --model M ... --quick` (after `prefix`, the python -m scaletui
-    calibrate part) for the server configuration of a /stats "config" object; KeyError naming
-    a key it lacks."""
+    calibrate part) for the server configuration of a /stats "config" object, its precision
+    included; KeyError naming a key it lacks."""
     c = config
+    dtype = c.get("dtype", "f32")
     flags = {
         "--model": c["model"],
         "--slots": c["slots"],
@@ -134,7 +168,9 @@ def fit_command(prefix: list[str], config: dict) -> list[str]:
         "--decode-steps": c.get("decode_steps", 4),
         "--tp": c.get("tp", 1),
         "--dp": c.get("dp", 1),
-        "--dtype": c.get("dtype", "f32"),
+        "--dtype": dtype,
+        "--weight-dtype": c.get("weight_dtype") or dtype,
+        "--kv-dtype": c.get("kv_dtype") or dtype,
         "--kernels": c.get("kernels", "auto"),
     }
     return [*prefix, *(str(x) for kv in flags.items() for x in kv), "--quick"]

@@ -1,4 +1,5 @@
-"""The knobs a user turns: server shape (slots, tp, dp, mode) plus load and prediction settings.
+"""The knobs a user turns: server shape (slots, tp, dp, mode, weight and KV-cache precision) plus
+load and prediction settings.
 
 Frozen; edits make a new `Knobs` (`step`/`replace`). `server_changes` is what POST /admin/config
 gets; load and hardware knobs only change the next run and the prediction.
@@ -10,7 +11,8 @@ from dataclasses import asdict, dataclass, fields, replace
 
 MODES = ("interleaved", "disaggregated")
 LOADS = ("concurrency", "qps")
-SERVER_KEYS = ("slots", "tp", "dp", "mode", "prefill_devices")
+PRECISIONS = ("f32", "bf16", "int8")  # weight and KV-cache storage dtypes, the `w`/`k` cycle
+SERVER_KEYS = ("slots", "tp", "dp", "mode", "prefill_devices", "weight_dtype", "kv_dtype")
 MAX_SLOTS = 1024
 
 
@@ -21,6 +23,8 @@ class Knobs:
     dp: int = 1  # data parallelism ('data' mesh axis)
     mode: str = "interleaved"  # interleaved | disaggregated prefill/generate
     prefill_devices: int = 0  # disaggregated: devices for prefill (0 = half)
+    weight_dtype: str = ""  # weight storage: f32 | bf16 | int8; "" = the server's own (its dtype)
+    kv_dtype: str = ""  # KV-cache storage: f32 | bf16 | int8; "" = the server's own
     load: str = "concurrency"  # concurrency (closed loop) | qps (open loop, Poisson)
     rate: float = 0.0  # concurrency or req/s; concurrency 0 = follow slots
     input_len: int = 128  # prompt tokens per request
@@ -34,6 +38,9 @@ class Knobs:
             raise ValueError(f"tp and dp must be >= 1, got tp={self.tp} dp={self.dp}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        for key in ("weight_dtype", "kv_dtype"):
+            if getattr(self, key) not in ("", *PRECISIONS):
+                raise ValueError(f"{key} must be one of {PRECISIONS}, got {getattr(self, key)!r}")
         if self.load not in LOADS:
             raise ValueError(f"load must be one of {LOADS}, got {self.load!r}")
         if self.rate < 0:
@@ -83,6 +90,43 @@ class Knobs:
         """These knobs with the server-side keys taken from a /stats "config"."""
         changes = {k: config[k] for k in SERVER_KEYS if k in config}
         return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a server computes in and stores, resolved (no "" left): compute, weights, KV."""
+
+    compute: str  # activations: f32 | bf16 (the server's --dtype; not a knob here)
+    weights: str  # f32 | bf16 | int8
+    kv: str  # f32 | bf16 | int8
+
+    @classmethod
+    def of(cls, knobs: Knobs, config: dict, compute: str) -> Precision:
+        """The knobs' storage dtypes, else the server's (its /stats `config`), else `compute`."""
+        weights = knobs.weight_dtype or config.get("weight_dtype") or compute
+        kv = knobs.kv_dtype or config.get("kv_dtype") or compute
+        return cls(compute, str(weights), str(kv))
+
+    @property
+    def uniform(self) -> bool:
+        return self.compute == self.weights == self.kv
+
+    def label(self) -> str:
+        """'f32' when all three agree, else the compute dtype and what differs from it:
+        'f32·w int8·kv bf16'."""
+        parts = [self.compute]
+        if self.weights != self.compute:
+            parts.append(f"w {self.weights}")
+        if self.kv != self.compute:
+            parts.append(f"kv {self.kv}")
+        return "·".join(parts)
+
+
+def next_precision(dtype: str) -> str:
+    """The `w`/`k` cycle: f32 -> bf16 -> int8 -> f32 (an unknown dtype starts it at f32)."""
+    if dtype not in PRECISIONS:
+        return PRECISIONS[0]
+    return PRECISIONS[(PRECISIONS.index(dtype) + 1) % len(PRECISIONS)]
 
 
 def step_pow2(value: int, up: bool, lo: int, hi: int) -> int:

@@ -7,7 +7,7 @@ from textual.binding import Binding
 
 from scaletui.tui.views import POOL_WINDOWS
 
-KNOB_ACTIONS = {"slots", "tp", "dp", "sharding"}
+KNOB_ACTIONS = {"slots", "tp", "dp", "sharding", "weights", "kv"}
 CONTROL_ACTIONS = {"apply", "rerun", "restart_server", "refit"}
 PANELS = {1: "#latency", 2: "#strips", 3: "#charts2", 4: "#runs", 5: "#events"}
 PANEL_NAMES = {1: "latency", 2: "sparklines", 3: "roofline/sweep", 4: "runs", 5: "events"}
@@ -26,6 +26,8 @@ BINDINGS = [
     Binding("d", "dp(False)", "dp÷2", show=False, id="dp.down"),
     Binding("D", "dp(True)", "dp×2", show=False, id="dp.up"),
     Binding("s", "sharding", "Mesh", id="sharding"),
+    Binding("w", "weights", "weights f32→bf16→int8", show=False, id="weights"),
+    Binding("k", "kv", "KV cache f32→bf16→int8", show=False, id="kv"),
     Binding("a,enter", "apply", "Apply", id="apply"),
     Binding("r", "rerun", "Rerun", id="rerun"),
     Binding("escape", "discard", "Discard", show=False, id="discard"),

@@ -4,8 +4,9 @@ among them (`roofline.share_host`) before the estimate: two virtual devices are 
 
 Inputs: the server's model spec (the /stats "model" fields, or a spec loaded by name), a hardware
 spec (`local` when calibrated; otherwise a fallback named in the events log), and the knobs:
-chips = tp * dp, prompt_len = input_len, context = input_len + output_len / 2, weight/KV bytes
-from the server dtype (f32 -> 4, bf16 -> 2), and the decode batch the load implies
+chips = tp * dp, prompt_len = input_len, context = input_len + output_len / 2, weight and KV
+bytes from the knobs' precision, else the server's (f32 -> 4, bf16 -> 2, int8 -> 1), and the
+decode batch the load implies
 (`decode_batch`: closed loop min(concurrency, slots); open loop the batch that carries the offered
 rate). Memory per chip is for what the server allocates (all slots at its max_seq_len). The
 roofline has no queueing, so its one TTFT/TPOT number is the floor for both p50 and p99.
@@ -41,6 +42,9 @@ class Prediction:
     hbm_bw: float  # bytes/s per chip
     hbm_bytes: float  # capacity per chip
     batch: int = 0  # the decode batch the step is predicted at
+    weight_read_ms: float = 0.0  # the step's weight-load time alone (weights / tp / bandwidth)
+    kv_bytes_per_token: float = 0.0  # one token's KV, all layers and heads (whole replica)
+    max_slots: int = 0  # the KV capacity: slots of max_seq_len tokens that fit beside the weights
 
     @property
     def mem_per_chip(self) -> float:
@@ -189,6 +193,9 @@ def predict(
         hbm_bw=hardware.hbm_bw,
         hbm_bytes=hardware.hbm_bytes,
         batch=batch,
+        weight_read_ms=step["decode_weight_s"] * 1e3,
+        kv_bytes_per_token=step["kv_bytes_per_token"],
+        max_slots=int(memory["max_batch"]),
     )
 
 

@@ -27,9 +27,10 @@ from scaletui.tui.expect import (
     Expectation,
     ServerConfig,
     expect_cached,
+    start_dtype,
     sweep_grid,
 )
-from scaletui.tui.knobs import Knobs
+from scaletui.tui.knobs import Knobs, Precision
 from scaletui.tui.predict import Prediction, model_spec_from, pick_hardware, predict_cached
 
 HISTORY = 300  # samples kept per series (5 min at 1 Hz)
@@ -279,10 +280,22 @@ class SessionState:
         return new
 
     def _stage(self, new: Knobs) -> None:
+        new = self._spelled_as_applied(new)
         hardware_changed = new.hardware != self.knobs.hardware
         self.pending = None if new == self.applied else new
         if hardware_changed:
             self.hardware = self._choose_hardware()
+
+    def _spelled_as_applied(self, new: Knobs) -> Knobs:
+        """`new` with a storage dtype that is what the server runs spelled as the applied knobs
+        spell it ("" = the server's own), so cycling back to it leaves no edit pending."""
+        ran, wanted = self.precision(self.applied), self.precision(new)
+        same = {}
+        if wanted.weights == ran.weights:
+            same["weight_dtype"] = self.applied.weight_dtype
+        if wanted.kv == ran.kv:
+            same["kv_dtype"] = self.applied.kv_dtype
+        return replace(new, **same)
 
     def discard(self) -> None:
         self._stage(self.applied)
@@ -316,20 +329,23 @@ class SessionState:
             return f"no prediction: {self.spec_error or 'no model spec yet'}"
         if self.hardware.spec is None:
             return f"no prediction: {self.hardware.note}"
-        config = self.stats.config
+        p = self.precision(knobs)
+        max_seq_len = self.stats.config.get("max_seq_len")
         return predict_cached(
-            self.spec,
-            self.hardware.spec,
-            knobs,
-            str(config.get("dtype", "f32")),
-            config.get("max_seq_len"),
-            config.get("weight_dtype"),
-            config.get("kv_dtype"),
+            self.spec, self.hardware.spec, knobs, p.compute, max_seq_len, p.weights, p.kv
         )
 
     def prediction(self, knobs: Knobs | None = None) -> Prediction | None:
         got = self.prediction_or_error(knobs)
         return got if isinstance(got, Prediction) else None
+
+    def precision(self, knobs: Knobs | None = None) -> Precision:
+        """The compute, weight and KV-cache dtypes of the server `knobs` describe (default: what
+        is shown): the knobs' own storage dtypes (a pending `w`/`k`), else the server's /stats
+        config, else its compute dtype (before /stats: what the embedded server starts with)."""
+        config = self.stats.config
+        compute = str(config.get("dtype") or start_dtype(self.stats.raw.get("backend")))
+        return Precision.of(knobs or self.knobs, config, compute)
 
     def server_config(self, knobs: Knobs | None = None) -> ServerConfig:
         """The server settings beyond the knobs (/stats "config"; defaults before it says)."""

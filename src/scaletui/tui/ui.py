@@ -20,7 +20,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from scaletui.tui.controller import ControllerError
-from scaletui.tui.knobs import Knobs, check_mesh, step_pow2
+from scaletui.tui.knobs import Knobs, check_mesh, next_precision, step_pow2
 from scaletui.tui.layout import (
     BINDINGS,
     CONTROL_ACTIONS,
@@ -232,6 +232,16 @@ class ScaleTUI(App):
         k = self.state.knobs
         dp = step_pow2(k.dp, up, 1, 1024)
         self._edit(dp=dp, slots=max(k.slots, dp))
+
+    def action_weights(self) -> None:
+        self._cycle_precision("weight_dtype", "weights")
+
+    def action_kv(self) -> None:
+        self._cycle_precision("kv_dtype", "kv")
+
+    def _cycle_precision(self, key: str, part: str) -> None:
+        """Stage the next storage dtype (f32 -> bf16 -> int8 -> f32) of the weights or KV."""
+        self._edit(**{key: next_precision(getattr(self.state.precision(), part))})
 
     def action_discard(self) -> None:
         if self.state.pending is not None:

@@ -9,7 +9,7 @@ percentiles pooled over them (a window's percentile counts once per request it c
 window lines carry percentiles, not each request's times), else the newest window of the run
 that has them, else the last summary; tokens/s as the mean of those windows; decode step from
 /stats `step_times_ms.generate.per_token_mean` (the server's own 5 s window); memory per chip
-from /stats `memory.*_per_device`.
+from /stats `memory.*_per_device`, and the KV capacity (max slots) from those bytes.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaletui.records import LoadSummary, LoadWindow, StatsSnapshot
+from scaletui.records import LoadSummary, LoadWindow, StatsSnapshot, number
 from scaletui.tui.expect import Expectation
-from scaletui.tui.knobs import Knobs
+from scaletui.tui.knobs import Knobs, Precision
 from scaletui.tui.predict import Prediction
 from scaletui.tui.state import RunRow, SessionState, SweepPoint
 
@@ -57,6 +57,8 @@ class View:
     applied: Knobs
     knobs: Knobs  # pending if any, else applied
     pending: dict  # changed keys -> new values
+    precision_applied: Precision  # what the server runs: compute, weight and KV dtypes
+    precision: Precision  # of `knobs` (a pending w/k edit shows here first)
     hardware: str
     prediction_note: str | None
     fit: str  # the cost model in use, for the status bar: "vm small f32 xla tp1 (...)"
@@ -82,6 +84,7 @@ class View:
     mem_weights: float | None  # measured bytes per chip
     mem_kv: float | None
     mem_capacity: float | None
+    mem_max_slots: int | None  # measured KV capacity: slots of max_seq_len that fit in capacity
     runs: tuple[RunRow, ...]
     sweep: tuple[SweepPoint, ...]
     sweep_curve: tuple[tuple[float, float], ...]  # expected (tok/s, TPOT p50 ms) on a finer grid
@@ -166,6 +169,10 @@ def build_view(m: SessionState) -> View:
     capacity = stats.device_bytes_limit
     if capacity is None and pred is not None:
         capacity = pred.hbm_bytes
+    max_slots = None
+    if capacity and w_dev is not None and kv_dev:  # KV per device grows with the slots
+        slots = number(stats.config, "slots") or m.applied.slots
+        max_slots = max(0, int(slots * (capacity - w_dev) / kv_dev))
     chips = (m.run_knobs or m.applied).chips
     meas_flops = None
     if applied_pred is not None and tok_s is not None:
@@ -187,6 +194,8 @@ def build_view(m: SessionState) -> View:
         applied=m.applied,
         knobs=m.knobs,
         pending=pending,
+        precision_applied=m.precision(m.applied),
+        precision=m.precision(),
         hardware=m.hardware.name,
         prediction_note=got if isinstance(got, str) else m.hardware.note,
         fit=fit,
@@ -212,6 +221,7 @@ def build_view(m: SessionState) -> View:
         mem_weights=w_dev,
         mem_kv=kv_dev,
         mem_capacity=capacity,
+        mem_max_slots=max_slots,
         runs=tuple(m.runs),
         sweep=tuple(m.sweep),
         sweep_curve=m.sweep_curve(),
@@ -254,10 +264,11 @@ def redraw_keys(v: View) -> dict[str, tuple]:
             v.run_elapsed,
             v.sweep_point,
             v.fit,
+            v.precision_applied,
         ),
-        "#knobs": (v.applied, v.knobs, v.hardware),
+        "#knobs": (v.applied, v.knobs, v.hardware, v.precision_applied, v.precision),
         "#kpis": (v.kpis, v.pending, v.prediction_note, v.expected_note),
-        "#memory": (v.mem_weights, v.mem_kv, v.mem_capacity, v.prediction),
+        "#memory": (v.mem_weights, v.mem_kv, v.mem_capacity, v.mem_max_slots, v.prediction),
         "#latency": (v.xs, v.ttft_p50, v.exp_ttft_ms, v.exp_tpot_ms),
         "#strips": (v.spark_tok_s, v.spark_queue, v.spark_occupancy, v.spark_kv),
         "#roofline": (v.prediction, v.meas_flops_per_chip),

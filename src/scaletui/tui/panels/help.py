@@ -42,10 +42,16 @@ Every number comes in three levels, **floor | exp | meas**, then **m/e** = measu
   call over every slot row at the KV bucket the longest request reaches, ÷ its steps.
 - **output tok/s** generated tokens per second over all chips (mean of the last 5 windows).
 - **mem/chip** weights + KV cache bytes per device (floor and expected: weights / tp, plus KV
-  for every slot at the server's max_seq_len, / chips).
+  for every slot at the server's max_seq_len, / chips), at the shown precision.
 - **predict on** the hardware spec of the floor: `local` is this host, measured by `scaletui
   calibrate` (run once at start when missing); otherwise a built-in spec, named in the KPI panel.
   With another spec chosen as a what-if, expected uses assumed efficiencies on it too.
+- **weights / KV cache** (`w` / `k`, f32 → bf16 → int8) how the server stores them: 4, 2 or
+  1 byte a value (int8 adds f32 scales). The decode step reads every weight once, so int8
+  weights halve bf16's weight read; a narrower KV cache fits more slots (**max slots** in the
+  memory panel: slots of max_seq_len tokens that fit beside the weights). The status bar shows
+  what runs: `f32`, or `f32·w int8·kv bf16`; compute stays in the server's --dtype, and the
+  server refuses storage wider than it (e.g. f32 weights on a bf16 server).
 - **slots** the decode batch size (KV-cache slots). **tp** tensor parallelism (shards heads and
   d_ff; weights per chip ÷ tp). **dp** data parallelism (shards slots). **mode** interleaved
   (prefill and decode share devices) or disaggregated (prefill on its own devices).

@@ -12,6 +12,8 @@ ROWS = (
     ("slots", "slots", "b/B"),
     ("tp", "tp", "t/T"),
     ("dp", "dp", "d/D"),
+    ("weights", "weights", "w"),
+    ("kv", "KV cache", "k"),
     ("mode", "mode", "s"),
     ("prefill_devices", "prefill dev", "s"),
     ("load", "load", ":"),
@@ -30,6 +32,8 @@ class KnobsPanel(Static):
         for key, label, keys in ROWS:
             if key == "load":
                 now, new = v.applied.load_label(), v.knobs.load_label()
+            elif key in ("weights", "kv"):  # resolved: "" reads as the server's own dtype
+                now, new = getattr(v.precision_applied, key), getattr(v.precision, key)
             elif key == "hardware":
                 now = v.applied.hardware or f"auto ({v.hardware})"
                 new = v.knobs.hardware or now

@@ -1,13 +1,14 @@
 """Memory per chip: a bar of weights, KV cache and free (measured), then the measured and the
 predicted bytes side by side in fixed-width columns (the panel is 28 cells wide at its narrowest,
-so nothing wraps)."""
+so nothing wraps), and the KV capacity: how many slots of max_seq_len tokens fit beside the
+weights (it grows as the weights or the KV cache are stored narrower, `w`/`k`)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import Static
 
-from scaletui.tui.panels.fmt import nbytes
+from scaletui.tui.panels.fmt import nbytes, num
 from scaletui.tui.views import View
 
 
@@ -36,6 +37,11 @@ class MemoryBar(Static):
             text.append(f" {nbytes(measured):>8} {nbytes(predicted):>8}")
         if cap and w is not None and kv is not None:
             text.append(f"\n{'free':9} {nbytes(max(0.0, cap - w - kv)):>8}", "dim")
+        max_slots = None if p is None else p.max_slots
+        if v.mem_max_slots is not None or max_slots is not None:
+            text.append(f"\n{'max slots':9}")
+            for slots in (v.mem_max_slots, max_slots):
+                text.append(f" {'—' if slots is None else num(slots):>8}")
         if p is not None and not p.fits:
             text.append("  DOES NOT FIT", "bold red")
         self.update(text)

@@ -1,6 +1,7 @@
 """Command palette provider (ctrl+p or `:`): fixed actions plus typed commands such as
 `slots 16`, `tp 2`, `qps 4`, `concurrency 8`, `input 256`, `output 64`, `hardware h100`,
-`mode disaggregated`, `prefill 2`, `sweep slots 1,2,4,8`, `sweep qps 1,2,4`, `symbols block`.
+`mode disaggregated`, `prefill 2`, `weights int8`, `kv bf16`, `sweep slots 1,2,4,8`,
+`sweep qps 1,2,4`, `symbols block`; and the precisions by name ("Weights: int8").
 
 The provider only posts what was chosen to the App (an action name, or a `PaletteCommand`);
 `interpret` turns a typed command into what it asks for: knob changes, a sweep, or a chart
@@ -14,6 +15,7 @@ from functools import partial
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from scaletui import specs
+from scaletui.tui.knobs import PRECISIONS
 from scaletui.tui.messages import PaletteCommand
 
 ACTIONS = (
@@ -37,6 +39,15 @@ TYPED = {
     "output": ("output_len", int),
     "prefill": ("prefill_devices", int),
 }
+PRECISION_KNOBS = {"weights": "weight_dtype", "kv": "kv_dtype"}  # typed command -> knob
+PRECISION_HITS = tuple(  # (name shown, typed command, help)
+    (f"{shown}: {dtype}", f"{typed} {dtype}", f"stage {what} stored in {dtype} (a applies)")
+    for typed, shown, what in (
+        ("weights", "Weights", "the weights"),
+        ("kv", "KV cache", "the KV cache"),
+    )
+    for dtype in PRECISIONS
+)
 EXAMPLES = (
     "slots 16",
     "tp 2",
@@ -69,6 +80,8 @@ def parse(query: str) -> tuple[str, object] | None:
             return head, TYPED[head][1](arg)
         except ValueError:
             return None
+    if head in PRECISION_KNOBS:
+        return (head, arg) if arg in PRECISIONS else None
     if head in ("mode", "hardware", "symbols"):
         return head, query.strip().split()[1]
     return None
@@ -101,7 +114,7 @@ def interpret(text: str) -> Asked:
     if name == "hardware":
         specs.load_hardware(str(value))  # SpecError (a ValueError) names what is wrong
         return Asked(changes={"hardware": str(value)})
-    key = TYPED[name][0] if name in TYPED else name
+    key = TYPED[name][0] if name in TYPED else PRECISION_KNOBS.get(name, name)
     return Asked(changes={key: value})
 
 
@@ -112,6 +125,8 @@ class ScaleCommands(Provider):
     async def discover(self) -> Hits:
         for name, action, help_ in ACTIONS:
             yield DiscoveryHit(name, partial(self.app.run_action, action), help=help_)
+        for name, typed, help_ in PRECISION_HITS:
+            yield DiscoveryHit(name, partial(self._post, typed), help=help_)
         for example in EXAMPLES:
             yield DiscoveryHit(example, partial(self._post, example), help="typed command")
 
@@ -126,6 +141,10 @@ class ScaleCommands(Provider):
                 yield Hit(
                     score, matcher.highlight(name), partial(self.app.run_action, action), help=help_
                 )
+        for name, typed, help_ in PRECISION_HITS:
+            score = matcher.match(name)
+            if score > 0 and parsed is None:
+                yield Hit(score, matcher.highlight(name), partial(self._post, typed), help=help_)
         for example in EXAMPLES:
             score = matcher.match(example)
             if score > 0 and parsed is None:

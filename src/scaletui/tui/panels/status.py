@@ -1,5 +1,5 @@
-"""Status bar: server, devices, model, mesh, slots, phase, the cost-model fit the expectation
-uses (no wall clock: snapshots stay fixed)."""
+"""Status bar: server, devices, model, mesh, precision, slots, phase, the cost-model fit the
+expectation uses (no wall clock: snapshots stay fixed)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ class StatusBar(Static):
             " server ",
             (v.server, server_style),
             f" │ {v.backend}×{v.n_devices or '?'} │ {v.model} │ mesh {v.applied.mesh_label()}",
+            f" │ {v.precision_applied.label()}",
             f" │ slots {used}/{v.applied.slots} │ ",
             (f"● {v.phase.upper()}", PHASE_STYLE.get(v.phase, "")),
         )
