@@ -7,10 +7,12 @@ import os
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 
-from scaletui.serve import model, native, weights
+from scaletui.serve import model, native, quant
+from scaletui.serve import weights as weights_mod
 from scaletui.serve.build import build_engines
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
@@ -51,10 +53,30 @@ def test_dense_keeps_leading_axes_and_pack_round_trips():
     rng = np.random.default_rng(1)
     x, w = _rand(rng, 1, 9, 48), _rand(rng, 48, 70)  # 70: the last panel is zero-padded
     panels = native.pack(w)
-    assert panels.shape == (2, 48, 64)
+    width = native.panel_width()
+    assert width in (16, 64) and panels.shape == (-(-70 // width), 48, width)
     np.testing.assert_array_equal(native.unpack(panels, 70), w)
     y = native.dense(jnp.asarray(x), jnp.asarray(panels), 70)
     np.testing.assert_allclose(np.asarray(y), x @ w, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernels
+@pytest.mark.parametrize("m", [1, 5, 7, 16])
+def test_dense_reads_bf16_and_int8_panels(m):
+    """The kernel widens bf16 and int8 weights in registers: the product of the f32 weights
+    they stand for (int8: q * column scale)."""
+    rng = np.random.default_rng(m)
+    x, w = _rand(rng, m, 200), _rand(rng, 200, 150)  # 150: a zero-padded last panel
+    wb = w.astype(ml_dtypes.bfloat16)
+    qt = quant.quantize(w, (0,))
+    for packed, w_ref in ((native.pack(wb), wb.astype(np.float32)),
+                          (native.pack(qt.q, qt.scale), quant.dequantize(qt, (0,)))):  # fmt: skip
+        np.testing.assert_array_equal(native.unpack(packed, 150), w_ref)
+        y = jax.jit(native.dense, static_argnums=2)(jnp.asarray(x), jax.device_put(packed), 150)
+        assert y.dtype == jnp.float32 and y.shape == (m, 150)
+        np.testing.assert_allclose(np.asarray(y), x @ w_ref, rtol=1e-4, atol=1e-4 * np.sqrt(200))
+    with pytest.raises(ValueError, match="column scales"):
+        native.pack(qt.q)
 
 
 def _reference_attention(q, k, v, positions, kc, vc):
@@ -113,7 +135,7 @@ def _tiny_cache(m, rows, chunk, n_chunks, seed):
 @pytest.mark.parametrize("tied", [False, True])
 def test_model_decode_and_prefill_native_equal_xla(tied):
     m = dataclasses.replace(load_model("tiny"), tied_embeddings=tied)
-    host = weights.dummy_params(m, 0)
+    host = weights_mod.dummy_params(m, 0)
     packed = native.pack_params(host)
     assert ("embed" in packed) is not tied  # a tied table is held once, packed for the lm head
     xla_params, native_params = jax.device_put(host), jax.device_put(packed)
@@ -139,9 +161,31 @@ def test_model_decode_and_prefill_native_equal_xla(tied):
     np.testing.assert_allclose(np.asarray(kvg[1][0]), np.asarray(kvw[1][0]), rtol=1e-4, atol=1e-5)
 
 
-def _greedy_run(kernels: str) -> tuple[list[list[int]], bool]:
+@needs_kernels
+@pytest.mark.parametrize(("weights", "tied"), [("bf16", False), ("int8", False), ("int8", True)])
+def test_model_native_equal_xla_at_each_weight_precision(weights, tied):
+    """Packed bf16 / int8 weights (fused, transposed lm head, tied table gathered from the
+    packed head) compute what XLA's ops compute over the same stored weights."""
+    m = dataclasses.replace(load_model("tiny"), tied_embeddings=tied)
+    host = quant.convert_params(weights_mod.dummy_params(m, 0), "f32", weights)
+    xla_params, native_params = jax.device_put(host), jax.device_put(native.pack_params(host))
+    tokens = jnp.array([5, 77, 300, 0], jnp.int32)
+    positions = jnp.array([3, 9, 30, 0], jnp.int32)
+    cache = _tiny_cache(m, rows=4, chunk=16, n_chunks=4, seed=0)
+    ops = model.xla_ops(compute=jnp.float32)
+    want, _ = model.decode(xla_params, cache, tokens, positions, 2, m, 3, ops)
+    got, _ = model.decode(native_params, cache, tokens, positions, 2, m, 3, model.NATIVE)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    prompt = jnp.arange(12, dtype=jnp.int32) * 7
+    (lw, _), (lg, _) = (model.prefill(p, prompt, 12, m, ops=o)
+                        for p, o in ((xla_params, ops), (native_params, model.NATIVE)))  # fmt: skip
+    np.testing.assert_allclose(np.asarray(lg), np.asarray(lw), rtol=1e-4, atol=1e-4)
+
+
+def _greedy_run(kernels: str, **precision: str) -> tuple[list[list[int]], bool]:
     m = load_model("tiny")
-    cfg = ServeConfig(model=m, slots=3, max_seq_len=64, decode_steps=4, kernels=kernels)
+    cfg = ServeConfig(model=m, slots=3, max_seq_len=64, decode_steps=4, kernels=kernels,
+                      **precision)  # fmt: skip
     eng, _ = build_engines(cfg, jax.devices()[:1])
     state = eng.init_decode_state()
     params = SamplingParams(max_tokens=20, ignore_eos=True)
@@ -166,6 +210,15 @@ def test_engine_native_tokens_equal_xla():
     assert used_native and not used_xla
     assert native_out == xla_out
     assert all(len(t) == 20 for t in native_out)
+
+
+@needs_kernels
+def test_engine_native_int8_weights_and_kv_tokens_equal_xla():
+    """int8 weights through the native matmuls, an int8 cache through XLA's attention."""
+    native_out, used_native = _greedy_run("native", weight_dtype="int8", kv_dtype="int8")
+    xla_out, used_xla = _greedy_run("xla", weight_dtype="int8", kv_dtype="int8")
+    assert used_native and not used_xla
+    assert native_out == xla_out
 
 
 def test_native_refused_where_it_cannot_run(monkeypatch, greedy_reference):
@@ -238,6 +291,7 @@ def test_decode_attention_rejects_inconsistent_chunks():
             jax.block_until_ready(native.decode_attention(*args, bad_k, bad_v))
 
 
+@needs_kernels
 def test_large_batches_take_xla_matmul_on_the_same_panels():
     rng = np.random.default_rng(5)
     x, w = _rand(rng, native.XLA_ROWS, 40), _rand(rng, 40, 100)

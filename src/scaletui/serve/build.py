@@ -58,9 +58,14 @@ def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
             raise ConfigError("kernels", "native", f"kernels='native' is not usable here: "
                               f"{why_not}", "use kernels auto or xla")  # fmt: skip
         if config.kernels == "auto" and why_not is None:
-            why_not = native.slower_here()  # they run, but XLA's ops are faster on this CPU
+            why_not = native.slower_here()  # they run, but are not tuned for this CPU
         use = config.kernels != "xla" and why_not is None
         note = f"native kernels not used: {why_not}" if why_not and not use else None
+        if use and config.precision.kv != "f32":
+            note = (
+                "native matmuls; decode attention runs XLA's ops (the native attention "
+                f"kernel reads an f32 KV cache, got kv_dtype={config.precision.kv})"
+            )
         plan.append(EnginePlan(role, devs, d, use, note))
     return plan
 

@@ -9,9 +9,10 @@ slot against a slot cache, attending over a static bucket of the cache only).
 
 The op set is an argument, picked once when the engine is built: `xla_ops(...)` (`XLA` is the
 default, over the layout above, with any weight precision of `quant.py`: plain, cast or int8
-`QTensor` matrices) or `NATIVE` (over `native.pack_params`' fused, packed f32 projections),
-whose matmuls run the native dense kernel and whose decode attention runs the native kernel,
-writing the step's K/V in place. The KV cache may be stored in f32, bf16 or int8 (with a scale
+`QTensor` matrices) or `NATIVE` (over `native.pack_params`' fused, packed projections in f32,
+bf16 or int8), whose matmuls run the native dense kernel and whose decode attention runs the
+native kernel, writing the step's K/V in place (`NATIVE_DENSE`: the native matmuls with XLA's
+attention, for a bf16 or int8 cache). The KV cache may be stored in f32, bf16 or int8 (with a scale
 per position and KV head); attention always reads it back in the compute dtype.
 """
 
@@ -97,11 +98,15 @@ def out_proj(p: dict, o: jax.Array, m: ModelSpec, panel: bool = False) -> jax.Ar
 
 
 def native_embed(params: dict, tokens: jax.Array, m: ModelSpec) -> jax.Array:
-    """A tied model's native layout keeps the table only once, packed for the lm head
-    (table^T as [V/64, D, 64]), and gathers from that."""
+    """f32 embeddings. A tied model's native layout keeps the table only once, packed for the
+    lm head (table^T as [V/P, D, P]), and gathers from that."""
     if not m.tied_embeddings:
-        return params["embed"][tokens]
-    return params["lm_head"][tokens // native_ops.PANEL, :, tokens % native_ops.PANEL]
+        return quant.embed_rows(params["embed"], tokens, jnp.float32)
+    head = params["lm_head"]
+    panels = head.q if isinstance(head, QTensor) else head
+    width = panels.shape[-1]
+    rows = panels[tokens // width, :, tokens % width].astype(jnp.float32)
+    return rows * head.scale[tokens][..., None] if isinstance(head, QTensor) else rows
 
 
 def native_mlp(p: dict, h: jax.Array, m: ModelSpec) -> jax.Array:
@@ -324,3 +329,5 @@ def xla_ops(compute: jnp.dtype | None = None, panel: bool = False) -> Ops:
 XLA = xla_ops()
 NATIVE = Ops(native_embed, native_qkv, native_out, native_mlp, native_logits,
              native_decode_attention)  # fmt: skip
+# native matmuls over a bf16 / int8 KV cache: the attention kernel reads f32 only
+NATIVE_DENSE = NATIVE._replace(decode_attention=_chunk_attention)

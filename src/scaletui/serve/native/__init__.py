@@ -7,7 +7,11 @@ registered as XLA FFI targets. `available()` says whether that worked (and
 `unavailable_reason()` why not); the engine falls back to plain XLA ops when it did not, so a
 host without a compiler still serves, only slower.
 
-Weights for `dense` are packed once on the host: W [D, N] -> panels [N/64, D, 64].
+Weights for `dense` are packed once on the host: W [D, N] -> panels [N/P, D, P], P =
+`panel_width()` (64 columns where the CPU has AVX-512, 16 elsewhere), in the weight's storage
+dtype: f32, bf16, or int8 as a `QTensor(panels, scale)` with one f32 scale per column. The
+kernel widens each weight to f32 in registers, so bf16 and int8 steps read 2x and 4x fewer
+bytes; activations are f32.
 
 Environment: `SCALETUI_NATIVE_KERNELS=0` turns them off; `SCALETUI_NATIVE_THREADS=N` sets the
 threads per kernel call (default: XLA's intra-op pool); `SCALETUI_CXXFLAGS` adds compiler flags
@@ -28,11 +32,15 @@ import numpy as np
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.native import toolchain
 from scaletui.serve.native.toolchain import slower_here  # noqa: F401  (the engine asks)
+from scaletui.serve.quant import QTensor
 
-PANEL = 64
-XLA_ROWS = 512  # from this many rows (long prompts) XLA's own matmul beats the native kernel
-DENSE = "scaletui_dense_f32"
+XLA_ROWS = 512  # from this many rows (long prompts) XLA's own matmul beats the f32 kernel
+DENSE = {"float32": "scaletui_dense_f32", "bfloat16": "scaletui_dense_bf16",
+         "int8": "scaletui_dense_i8"}  # fmt: skip
 ATTENTION = "scaletui_decode_attention_f32"
+_SYMBOLS = {DENSE["float32"]: "ScaletuiDenseF32", DENSE["bfloat16"]: "ScaletuiDenseBF16",
+            DENSE["int8"]: "ScaletuiDenseI8", ATTENTION: "ScaletuiDecodeAttentionF32"}  # fmt: skip
+_panel: list[int] = []  # the loaded kernels' panel width
 
 
 @functools.cache
@@ -42,10 +50,10 @@ def _load() -> str | None:
         return "disabled by SCALETUI_NATIVE_KERNELS=0"
     try:
         lib = ctypes.cdll.LoadLibrary(str(toolchain.ensure().path))
-        symbols = {DENSE: "ScaletuiDenseF32", ATTENTION: "ScaletuiDecodeAttentionF32"}
-        for name, symbol in symbols.items():
+        for name, symbol in _SYMBOLS.items():
             capsule = jax.ffi.pycapsule(lib[symbol])
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+        _panel[:] = [int(lib.scaletui_panel_width())]
     except (OSError, RuntimeError, AttributeError) as e:  # toolchain.BuildError is a RuntimeError
         toolchain.log.warning("native CPU kernels unavailable (XLA's ops run instead): %s", e)
         return str(e)
@@ -66,6 +74,12 @@ def _require() -> None:
         raise RuntimeError(f"native kernels unavailable: {reason}")
 
 
+def panel_width() -> int:
+    """Columns per packed weight panel of the kernels built for this CPU (64 or 16)."""
+    _require()
+    return _panel[0]
+
+
 def unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | None:
     """Why the native CPU kernels cannot run this engine, or None when they can."""
     m = config.model
@@ -73,13 +87,8 @@ def unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | N
         return "they are CPU kernels and the devices are " + devices[0].platform
     if tp * dp != 1:
         return f"they run unsharded (tp=1, dp=1), got tp={tp} dp={dp}"
-    p = config.precision
     if config.dtype != "f32":
         return f"they compute in f32, got dtype={config.dtype}"
-    if p.weights != "f32":
-        return f"they read f32 weights, got weight_dtype={p.weights}"
-    if p.kv != "f32":
-        return f"they read an f32 KV cache, got kv_dtype={p.kv}"
     if m.head_dim % 16 or m.head_dim > 256:
         return f"they need head_dim a multiple of 16 up to 256, got {m.head_dim}"
     if m.n_heads // m.n_kv_heads > 8:
@@ -89,73 +98,120 @@ def unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | N
 
 # --- weights ----------------------------------------------------------------------------------
 
+PackedWeight = np.ndarray | QTensor  # panels in the weight's dtype; int8: QTensor(panels, scale)
 
-def pack(w: np.ndarray) -> np.ndarray:
-    """W [D, N] -> panels [ceil(N/64), D, 64], contiguous; columns past N are zero."""
-    w = np.asarray(w, np.float32)
+
+def pack(w: np.ndarray, scale: np.ndarray | None = None) -> PackedWeight:
+    """W [D, N] (f32, bf16 or int8) -> panels [ceil(N/P), D, P] in W's dtype, contiguous,
+    columns past N zero; an int8 W comes with its per-column `scale` [N] and returns
+    QTensor(panels, scale padded to the panels' columns)."""
+    w = np.asarray(w)
+    if w.dtype.name not in DENSE:
+        raise ValueError(f"pack: weights should be float32, bfloat16 or int8, got {w.dtype}")
+    if (w.dtype == np.int8) != (scale is not None):
+        raise ValueError("pack: an int8 weight needs its column scales, and only it has them")
+    width = panel_width()
     d, n = w.shape
-    pad = -n % PANEL
+    pad = -n % width
     if pad:
-        w = np.concatenate([w, np.zeros((d, pad), np.float32)], axis=1)
-    return np.ascontiguousarray(w.reshape(d, -1, PANEL).transpose(1, 0, 2))
+        w = np.concatenate([w, np.zeros((d, pad), w.dtype)], axis=1)
+    panels = np.ascontiguousarray(w.reshape(d, -1, width).transpose(1, 0, 2))
+    if scale is None:
+        return panels
+    scale = np.concatenate([np.asarray(scale, np.float32).reshape(n), np.ones(pad, np.float32)])
+    return QTensor(panels, scale)
 
 
-def unpack(panels: np.ndarray, n: int | None = None) -> np.ndarray:
-    p, d, _ = panels.shape
-    return np.asarray(panels).transpose(1, 0, 2).reshape(d, p * PANEL)[:, :n]
+def unpack(packed: PackedWeight, n: int | None = None) -> np.ndarray:
+    """The [D, n] matrix packed weights stand for (int8: dequantized to f32)."""
+    panels = packed.q if isinstance(packed, QTensor) else packed
+    p, d, width = panels.shape
+    w = np.asarray(panels).transpose(1, 0, 2).reshape(d, p * width)
+    if isinstance(packed, QTensor):
+        w = w.astype(np.float32) * np.asarray(packed.scale)
+    return w[:, :n]
+
+
+def _values(w: object) -> np.ndarray:
+    return w.q if isinstance(w, QTensor) else w
+
+
+def _columns(w: object, rows: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """A weight as a [rows, N] matrix and its per-column scales [N] (None unless int8)."""
+    if isinstance(w, QTensor):
+        return np.asarray(w.q).reshape(rows, -1), np.asarray(w.scale, np.float32).reshape(-1)
+    return np.asarray(w).reshape(rows, -1), None
+
+
+def _pack_fused(*weights: tuple[np.ndarray, np.ndarray | None]) -> PackedWeight:
+    """Matrices side by side ([D, N1 | N2 | ...]) packed as one."""
+    values = np.concatenate([v for v, _ in weights], axis=1)
+    scales = [s for _, s in weights]
+    return pack(values, None if scales[0] is None else np.concatenate(scales))
 
 
 def pack_params(params: dict) -> dict:
-    """Model params (weights.py names) -> the native layout: fused, packed projections.
+    """Model params (weights.py names, in storage precision: `quant.convert_params`) -> the
+    native layout: fused, packed projections.
 
     Per layer `wqkv` = [wq | wk | wv] as [D, (N + 2K) H], `wo` as [N H, D], `w_gateup` =
     [w_gate | w_up] as [D, 2F], `w_down`; `lm_head` packed from the output table ([V, D], the
     embedding when tied) transposed. The norms stay as they are, and so does `embed` when it is
     a table of its own (untied); a tied model gathers its embeddings from the packed lm head
     (`model.native_embed`), so the table is held once.
-    Each packed entry is panels [ceil(N/64), D, 64]; its width N is the model's (see `dense`).
+    Each packed entry is `pack`'s: panels (int8: with column scales); its width N is the
+    model's (see `dense`).
     """
-    flat = lambda w: np.asarray(w, np.float32).reshape(w.shape[0], -1)
     layers = []
     for p in params["layers"]:
-        qkv = np.concatenate([flat(p["wq"]), flat(p["wk"]), flat(p["wv"])], axis=1)
-        wo = np.asarray(p["wo"], np.float32).reshape(-1, p["wo"].shape[-1])
-        gateup = np.concatenate([flat(p["w_gate"]), flat(p["w_up"])], axis=1)
+        d = p["attn_norm"].shape[0]
+        qkv = _pack_fused(*(_columns(p[name], d) for name in ("wq", "wk", "wv")))
+        gateup = _pack_fused(_columns(p["w_gate"], d), _columns(p["w_up"], d))
+        e = math.prod(_values(p["wo"]).shape[:2])  # N * H
         layers.append(
             {
                 "attn_norm": np.asarray(p["attn_norm"]),
                 "mlp_norm": np.asarray(p["mlp_norm"]),
-                "wqkv": pack(qkv),
-                "wo": pack(wo),
-                "w_gateup": pack(gateup),
-                "w_down": pack(flat(p["w_down"])),
+                "wqkv": qkv,
+                "wo": pack(*_columns(p["wo"], e)),
+                "w_gateup": gateup,
+                "w_down": pack(*_columns(p["w_down"], _values(p["w_down"]).shape[0])),
             }
         )
-    table = np.asarray(params.get("lm_head", params["embed"]), np.float32)
-    out = {"norm": np.asarray(params["norm"]), "lm_head": pack(table.T), "layers": layers}
+    table = params.get("lm_head", params["embed"])  # [V, D], int8: one scale per row
+    values, scale = _columns(table, _values(table).shape[0])
+    out = {"norm": np.asarray(params["norm"]), "lm_head": pack(values.T, scale), "layers": layers}
     if "lm_head" in params:  # untied: the input embedding is a table of its own
-        out["embed"] = np.asarray(params["embed"])
+        e = params["embed"]
+        out["embed"] = e if isinstance(e, QTensor) else np.asarray(e)
     return out
 
 
 # --- ops (usable inside jit) -----------------------------------------------------------------
 
 
-def dense(x: jax.Array, panels: jax.Array, n: int) -> jax.Array:
-    """x [..., D] f32 @ W [D, n] packed as panels [ceil(n/64), D, 64] -> [..., n].
+def dense(x: jax.Array, w: PackedWeight, n: int) -> jax.Array:
+    """x [..., D] @ W [D, n] packed by `pack` (f32, bf16, or int8 with column scales) -> f32
+    [..., n].
 
-    Fewer than XLA_ROWS rows (decode, short prompts) run the native kernel; more run XLA's
-    matmul on the same panels. Measured on `small`'s prefill (2 vCPUs): 256 rows native 82 ms
-    vs XLA 92 ms, 512 rows 210 vs 207 ms, 1000 rows 729 vs 659 ms.
+    The native kernel runs it, except f32 weights with XLA_ROWS rows or more (long prompts),
+    which run XLA's matmul on the same panels. Measured on `small`'s prefill (2 vCPUs):
+    256 rows native 82 ms vs XLA 92 ms, 512 rows 210 vs 207 ms, 1000 rows 729 vs 659 ms. A bf16
+    or int8 weight always runs the kernel: XLA would first write the whole weight out as f32.
     """
+    panels, scale = (w.q, w.scale) if isinstance(w, QTensor) else (w, None)
     rows = math.prod(x.shape[:-1])
-    if rows >= XLA_ROWS:
-        y = jnp.einsum("...d,pdj->...pj", x.astype(jnp.float32), panels)
-        y = y.reshape(*x.shape[:-1], -1)
+    x = x.astype(jnp.float32)
+    if rows >= XLA_ROWS and panels.dtype == jnp.float32:
+        y = jnp.einsum("...d,pdj->...pj", x, panels).reshape(*x.shape[:-1], -1)
     else:
         _require()
-        out = jax.ShapeDtypeStruct((*x.shape[:-1], panels.shape[0] * PANEL), jnp.float32)
-        y = jax.ffi.ffi_call(DENSE, out)(x.astype(jnp.float32), panels)
+        target = DENSE.get(panels.dtype.name)
+        if target is None:
+            raise ValueError(f"dense: no kernel for {panels.dtype} weights")
+        out = jax.ShapeDtypeStruct((*x.shape[:-1], panels.shape[0] * panels.shape[2]), x.dtype)
+        args = (x, panels) if scale is None else (x, panels, scale)
+        y = jax.ffi.ffi_call(target, out)(*args)
     return y if y.shape[-1] == n else y[..., :n]
 
 

@@ -1,18 +1,26 @@
 // Native CPU kernels for the decode hot path, called from XLA through its FFI.
 //
 // XLA CPU runs thin matmuls ([B <= 16, D] x [D, F]) at a third to a half of this machine's
-// memory bandwidth and far below its FLOP/s, and decode attention as many tiny batched dots
-// (docs/benchmarks.md). These two kernels do the same math the way the roofline assumes it:
+// memory bandwidth and far below its FLOP/s, converts a bf16 or int8 weight whole before using
+// it, and runs decode attention as many tiny batched dots (docs/benchmarks.md). These kernels
+// do the same math the way the roofline assumes it:
 //
-//   scaletui_dense_f32   y[M, N] = x[M, D] @ W, with W pre-packed as panels [N/64, D, 64] so
-//                        each panel streams contiguously and every weight load feeds all rows.
+//   scaletui_dense_{f32,bf16,i8}
+//                        y[M, N] = x[M, D] @ W, with W pre-packed as panels [N/P, D, P] (P =
+//                        kPanel) so each panel streams contiguously and every weight load feeds
+//                        all rows. Weights stay as stored (f32, bf16, or int8 with an f32 scale
+//                        per output column) and widen to f32 in registers: a bf16 step reads
+//                        half the bytes, an int8 step a quarter. x and y are f32.
 //   scaletui_decode_attention_f32
 //                        one decode step of attention for every slot: writes the step's K/V
 //                        into the chunked slot cache (in place: the chunk buffers are aliased
 //                        inputs/outputs) and attends over exactly each slot's live positions.
 //
-// Work is split over XLA's intra-op thread pool. Written with GCC vector extensions, so the
-// compiler emits AVX-512 where the host has it (-march=native) and narrower vectors elsewhere.
+// Work is split over XLA's intra-op thread pool. Written with GCC vector extensions and
+// compiled with -march=native: with AVX-512 a vector is 16 floats and a dense panel 64 columns
+// (a 6 x 4 block of accumulators in 24 of its 32 registers); without it (AVX2) a vector is 8
+// floats and a panel 16 columns (6 x 2 accumulators in 12 of its 16 registers), so nothing
+// spills. `scaletui_panel_width()` tells the packer which.
 
 #include <algorithm>
 #include <atomic>
@@ -23,7 +31,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "xla/ffi/api/ffi.h"
 
@@ -31,15 +44,26 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float vf __attribute__((vector_size(64)));
-typedef float vf_u __attribute__((vector_size(64), aligned(4)));  // unaligned access
-typedef int32_t vi __attribute__((vector_size(64)));
-constexpr int kLanes = 16;
-constexpr int kPanel = 64;      // packed weight panel width (4 vectors)
+#if defined(__AVX512F__)
+#define SCALETUI_LANES 16
+constexpr int kVecs = 4;  // vectors per panel row
+#else
+#define SCALETUI_LANES 8
+constexpr int kVecs = 2;
+#endif
+constexpr int kLanes = SCALETUI_LANES;
+typedef float vf __attribute__((vector_size(4 * SCALETUI_LANES)));
+typedef float vf_u __attribute__((vector_size(4 * SCALETUI_LANES), aligned(4)));  // unaligned
+typedef int32_t vi __attribute__((vector_size(4 * SCALETUI_LANES)));
+typedef uint32_t vu32 __attribute__((vector_size(4 * SCALETUI_LANES)));
+typedef uint16_t vu16_u __attribute__((vector_size(2 * SCALETUI_LANES), aligned(2)));
+typedef int8_t vi8_u __attribute__((vector_size(SCALETUI_LANES), aligned(1)));
+constexpr int kPanel = kLanes * kVecs;  // packed weight panel width (columns)
 constexpr int kKBlock = 64;     // panel rows per block when the batch needs several passes
 constexpr int kPrefetch = 64;   // panel rows ahead to prefetch (= kKBlock: the next block)
-constexpr int kRowBlock = 6;    // batch rows per micro-kernel pass: 6 x 4 accumulators
+constexpr int kRowBlock = 6;    // batch rows per micro-kernel pass: 6 x kVecs accumulators
 constexpr int kMaxHeadDim = 256;
+constexpr int kAccs = kLanes == 16 ? 16 : 8;  // attention's accumulators in flight
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
@@ -90,37 +114,66 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, int64_t grain, const Fn& fn)
 }
 
 // ---------------------------------------------------------------------------------------------
-// dense: y[M, N] = x[M, D] @ W, W packed [N/64, D, 64]
+// dense: y[M, N] = x[M, D] @ W, W packed [N/P, D, P] as f32, bf16 or int8 (+ f32 column scales)
 
-template <int MB>
-inline void dense_micro(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k1,
+// kLanes consecutive weights of a panel row, widened to f32 (GCC's generic vector conversions
+// come out as one scalar convert per element here, so AVX2 / AVX-512 spell them out).
+inline vf widen(const float* p) { return load(p); }
+inline vf widen(const uint16_t* p) {  // bf16: the high half of an f32
+#if defined(__AVX512F__)
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+#elif defined(__AVX2__)
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+#else
+  vu32 w = __builtin_convertvector(*reinterpret_cast<const vu16_u*>(p), vu32) << 16;
+  return (vf)w;
+#endif
+}
+inline vf widen(const int8_t* p) {  // int8: the column scale is applied once, to the sums
+#if defined(__AVX512F__)
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  return __builtin_convertvector(*reinterpret_cast<const vi8_u*>(p), vf);
+#endif
+}
+
+template <int MB, typename W>
+inline void dense_micro(const float* x, int64_t ldx, const W* panel, int64_t k0, int64_t k1,
                         float* y, int64_t ldy, bool first, int pass, int passes) {
-  vf acc[MB][4];
+  constexpr int64_t kRowBytes = kPanel * sizeof(W);
+  // prefetch one cache line every kStride rows (a panel row is 16..256 bytes)
+  constexpr int kStride = kRowBytes >= 64 ? 1 : 64 / kRowBytes;
+  vf acc[MB][kVecs];
   for (int r = 0; r < MB; ++r)
-    for (int c = 0; c < 4; ++c) acc[r][c] = first ? vf{} : load(y + r * ldy + c * kLanes);
-  int countdown = pass;  // this pass prefetches every passes-th row: spread over all passes
+    for (int c = 0; c < kVecs; ++c)
+      acc[r][c] = first ? vf{} : load(y + r * ldy + c * kLanes);
+  // this pass prefetches every passes-th line: the work is spread over all passes
+  int countdown = pass;
   for (int64_t k = k0; k < k1; ++k) {
-    const float* w = panel + k * kPanel;
-    if (countdown-- == 0) {
+    const W* w = panel + k * kPanel;
+    if (k % kStride == 0 && countdown-- == 0) {
       countdown = passes - 1;
       // into L2 (prefetcht1): L1's few fill buffers would cap how far ahead this can run
-      for (int c = 0; c < kPanel; c += kLanes)
-        __builtin_prefetch(w + kPrefetch * kPanel + c, 0, 2);
+      const char* ahead = reinterpret_cast<const char*>(w + kPrefetch * kPanel);
+      for (int64_t b = 0; b < kRowBytes; b += 64) __builtin_prefetch(ahead + b, 0, 2);
     }
-    vf w0 = load(w), w1 = load(w + 16), w2 = load(w + 32), w3 = load(w + 48);
+    vf wv[kVecs];
+    for (int c = 0; c < kVecs; ++c) wv[c] = widen(w + c * kLanes);
     for (int r = 0; r < MB; ++r) {
       vf xv = splat(x[r * ldx + k]);
-      acc[r][0] += xv * w0;
-      acc[r][1] += xv * w1;
-      acc[r][2] += xv * w2;
-      acc[r][3] += xv * w3;
+      for (int c = 0; c < kVecs; ++c) acc[r][c] += xv * wv[c];
     }
   }
   for (int r = 0; r < MB; ++r)
-    for (int c = 0; c < 4; ++c) store(y + r * ldy + c * kLanes, acc[r][c]);
+    for (int c = 0; c < kVecs; ++c) store(y + r * ldy + c * kLanes, acc[r][c]);
 }
 
-void dense_rows(const float* x, int64_t m, int64_t d, const float* panel, int64_t k0, int64_t k1,
+template <typename W>
+void dense_rows(const float* x, int64_t m, int64_t d, const W* panel, int64_t k0, int64_t k1,
                 float* y, int64_t n, bool first) {
   const int passes = static_cast<int>((m + kRowBlock - 1) / kRowBlock);
   int pass = 0;
@@ -139,34 +192,78 @@ void dense_rows(const float* x, int64_t m, int64_t d, const float* panel, int64_
   }
 }
 
-void dense_panel(const float* x, int64_t m, int64_t d, const float* panel, float* y, int64_t n) {
+// One panel's kPanel output columns for all m rows; `scale` (int8) holds the panel's column
+// scales, or is null.
+template <typename W>
+void dense_panel(const float* x, int64_t m, int64_t d, const W* panel, const float* scale,
+                 float* y, int64_t n) {
   if (m <= kRowBlock) {  // one pass: stream the panel once
     dense_rows(x, m, d, panel, 0, d, y, n, true);
-    return;
+  } else if (std::is_same_v<W, float>) {
+    // several row passes: walk the panel in k blocks so each block is read from DRAM once and
+    // re-read from L1 by the other passes; the passes take turns prefetching the next block's
+    // rows, so memory stays busy through all of them (11% off a batch-16 step against the
+    // first pass prefetching it all)
+    for (int64_t k0 = 0; k0 < d; k0 += kKBlock)
+      dense_rows(x, m, d, panel, k0, std::min(d, k0 + kKBlock), y, n, k0 == 0);
+  } else {
+    // bf16 / int8 over several passes: widen each k block once into an L1 scratch block, which
+    // every pass then reads as f32 (widening per pass cost more than the f32 step saved)
+    alignas(64) float block[kKBlock * kPanel];
+    for (int64_t k0 = 0; k0 < d; k0 += kKBlock) {
+      const int64_t rows = std::min<int64_t>(kKBlock, d - k0);
+      const W* src = panel + k0 * kPanel;
+      // the next block's lines are fetched while this one's passes compute
+      const char* next = reinterpret_cast<const char*>(src + kKBlock * kPanel);
+      for (int64_t b = 0; b < kKBlock * kPanel * int64_t{sizeof(W)}; b += 64)
+        __builtin_prefetch(next + b, 0, 2);
+      for (int64_t i = 0; i < rows * kPanel; i += kLanes) store(block + i, widen(src + i));
+      dense_rows(x + k0, m, d, static_cast<const float*>(block), 0, rows, y, n, k0 == 0);
+    }
   }
-  // several row passes: walk the panel in k blocks so each block is read from DRAM once and
-  // re-read from L1 by the other passes; the passes take turns prefetching the next block's
-  // rows, so memory stays busy through all of them (11% off a batch-16 step against the first
-  // pass prefetching it all)
-  for (int64_t k0 = 0; k0 < d; k0 += kKBlock)
-    dense_rows(x, m, d, panel, k0, std::min(d, k0 + kKBlock), y, n, k0 == 0);
+  if (scale == nullptr) return;
+  for (int64_t r = 0; r < m; ++r)
+    for (int c = 0; c < kVecs; ++c)
+      store(y + r * n + c * kLanes, load(y + r * n + c * kLanes) * load(scale + c * kLanes));
 }
 
-ffi::Error Dense(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32, 3> w,
-                 ffi::ResultBuffer<ffi::F32> y) {
+template <ffi::DataType T>
+ffi::Error DenseAny(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::Buffer<T, 3>& w,
+                    const float* scale, int64_t n_scale, ffi::ResultBuffer<ffi::F32>& y) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   if (xd.size() < 1 || wd[2] != kPanel || xd.back() != wd[1])
-    return ffi::Error::InvalidArgument("dense: need x [..., D] and W packed [N/64, D, 64]");
+    return ffi::Error::InvalidArgument("dense: need x [..., D] and W packed [N/" +
+                                       std::to_string(kPanel) + ", D, " +
+                                       std::to_string(kPanel) + "]");
   const int64_t d = wd[1], panels = wd[0], n = panels * kPanel;
+  if (scale != nullptr && n_scale != n)
+    return ffi::Error::InvalidArgument("dense: int8 W needs one scale per packed column");
   const int64_t m = static_cast<int64_t>(x.element_count()) / d;
   const float* xp = x.typed_data();
-  const float* wp = w.typed_data();
+  const auto* wp = w.typed_data();
   float* yp = y->typed_data();
   parallel_for(pool, panels, 0, [&](int64_t p) {
-    dense_panel(xp, m, d, wp + p * d * kPanel, yp + p * kPanel, n);
+    dense_panel(xp, m, d, wp + p * d * kPanel, scale ? scale + p * kPanel : nullptr,
+                yp + p * kPanel, n);
   });
   return ffi::Error::Success();
+}
+
+ffi::Error DenseF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32, 3> w,
+                    ffi::ResultBuffer<ffi::F32> y) {
+  return DenseAny(pool, x, w, nullptr, 0, y);
+}
+
+ffi::Error DenseBF16(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                     ffi::Buffer<ffi::BF16, 3> w, ffi::ResultBuffer<ffi::F32> y) {
+  return DenseAny(pool, x, w, nullptr, 0, y);
+}
+
+ffi::Error DenseI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S8, 3> w,
+                   ffi::Buffer<ffi::F32, 1> scale, ffi::ResultBuffer<ffi::F32> y) {
+  return DenseAny(pool, x, w, scale.typed_data(), static_cast<int64_t>(scale.element_count()),
+                  y);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -208,7 +305,7 @@ inline void prefetch_next(const float* next, int64_t i, int64_t n) {
 template <int G>
 void chunk_scores(const float* kt, int64_t w, int64_t hd, int64_t len, const float* q,
                   float* scores, int64_t stride, const float* next) {
-  constexpr int PB = G <= 2 ? 8 : G <= 4 ? 4 : 2;  // vectors of positions per pass
+  constexpr int PB = G <= 2 ? kAccs / 2 : G <= 4 ? kAccs / 4 : kAccs / 8;  // per pass
   int64_t p0 = 0;
   for (; p0 + PB * kLanes <= len; p0 += PB * kLanes) {
     vf acc[G][PB] = {};
@@ -401,12 +498,32 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
 // the registration macro splits its arguments on commas: name the 2-parameter templates
 using F32x3 = ffi::Buffer<ffi::F32, 3>;
 using S32x1 = ffi::Buffer<ffi::S32, 1>;
+using F32x1 = ffi::Buffer<ffi::F32, 1>;
+using BF16x3 = ffi::Buffer<ffi::BF16, 3>;
+using S8x3 = ffi::Buffer<ffi::S8, 3>;
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseF32, Dense,
+extern "C" int scaletui_panel_width() { return kPanel; }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseF32, DenseF32,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<F32x3>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseBF16, DenseBF16,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<BF16x3>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseI8, DenseI8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<S8x3>()
+                                  .Arg<F32x1>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionF32, DecodeAttention,
