@@ -66,7 +66,8 @@ def parser() -> argparse.ArgumentParser:
         "--kernels",
         choices=KERNELS,
         default="auto",
-        help="native CPU kernels (unsharded all-f32 on CPU; auto: where they build) or XLA ops",
+        help="native CPU kernels (unsharded, f32 compute, AVX2/AVX-512; auto: where they "
+        "build) or XLA ops",
     )
     a("--seed", type=int, default=0, help="dummy-weight seed")
     a("--host", default="127.0.0.1", help="bind address (non-loopback: /admin needs a token)")
