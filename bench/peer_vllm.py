@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -225,12 +226,17 @@ def model_dir(args: argparse.Namespace, scripts: Path) -> Path:
 
 def loadgen(url: str, model: str, flags: list[str], out: Path) -> dict:
     """One loadgen run (token-id prompts, ignore_eos); its summary."""
+    # a burst of 16 prompts on a 1B model on 2 cores can keep the last one waiting for its first
+    # token over loadgen's default 60 s of stream silence: TTFT is measured, not a failure here
     argv = ["--url", url, "--model", model, "--out", str(out), "--quiet",
-            "--prompt-format", "ids", *flags]  # fmt: skip
+            "--prompt-format", "ids", "--read-timeout", "900", "--timeout", "1800",
+            *flags]  # fmt: skip
     code = loadgen_cli.main(argv)
     signal.signal(signal.SIGTERM, _on_term)  # loadgen's own handler is gone with its loop
     if code == loadgen_cli.EXIT_INTERRUPTED:
         raise KeyboardInterrupt
+    if code == loadgen_cli.EXIT_FAILURES and out.exists():  # check_lengths names the errors
+        return orjson.loads(out.read_bytes())
     if code != loadgen_cli.EXIT_OK:
         raise BenchError(f"loadgen {' '.join(flags)} against {url} exited with status {code}")
     return orjson.loads(out.read_bytes())
@@ -246,6 +252,8 @@ def measure(
     log(f"{server} {precision}: model {model!r} at {url}")
     closed = {}
     for c in args.concurrency:
+        if server == "ours":  # our decode batch is `slots` rows, active or not: size it
+            set_slots(url, c)
         n = c * args.requests_per_stream
         flags = ["--concurrency", str(c), "--num-requests", str(n), "--warmup", str(c),
                  "--input-len", str(args.input_len), "--output-len", str(args.output_len),
@@ -264,6 +272,21 @@ def measure(
         check_lengths(ttft, args.ttft_len, 2, f"{server} {precision} TTFT")
         log(f"{server} {precision}: TTFT@{args.ttft_len} p50 {ttft['median_ttft_ms']:.1f} ms")
     return Measured(server, precision, model, closed, ttft)
+
+
+def set_slots(url: str, slots: int) -> None:
+    """Our server computes every slot's row each decode step (static shapes), where vLLM batches
+    the running requests: before each closed loop, set `slots` to its concurrency through the
+    live reconfiguration a user would make (POST /admin/config, the TUI's b/B)."""
+    body = orjson.dumps({"slots": slots})
+    req = urllib.request.Request(f"{url}/admin/config", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            r.read()
+    except urllib.error.HTTPError as exc:
+        raise BenchError(f"{url}/admin/config slots={slots}: {exc.code} {exc.read()!r}") from None
+    log(f"ours: slots = {slots}")
 
 
 def _tail(path: Path, n: int = LOG_TAIL) -> str:
