@@ -210,3 +210,17 @@ def test_sweep_gets_an_expected_curve_on_a_finer_grid():
     assert tok == sorted(tok) and tok[0] == pytest.approx(32, rel=0.3)
     assert sweep_grid([1, 8], True) == [1, 2, 3, 4, 5, 6, 7, 8]
     assert len(sweep_grid([1.0, 4.0], False)) == 10
+
+
+def test_fits_are_looked_up_by_the_kernels_that_run():
+    """`auto` resolves to native or xla in the server; /stats says which (kernels_running),
+    and a fit of the other kernels does not describe it."""
+    from scaletui.tui.host import fit_lookup
+
+    config = {"model": "small", "dtype": "f32", "tp": 1, "dp": 1, "kernels": "auto",
+              "kernels_running": "native"}  # fmt: skip
+    assert fit_lookup(config).kernels == "native"
+    assert ServerConfig.from_stats(config, Knobs(), 2048).kernels == "native"
+    # a staged mesh runs what auto resolves to there, not what runs now
+    assert ServerConfig.from_stats(config, Knobs(tp=2), 2048).kernels == "auto"
+    assert fit_lookup({**config, "kernels_running": "none"}).kernels == "auto"

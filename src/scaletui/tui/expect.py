@@ -25,7 +25,7 @@ from scaletui.loadgen.workload import arrival_offsets
 from scaletui.roofline.costmodel import DTYPE_BYTES, CostModel
 from scaletui.roofline.fitstore import fits_dir, load_fit
 from scaletui.roofline.simulate import Load, ServerShape, simulate
-from scaletui.tui.host import FitKey, serve_max_seq_len
+from scaletui.tui.host import FitKey, kernels_of, serve_max_seq_len
 from scaletui.tui.knobs import Knobs, Precision
 from scaletui.tui.predict import host_devices
 
@@ -59,13 +59,15 @@ class ServerConfig:
         backend, else bf16, weights and KV as the compute dtype."""
         buckets = [int(b) for b in config.get("prefill_buckets") or () if int(b) > 0]
         precision = Precision.of(knobs, config, str(config.get("dtype") or start_dtype(backend)))
+        # what runs now says which kernels the staged configuration gets, unless the mesh moves
+        same_mesh = (knobs.tp, knobs.dp) == (config.get("tp", 1), config.get("dp", 1))
         return cls(
             max_seq_len=int(config.get("max_seq_len") or serve_max_seq_len(knobs, model_max)),
             decode_steps=int(config.get("decode_steps") or 4),
             dtype=precision.compute,
             weight_dtype=precision.weights,
             kv_dtype=precision.kv,
-            kernels=str(config.get("kernels") or "auto"),
+            kernels=kernels_of(config) if same_mesh else str(config.get("kernels") or "auto"),
             min_prefill_bucket=min(buckets) if buckets else 16,
             max_prefill_bucket=max(buckets) if buckets else 0,
             max_waiting=int(config.get("max_waiting") or 256),

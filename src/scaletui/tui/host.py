@@ -140,6 +140,14 @@ class FitKey:
         )
 
 
+def kernels_of(config: dict) -> str:
+    """The kernels a /stats "config" runs (`kernels_running`: native | xla), else what it asks
+    for: a fit made with XLA's ops does not describe a server that `auto` put on the native
+    kernels (nor the other way round), so fits are looked up by what runs."""
+    running = config.get("kernels_running")
+    return str(running) if running in ("native", "xla") else str(config.get("kernels", "auto"))
+
+
 def fit_lookup(config: dict) -> FitKey:
     """The fit key of a /stats "config" object (KeyError naming a key it lacks)."""
     c = config
@@ -149,7 +157,7 @@ def fit_lookup(config: dict) -> FitKey:
         dtype,
         int(c.get("tp", 1)),
         int(c.get("dp", 1)),
-        str(c.get("kernels", "auto")),
+        kernels_of(c),
         str(c.get("weight_dtype") or dtype),
         str(c.get("kv_dtype") or dtype),
     )
@@ -171,7 +179,7 @@ def fit_command(prefix: list[str], config: dict) -> list[str]:
         "--dtype": dtype,
         "--weight-dtype": c.get("weight_dtype") or dtype,
         "--kv-dtype": c.get("kv_dtype") or dtype,
-        "--kernels": c.get("kernels", "auto"),
+        "--kernels": kernels_of(c),  # what runs: the fit is looked up by it
     }
     return [*prefix, *(str(x) for kv in flags.items() for x in kv), "--quick"]
 
