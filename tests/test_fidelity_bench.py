@@ -3,25 +3,21 @@ the flags; and (slow) one tiny run end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import orjson
 import pytest
+from bench_modules import bench_module
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "fidelity.py"
 
 
 @pytest.fixture(scope="module")
 def fidelity():
-    spec = importlib.util.spec_from_file_location("fidelity_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with bench_module("fidelity") as module:
+        yield module
 
 
 def test_the_fit_sees_its_subset_and_the_rest_is_held_out(fidelity):

@@ -3,11 +3,10 @@ the shape check of the llama-1b spec, and the errors a missing install or peers 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from bench_modules import bench_module
 
 from scaletui.specs import load_model
 
@@ -21,12 +20,8 @@ PEERS_1B = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads":
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("peer_vllm_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with bench_module("peer_vllm") as module:
+        yield module
 
 
 def test_defaults_and_quick(bench):
