@@ -38,8 +38,8 @@ def _rand(rng, *shape):
 
 
 @needs_kernels
-@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 16, 100])
-@pytest.mark.parametrize(("d", "n"), [(64, 64), (100, 200), (512, 1024)])
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 16, 100, 200])  # >= 20: the blocked GEMM
+@pytest.mark.parametrize(("d", "n"), [(64, 64), (100, 200), (300, 150), (512, 1024)])
 def test_dense_matches_numpy(m, d, n):
     rng = np.random.default_rng(m * 1000 + n)
     x, w = _rand(rng, m, d), _rand(rng, d, n)
@@ -61,12 +61,12 @@ def test_dense_keeps_leading_axes_and_pack_round_trips():
 
 
 @needs_kernels
-@pytest.mark.parametrize("m", [1, 5, 7, 16])
+@pytest.mark.parametrize("m", [1, 5, 7, 16, 23, 200])
 def test_dense_reads_bf16_and_int8_panels(m):
     """The kernel widens bf16 and int8 weights in registers: the product of the f32 weights
     they stand for (int8: q * column scale)."""
     rng = np.random.default_rng(m)
-    x, w = _rand(rng, m, 200), _rand(rng, 200, 150)  # 150: a zero-padded last panel
+    x, w = _rand(rng, m, 300), _rand(rng, 300, 150)  # 150: a zero-padded last panel
     wb = w.astype(ml_dtypes.bfloat16)
     qt = quant.quantize(w, (0,))
     for packed, w_ref in ((native.pack(wb), wb.astype(np.float32)),
@@ -74,7 +74,7 @@ def test_dense_reads_bf16_and_int8_panels(m):
         np.testing.assert_array_equal(native.unpack(packed, 150), w_ref)
         y = jax.jit(native.dense, static_argnums=2)(jnp.asarray(x), jax.device_put(packed), 150)
         assert y.dtype == jnp.float32 and y.shape == (m, 150)
-        np.testing.assert_allclose(np.asarray(y), x @ w_ref, rtol=1e-4, atol=1e-4 * np.sqrt(200))
+        np.testing.assert_allclose(np.asarray(y), x @ w_ref, rtol=1e-4, atol=1e-4 * np.sqrt(300))
     with pytest.raises(ValueError, match="column scales"):
         native.pack(qt.q)
 

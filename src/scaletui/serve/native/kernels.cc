@@ -10,7 +10,8 @@
 //                        kPanel) so each panel streams contiguously and every weight load feeds
 //                        all rows. Weights stay as stored (f32, bf16, or int8 with an f32 scale
 //                        per output column) and widen to f32 in registers: a bf16 step reads
-//                        half the bytes, an int8 step a quarter. x and y are f32.
+//                        half the bytes, an int8 step a quarter. x and y are f32. From
+//                        kPackRows rows (prompts) a blocked GEMM runs instead (gemm_panels).
 //   scaletui_decode_attention_f32
 //                        one decode step of attention for every slot: writes the step's K/V
 //                        into the chunked slot cache (in place: the chunk buffers are aliased
@@ -62,12 +63,23 @@ constexpr int kPanel = kLanes * kVecs;  // packed weight panel width (columns)
 constexpr int kKBlock = 64;     // panel rows per block when the batch needs several passes
 constexpr int kPrefetch = 64;   // panel rows ahead to prefetch (= kKBlock: the next block)
 constexpr int kRowBlock = 6;    // batch rows per micro-kernel pass: 6 x kVecs accumulators
+constexpr int64_t kPackRows = 20;  // from this many rows the blocked GEMM runs (gemm_panels)
 constexpr int kMaxHeadDim = 256;
 constexpr int kAccs = kLanes == 16 ? 16 : 8;  // attention's accumulators in flight
 
 inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
 inline void store(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
-inline vf splat(float x) { return vf{} + x; }
+// a broadcast: with AVX2 / AVX-512 one load-broadcast from memory (`vf{} + x` compiled to an add
+// and a register shuffle per splat, on the FP pipes the FMAs need: half the GEMM rate)
+inline vf splat(float x) {
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#elif defined(__AVX2__)
+  return _mm256_set1_ps(x);
+#else
+  return vf{} + x;
+#endif
+}
 
 // Threads to use besides the caller: SCALETUI_NATIVE_THREADS - 1 when set, else one fewer than
 // XLA's intra-op pool (the caller is usually one of its threads), at least one.
@@ -192,8 +204,8 @@ void dense_rows(const float* x, int64_t m, int64_t d, const W* panel, int64_t k0
   }
 }
 
-// One panel's kPanel output columns for all m rows; `scale` (int8) holds the panel's column
-// scales, or is null.
+// One panel's kPanel output columns for a few rows (m < kPackRows); `scale` (int8) holds the
+// panel's column scales, or is null.
 template <typename W>
 void dense_panel(const float* x, int64_t m, int64_t d, const W* panel, const float* scale,
                  float* y, int64_t n) {
@@ -227,6 +239,79 @@ void dense_panel(const float* x, int64_t m, int64_t d, const W* panel, const flo
       store(y + r * n + c * kLanes, load(y + r * n + c * kLanes) * load(scale + c * kLanes));
 }
 
+// --- many rows (prompts): a blocked GEMM over x packed once per call -------------------------
+//
+// x is copied into row blocks of kRowBlock rows interleaved by k ([ceil(M/6), D, 6]), so the
+// micro-kernel's broadcasts read one sequential stream (x's own rows sit D floats apart: with
+// D a multiple of 1024 every row maps to the same few L1 sets). Each thread owns a range of
+// panels and walks it k block by k block: the block of packed x (rows x kGemmK) stays in L2
+// across the thread's panels, and one panel's k block (kGemmK x kPanel, widened to f32 once
+// for bf16/int8) stays in L1 across the row blocks. Row chunks of kGemmRows bound the L2 part.
+
+constexpr int64_t kGemmK = 16384 / (kPanel * 4);  // panel rows per k block: a 16 KiB f32 block
+constexpr int64_t kGemmRows = 32 * kRowBlock;      // rows per chunk (packed x: <= 192 KiB per k block)
+
+// y[0:rows, 0:kPanel] (+)= xb[kc, 6] @ wb[kc, kPanel]; rows <= 6 (xb zero past them).
+inline void gemm_micro(const float* xb, const float* wb, int64_t kc, float* y, int64_t ldy,
+                       int64_t rows, bool first) {
+  vf acc[kRowBlock][kVecs] = {};
+  for (int64_t k = 0; k < kc; ++k) {
+    vf wv[kVecs];
+    for (int c = 0; c < kVecs; ++c) wv[c] = load(wb + k * kPanel + c * kLanes);
+    for (int r = 0; r < kRowBlock; ++r) {
+      vf xv = splat(xb[k * kRowBlock + r]);
+      for (int c = 0; c < kVecs; ++c) acc[r][c] += xv * wv[c];
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int c = 0; c < kVecs; ++c) {
+      float* out = y + r * ldy + c * kLanes;
+      store(out, first ? acc[r][c] : load(out) + acc[r][c]);
+    }
+}
+
+// x [M, D] -> [ceil(M/6), D, 6], zero rows past M.
+std::vector<float> pack_rows(const float* x, int64_t m, int64_t d) {
+  const int64_t blocks = (m + kRowBlock - 1) / kRowBlock;
+  std::vector<float> out(blocks * d * kRowBlock, 0.0f);
+  for (int64_t r = 0; r < m; ++r) {
+    float* dst = out.data() + (r / kRowBlock) * d * kRowBlock + r % kRowBlock;
+    const float* src = x + r * d;
+    for (int64_t k = 0; k < d; ++k) dst[k * kRowBlock] = src[k];
+  }
+  return out;
+}
+
+// Panels [p0, p1) of y = x @ W for all m rows, x packed by pack_rows.
+template <typename W>
+void gemm_panels(const float* xp, int64_t m, int64_t d, const W* w, const float* scale,
+                 int64_t p0, int64_t p1, float* y, int64_t n) {
+  alignas(64) float block[kGemmK * kPanel];
+  for (int64_t r0 = 0; r0 < m; r0 += kGemmRows) {
+    const int64_t r1 = std::min(m, r0 + kGemmRows);
+    for (int64_t k0 = 0; k0 < d; k0 += kGemmK) {
+      const int64_t kc = std::min(kGemmK, d - k0);
+      for (int64_t p = p0; p < p1; ++p) {
+        const W* src = w + (p * d + k0) * kPanel;
+        const float* wb;
+        if constexpr (std::is_same_v<W, float>) {
+          wb = src;
+        } else {
+          for (int64_t i = 0; i < kc * kPanel; i += kLanes) store(block + i, widen(src + i));
+          wb = block;
+        }
+        for (int64_t r = r0; r < r1; r += kRowBlock)
+          gemm_micro(xp + ((r / kRowBlock) * d + k0) * kRowBlock, wb, kc,
+                     y + r * n + p * kPanel, n, std::min<int64_t>(kRowBlock, r1 - r), k0 == 0);
+      }
+    }
+    if (scale == nullptr) continue;
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = p0 * kPanel; c < p1 * kPanel; c += kLanes)
+        store(y + r * n + c, load(y + r * n + c) * load(scale + c));
+  }
+}
+
 template <ffi::DataType T>
 ffi::Error DenseAny(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::Buffer<T, 3>& w,
                     const float* scale, int64_t n_scale, ffi::ResultBuffer<ffi::F32>& y) {
@@ -243,6 +328,15 @@ ffi::Error DenseAny(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& x, ffi::Buffer
   const float* xp = x.typed_data();
   const auto* wp = w.typed_data();
   float* yp = y->typed_data();
+  if (m >= kPackRows) {  // many rows: one contiguous range of panels per thread
+    const std::vector<float> packed = pack_rows(xp, m, d);
+    const int64_t slices = std::min(panels, max_helpers(pool) + 1);
+    parallel_for(pool, slices, 1, [&](int64_t i) {
+      gemm_panels(packed.data(), m, d, wp, scale, i * panels / slices, (i + 1) * panels / slices,
+                  yp, n);
+    });
+    return ffi::Error::Success();
+  }
   parallel_for(pool, panels, 0, [&](int64_t p) {
     dense_panel(xp, m, d, wp + p * d * kPanel, scale ? scale + p * kPanel : nullptr,
                 yp + p * kPanel, n);
