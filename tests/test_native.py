@@ -113,7 +113,9 @@ def test_decode_attention_matches_numpy(groups, hd, chunk):
     positions = np.array([0, chunk - 1, 2 * chunk + 3, 5], np.int32)  # within, edge, 3rd chunk
     want, want_k, want_v = _reference_attention(q, k, v, positions, kc, vc)
     fn = jax.jit(native.decode_attention)
-    out, got_k, got_v = fn(*map(jnp.asarray, (q, k, v, positions)), kc, vc)
+    q, k, v, positions = map(jnp.asarray, (q, k, v, positions))
+    out, got = fn(q, (k, v), positions, {"k": kc, "v": vc})
+    got_k, got_v = got["k"], got["v"]
     np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-5)
     for got, ref in zip(got_k + got_v, want_k + want_v, strict=True):
         np.testing.assert_array_equal(np.asarray(got), ref)  # only the written columns moved
@@ -262,7 +264,9 @@ def test_decode_attention_past_the_live_chunks_writes_nothing():
     vc = [_rand(rng, 1, kh, chunk + 1, hd) for _ in range(n_live)]
     q, k, v = _rand(rng, 1, kh * 2, hd), _rand(rng, 1, kh, hd), _rand(rng, 1, kh, hd)
     positions = np.array([n_live * chunk + 3], np.int32)  # outside the bucket
-    out, got_k, got_v = native.decode_attention(*map(jnp.asarray, (q, k, v, positions)), kc, vc)
+    q, k, v, positions = map(jnp.asarray, (q, k, v, positions))
+    out, got = native.decode_attention(q, (k, v), positions, {"k": kc, "v": vc})
+    got_k, got_v = got["k"], got["v"]
     for got, before in zip(got_k + got_v, kc + vc, strict=True):
         np.testing.assert_array_equal(np.asarray(got), before)
     # the same as attending at the last live position with that position's own K/V in place
@@ -276,19 +280,55 @@ def test_decode_attention_past_the_live_chunks_writes_nothing():
 @needs_kernels
 def test_decode_attention_rejects_inconsistent_chunks():
     rng = np.random.default_rng(3)
-    q, k, v = _rand(rng, 2, 4, 16), _rand(rng, 2, 2, 16), _rand(rng, 2, 2, 16)
+    q, k, v = (jnp.asarray(_rand(rng, *s)) for s in ((2, 4, 16), (2, 2, 16), (2, 2, 16)))
     pos = jnp.zeros(2, jnp.int32)
     kc, vc = [_rand(rng, 2, 2, 16, 9)], [_rand(rng, 2, 2, 9, 16)]
-    args = tuple(map(jnp.asarray, (q, k, v))) + (pos,)
-    with pytest.raises(ValueError, match="f32"):
-        native.decode_attention(*args, [c.astype(jnp.bfloat16) for c in map(jnp.asarray, kc)], vc)
+    with pytest.raises(ValueError, match="cache's bfloat16"):  # an f32 step into a bf16 cache
+        bf16 = [jnp.asarray(c).astype(jnp.bfloat16) for c in (kc[0], vc[0])]
+        native.decode_attention(q, (k, v), pos, {"k": bf16[:1], "v": bf16[1:]})
+    with pytest.raises(ValueError, match="k_scale"):  # an int8 cache without its scales
+        i8 = [jnp.zeros(c.shape, jnp.int8) for c in (kc[0], vc[0])]
+        native.decode_attention(q, (k, v), pos, {"k": i8[:1], "v": i8[1:]})
     for bad_k, bad_v in (
         ([_rand(rng, 1, 2, 16, 9)], [_rand(rng, 1, 2, 9, 16)]),  # fewer cache rows than q rows
         ([_rand(rng, 2, 2, 16, 9)], [_rand(rng, 2, 2, 17, 16)]),  # v chunk width != k's
         ([_rand(rng, 2, 2, 32, 9)], [_rand(rng, 2, 2, 9, 32)]),  # head_dim != q's
     ):
         with pytest.raises(Exception, match="chunk shapes disagree"):
-            jax.block_until_ready(native.decode_attention(*args, bad_k, bad_v))
+            chunks = {"k": list(map(jnp.asarray, bad_k)), "v": list(map(jnp.asarray, bad_v))}
+            jax.block_until_ready(native.decode_attention(q, (k, v), pos, chunks))
+
+
+@needs_kernels
+@pytest.mark.parametrize("kv", ["bfloat16", "int8"])
+@pytest.mark.parametrize(("groups", "hd", "chunk"), [(1, 16, 8), (4, 64, 17), (8, 128, 32)])
+def test_decode_attention_reads_bf16_and_int8_caches_as_xla_does(kv, groups, hd, chunk):
+    """The kernel over a bf16 / int8 cache writes the same entries as the XLA path (the step
+    is stored by the same `quant.store_kv`) and attends to within f32 rounding of it."""
+    rng = np.random.default_rng(groups * 7 + hd)
+    b, rows, kh, n_live = 4, 3, 2, 3
+    dtype = jnp.dtype(kv)
+    stored = [quant.store_kv(jnp.asarray(_rand(rng, b, kh, chunk + 1, hd)),
+                             jnp.asarray(_rand(rng, b, kh, chunk + 1, hd)), dtype)
+              for _ in range(n_live)]  # fmt: skip
+    layer = {"k": [e[0].transpose(0, 1, 3, 2) for e in stored], "v": [e[1] for e in stored]}
+    if dtype == jnp.int8:
+        layer["k_scale"], layer["v_scale"] = [e[2] for e in stored], [e[3] for e in stored]
+    q, k, v = _rand(rng, rows, kh * groups, hd), _rand(rng, rows, kh, hd), _rand(rng, rows, kh, hd)
+    positions = jnp.asarray(np.array([0, chunk - 1, 2 * chunk + 3, 5], np.int32))
+    want, want_layer = model._chunk_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+                                              positions, layer, n_live)  # fmt: skip
+    got, got_layer = model.native_decode_attention(
+        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), positions, layer, n_live
+    )
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want)[:rows], rtol=1e-4, atol=1e-5)
+    assert set(got_layer) == set(layer)
+    # the same cache entries, past XLA's writes to the spare row (3) and the scratch column C
+    live = {"k": np.s_[:rows, ..., :chunk], "v": np.s_[:rows, :, :chunk],
+            "k_scale": np.s_[:rows, :, :chunk], "v_scale": np.s_[:rows, :, :chunk]}  # fmt: skip
+    for name in layer:
+        for g, w in zip(got_layer[name], want_layer[name], strict=True):
+            np.testing.assert_array_equal(np.asarray(g)[live[name]], np.asarray(w)[live[name]])
 
 
 @needs_kernels

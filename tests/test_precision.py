@@ -375,8 +375,8 @@ async def test_admin_config_switches_precision_and_stats_show_it() -> None:
         stats = await (await client.get("/stats")).json()
         c = stats["config"]
         assert (c["dtype"], c["weight_dtype"], c["kv_dtype"]) == ("f32", "int8", "int8")
-        if c["kernels_running"] == "native":  # int8 matmuls native, the int8 cache: XLA's
-            assert "attention runs XLA's ops" in c["kernels_note"], c["kernels_note"]
+        if c["kernels_running"] == "native":  # int8 matmuls and the int8 cache, all native
+            assert c["kernels_note"] is None, c["kernels_note"]
         else:  # no compiler, or a CPU the kernels are not tuned for: the note says which
             assert c["kernels_running"] == "xla" and c["kernels_note"], c
         assert stats["memory"]["weight_bytes"] < before["memory"]["weight_bytes"] / 3

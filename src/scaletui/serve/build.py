@@ -61,11 +61,6 @@ def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
             why_not = native.slower_here()  # they run, but are not tuned for this CPU
         use = config.kernels != "xla" and why_not is None
         note = f"native kernels not used: {why_not}" if why_not and not use else None
-        if use and config.precision.kv != "f32":
-            note = (
-                "native matmuls; decode attention runs XLA's ops (the native attention "
-                f"kernel reads an f32 KV cache, got kv_dtype={config.precision.kv})"
-            )
         plan.append(EnginePlan(role, devs, d, use, note))
     return plan
 

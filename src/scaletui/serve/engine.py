@@ -75,7 +75,7 @@ class JaxEngine:
         self.kernels_note = kernels_note  # why not native, when kernels != xla and XLA runs
         host_params = quant.convert_params(host_params, p.compute, p.weights)  # free if done
         if native:  # fused, packed weights for the native dense kernel
-            self.ops = model.NATIVE if p.kv == "f32" else model.NATIVE_DENSE
+            self.ops = model.NATIVE
             self.params = jax.device_put(pack_params(host_params), self.mesh.devices.flat[0])
         else:  # on CPU unsharded, int8 / cast weights are converted a panel at a time
             panel = self.devices[0].platform == "cpu" and tp == 1

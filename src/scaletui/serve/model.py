@@ -11,9 +11,8 @@ The op set is an argument, picked once when the engine is built: `xla_ops(...)` 
 default, over the layout above, with any weight precision of `quant.py`: plain, cast or int8
 `QTensor` matrices) or `NATIVE` (over `native.pack_params`' fused, packed projections in f32,
 bf16 or int8), whose matmuls run the native dense kernel and whose decode attention runs the
-native kernel, writing the step's K/V in place (`NATIVE_DENSE`: the native matmuls with XLA's
-attention, for a bf16 or int8 cache). The KV cache may be stored in f32, bf16 or int8 (with a scale
-per position and KV head); attention always reads it back in the compute dtype.
+native kernel, writing the step's K/V in place. The KV cache may be stored in f32, bf16 or int8
+(with a scale per position and KV head); attention always reads it back in the compute dtype.
 """
 
 from __future__ import annotations
@@ -132,12 +131,12 @@ def native_out(p: dict, o: jax.Array, m: ModelSpec) -> jax.Array:
 
 
 def native_decode_attention(q, k, v, positions, layer: dict, n_live: int) -> tuple:
-    """The native kernel (f32 cache): writes and attends exactly each slot's live positions."""
-    ks, vs = list(layer["k"]), list(layer["v"])
-    o, ks[:n_live], vs[:n_live] = native_ops.decode_attention(
-        q, k, v, positions, ks[:n_live], vs[:n_live]
-    )
-    return o, {"k": ks, "v": vs}
+    """The native kernel over an f32, bf16 or int8 cache: writes and attends exactly each slot's
+    live positions."""
+    step = quant.store_kv(k, v, layer["k"][0].dtype)
+    live = {name: list(chunks[:n_live]) for name, chunks in layer.items()}
+    o, live = native_ops.decode_attention(q, step, positions, live)
+    return o, {name: live[name] + list(layer[name][n_live:]) for name in layer}
 
 
 class Ops(NamedTuple):
@@ -329,5 +328,3 @@ def xla_ops(compute: jnp.dtype | None = None, panel: bool = False) -> Ops:
 XLA = xla_ops()
 NATIVE = Ops(native_embed, native_qkv, native_out, native_mlp, native_logits,
              native_decode_attention)  # fmt: skip
-# native matmuls over a bf16 / int8 KV cache: the attention kernel reads f32 only
-NATIVE_DENSE = NATIVE._replace(decode_attention=_chunk_attention)

@@ -1,4 +1,5 @@
-"""Native CPU kernels (`kernels.cc`) for decode: packed-panel dense and slot-cache attention.
+"""Native CPU kernels (`kernels.cc`): packed-panel dense, and decode attention over the slot
+cache in f32, bf16 or int8.
 
 The C++ source ships with the package and is compiled with the host's C++ compiler against the
 XLA FFI headers of the installed jaxlib (`toolchain.py`: `scaletui build-kernels` ahead of time,
@@ -37,9 +38,14 @@ from scaletui.serve.quant import QTensor
 XLA_ROWS = 512  # from this many rows (long prompts) XLA's own f32 matmul is on par or ahead
 DENSE = {"float32": "scaletui_dense_f32", "bfloat16": "scaletui_dense_bf16",
          "int8": "scaletui_dense_i8"}  # fmt: skip
-ATTENTION = "scaletui_decode_attention_f32"
+ATTENTION = {"float32": "scaletui_decode_attention_f32",
+             "bfloat16": "scaletui_decode_attention_bf16",
+             "int8": "scaletui_decode_attention_i8"}  # fmt: skip
 _SYMBOLS = {DENSE["float32"]: "ScaletuiDenseF32", DENSE["bfloat16"]: "ScaletuiDenseBF16",
-            DENSE["int8"]: "ScaletuiDenseI8", ATTENTION: "ScaletuiDecodeAttentionF32"}  # fmt: skip
+            DENSE["int8"]: "ScaletuiDenseI8", ATTENTION["float32"]: "ScaletuiDecodeAttentionF32",
+            ATTENTION["bfloat16"]: "ScaletuiDecodeAttentionBF16",
+            ATTENTION["int8"]: "ScaletuiDecodeAttentionI8"}  # fmt: skip
+CACHE_PARTS = ("k", "v", "k_scale", "v_scale")  # an f32 / bf16 cache has the first two
 _panel: list[int] = []  # the loaded kernels' panel width
 
 
@@ -218,28 +224,34 @@ def dense(x: jax.Array, w: PackedWeight, n: int) -> jax.Array:
 
 
 def decode_attention(
-    q: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    positions: jax.Array,
-    k_chunks: list[jax.Array],
-    v_chunks: list[jax.Array],
-) -> tuple[jax.Array, list[jax.Array], list[jax.Array]]:
-    """One decode step for rows R = q.shape[0]: q [R, N, H], k/v [R, K, H], positions [>= R].
+    q: jax.Array, step: tuple, positions: jax.Array, chunks: dict[str, list[jax.Array]]
+) -> tuple[jax.Array, dict[str, list[jax.Array]]]:
+    """One decode step for rows R = q.shape[0] over one layer's cache in f32, bf16 or int8.
 
-    Writes row r's k/v at positions[r] of the chunk cache (k chunks [B, K, H, C+1], v chunks
-    [B, K, C+1, H], B >= R, updated in place) and attends over positions 0..positions[r].
-    Returns (out [R, N, H], k_chunks, v_chunks).
+    q [R, N, H] f32; `step` the step's K/V in the cache's storage (`quant.store_kv`): (k, v)
+    [R, K, H], int8 with (k_scale, v_scale) [R, K]; positions [>= R]; `chunks` the live chunks,
+    {"k": [B, K, H, C+1] ..., "v": [B, K, C+1, H] ...}, int8 with "k_scale"/"v_scale" [B, K,
+    C+1] ..., B >= R. Writes row r's K/V (and scales) at positions[r], in place, and attends
+    over positions 0..positions[r]. Returns (out [R, N, H] f32, the chunks).
     """
     _require()
-    n = len(k_chunks)
-    chunks = [*k_chunks, *v_chunks]
-    if any(c.dtype != jnp.float32 for c in chunks) or len(v_chunks) != n or n == 0:
-        raise ValueError("decode_attention needs n >= 1 f32 k chunks and as many f32 v chunks")
+    dtype = chunks["k"][0].dtype if chunks.get("k") else None
+    names = CACHE_PARTS if dtype == jnp.int8 else CACHE_PARTS[:2]
+    n = len(chunks.get("k", ()))
+    if (set(chunks) != set(names) or n == 0 or any(len(chunks[p]) != n for p in names)
+            or dtype is None or dtype.name not in ATTENTION):  # fmt: skip
+        raise ValueError(
+            "decode_attention needs n >= 1 chunks of each of k, v (f32 or bf16) or k, v, "
+            f"k_scale, v_scale (int8), got {sorted(chunks)} in {dtype}"
+        )
+    if len(step) != len(names) or step[0].dtype != dtype:
+        raise ValueError(f"decode_attention: the step's K/V must be in the cache's {dtype}")
+    flat = [c for p in names for c in chunks[p]]
     shapes = [jax.ShapeDtypeStruct(q.shape, jnp.float32)]
-    shapes += [jax.ShapeDtypeStruct(c.shape, c.dtype) for c in chunks]
-    aliases = {4 + i: 1 + i for i in range(2 * n)}
-    res = jax.ffi.ffi_call(ATTENTION, shapes, input_output_aliases=aliases)(
-        q, k, v, positions.astype(jnp.int32), *chunks
+    shapes += [jax.ShapeDtypeStruct(c.shape, c.dtype) for c in flat]
+    first = 2 + len(step)  # q, the step's arrays, positions, then the chunks
+    aliases = {first + i: 1 + i for i in range(len(flat))}
+    res = jax.ffi.ffi_call(ATTENTION[dtype.name], shapes, input_output_aliases=aliases)(
+        q, *step, positions.astype(jnp.int32), *flat
     )
-    return res[0], list(res[1 : 1 + n]), list(res[1 + n :])
+    return res[0], {p: list(res[1 + i * n : 1 + (i + 1) * n]) for i, p in enumerate(names)}

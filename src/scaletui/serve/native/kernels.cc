@@ -12,10 +12,13 @@
 //                        per output column) and widen to f32 in registers: a bf16 step reads
 //                        half the bytes, an int8 step a quarter. x and y are f32. From
 //                        kPackRows rows (prompts) a blocked GEMM runs instead (gemm_panels).
-//   scaletui_decode_attention_f32
+//   scaletui_decode_attention_{f32,bf16,i8}
 //                        one decode step of attention for every slot: writes the step's K/V
 //                        into the chunked slot cache (in place: the chunk buffers are aliased
 //                        inputs/outputs) and attends over exactly each slot's live positions.
+//                        The cache stays as stored (bf16, or int8 with an f32 scale per
+//                        position and KV head, applied to the scores and the probabilities)
+//                        and widens to f32 in registers, like the weights.
 //
 // Work is split over XLA's intra-op thread pool. Written with GCC vector extensions and
 // compiled with -march=native: with AVX-512 a vector is 16 floats and a dense panel 64 columns
@@ -385,31 +388,49 @@ struct AttnShape {
   int64_t n_chunks;                                 // live chunks passed in
 };
 
+// One layer's chunked slot cache, stored as T (float, bf16 as uint16_t, or int8). An int8 cache
+// carries an f32 scale per (slot, KV head, position): chunks [B, K, C+1] beside K and V.
+template <typename T>
+struct Cache {
+  std::vector<T*> k, v;               // n chunks each: k [B, K, H, C+1], v [B, K, C+1, H]
+  std::vector<float*> k_scale, v_scale;  // int8 only, else empty
+};
+
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t x) {
+  uint32_t bits = uint32_t{x} << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float to_f32(int8_t x) { return static_cast<float>(x); }
+
 // Prefetches (into L2) the first 8 KiB of the block read after this one, `i` of `n` steps
 // through the current block: each chunk is its own buffer, so nothing else runs ahead into it.
-inline void prefetch_next(const float* next, int64_t i, int64_t n) {
+inline void prefetch_next(const void* next, int64_t i, int64_t n) {
   if (next == nullptr) return;
+  const char* bytes = static_cast<const char*>(next);
   for (int64_t line = i * 128 / n; line < (i + 1) * 128 / n; ++line)
-    __builtin_prefetch(next + line * kLanes, 0, 2);
+    __builtin_prefetch(bytes + line * 64, 0, 2);
 }
 
-// scores[g, p] = q[g] . K[:, p] for p < len of one chunk, K^T stored [H, w] (row stride w).
-// PB vectors of positions per pass keep G * PB independent accumulators in flight; the tail is
-// scalar so no load reads past position len - 1 of a row.
-template <int G>
-void chunk_scores(const float* kt, int64_t w, int64_t hd, int64_t len, const float* q,
-                  float* scores, int64_t stride, const float* next) {
+// scores[g, p] = q[g] . K[:, p] (* scale[p], int8) for p < len of one chunk, K^T stored [H, w]
+// (row stride w). PB vectors of positions per pass keep G * PB independent accumulators in
+// flight; the tail is scalar so no load reads past position len - 1 of a row.
+template <int G, typename T>
+void chunk_scores(const T* kt, int64_t w, int64_t hd, int64_t len, const float* q,
+                  const float* scale, float* scores, int64_t stride, const void* next) {
   constexpr int PB = G <= 2 ? kAccs / 2 : G <= 4 ? kAccs / 4 : kAccs / 8;  // per pass
   int64_t p0 = 0;
   for (; p0 + PB * kLanes <= len; p0 += PB * kLanes) {
     vf acc[G][PB] = {};
     for (int64_t h = 0; h < hd; ++h) {
       if (p0 == 0) prefetch_next(next, h, hd);
-      const float* row = kt + h * w + p0;
+      const T* row = kt + h * w + p0;
       vf kv[PB];
       for (int j = 0; j < PB; ++j) {
         __builtin_prefetch(row + 16 * w + j * kLanes, 0, 2);  // 16 rows ahead, into L2
-        kv[j] = load(row + j * kLanes);
+        kv[j] = widen(row + j * kLanes);
       }
       for (int g = 0; g < G; ++g) {
         vf qv = splat(q[g * hd + h]);
@@ -422,7 +443,7 @@ void chunk_scores(const float* kt, int64_t w, int64_t hd, int64_t len, const flo
   for (; p0 + kLanes <= len; p0 += kLanes) {
     vf acc[G] = {};
     for (int64_t h = 0; h < hd; ++h) {
-      vf k0 = load(kt + h * w + p0);
+      vf k0 = widen(kt + h * w + p0);
       for (int g = 0; g < G; ++g) acc[g] += splat(q[g * hd + h]) * k0;
     }
     for (int g = 0; g < G; ++g) store(scores + g * stride + p0, acc[g]);
@@ -430,59 +451,77 @@ void chunk_scores(const float* kt, int64_t w, int64_t hd, int64_t len, const flo
   for (; p0 < len; ++p0) {
     for (int g = 0; g < G; ++g) {
       float acc = 0.0f;
-      for (int64_t h = 0; h < hd; ++h) acc += q[g * hd + h] * kt[h * w + p0];
+      for (int64_t h = 0; h < hd; ++h) acc += q[g * hd + h] * to_f32(kt[h * w + p0]);
       scores[g * stride + p0] = acc;
     }
   }
+  if (scale == nullptr) return;
+  for (int g = 0; g < G; ++g)
+    for (int64_t p = 0; p < len; ++p) scores[g * stride + p] *= scale[p];
 }
 
-// out[g] += sum_p probs[g, p] * V[p] over one chunk's len rows, V stored [w, H].
-template <int G>
-void chunk_values(const float* vp, int64_t hd, int64_t len, const float* probs, int64_t stride,
-                  vf (*acc)[kMaxHeadDim / kLanes], const float* next) {
+// out[g] += sum_p probs[g, p] (* scale[p], int8) * V[p] over one chunk's len rows, V stored
+// [w, H].
+template <int G, typename T>
+void chunk_values(const T* vp, int64_t hd, int64_t len, const float* probs, int64_t stride,
+                  const float* scale, vf (*acc)[kMaxHeadDim / kLanes], const void* next) {
   const int64_t nv = hd / kLanes;
   for (int64_t p = 0; p < len; ++p) {
     prefetch_next(next, p, len);
+    const float s = scale == nullptr ? 1.0f : scale[p];
     vf pr[G];
-    for (int g = 0; g < G; ++g) pr[g] = splat(probs[g * stride + p]);
+    for (int g = 0; g < G; ++g) pr[g] = splat(probs[g * stride + p] * s);
     for (int64_t j = 0; j < nv; ++j) {
       __builtin_prefetch(vp + (p + 32) * hd + j * kLanes, 0, 2);  // 32 positions ahead
-      vf v = load(vp + p * hd + j * kLanes);
+      vf v = widen(vp + p * hd + j * kLanes);
       for (int g = 0; g < G; ++g) acc[g][j] += pr[g] * v;
     }
   }
 }
 
+// The step's K/V for every (row, KV head), already in the cache's storage (int8: with scales).
+template <typename T>
+struct StepKV {
+  const T *k, *v;                    // [R, K, H]
+  const float *k_scale, *v_scale;    // [R, K], int8 only
+};
+
 // One (slot, kv head): write the new K/V at `pos`, then attend its G query heads over
-// positions 0..pos. k chunks are [B, K, H, C+1] (K transposed), v chunks [B, K, C+1, H].
-template <int G>
+// positions 0..pos.
+template <int G, typename T>
 void attend_one(const AttnShape& s, int64_t b, int64_t kh, int32_t pos, const float* q,
-                const float* k_new, const float* v_new, float* const* kc, float* const* vc,
-                float* out, std::vector<float>& scores) {
+                const StepKV<T>& step, const Cache<T>& cache, float* out,
+                std::vector<float>& scores) {
   const int64_t hd = s.head_dim, c = s.chunk, w = c + 1;
-  const int64_t head_k = (b * s.kv_heads + kh) * hd * w;  // offset of this head's block
+  const int64_t head = b * s.kv_heads + kh;
+  const int64_t head_k = head * hd * w;  // offset of this head's block in a k / v chunk
+  const int64_t head_s = head * w;       // ... in a scale chunk
+  const bool scaled = !cache.k_scale.empty();
   // a position past the live chunks (the engine's bucket rules this out) writes nothing and
   // attends over every live position, as the XLA path's scratch-column write does
   const int64_t p = std::max<int32_t>(pos, 0), capacity = s.n_chunks * c;
   const int64_t n_pos = std::min(p + 1, capacity);
   if (p < capacity) {  // the step's K/V into the chunk holding `pos`
     const int64_t i = p / c, col = p % c;
-    const float* kn = k_new + (b * s.kv_heads + kh) * hd;
-    const float* vn = v_new + (b * s.kv_heads + kh) * hd;
-    for (int64_t h = 0; h < hd; ++h) kc[i][head_k + h * w + col] = kn[h];
-    std::memcpy(vc[i] + head_k + col * hd, vn, hd * sizeof(float));
+    const T* kn = step.k + head * hd;
+    for (int64_t h = 0; h < hd; ++h) cache.k[i][head_k + h * w + col] = kn[h];
+    std::memcpy(cache.v[i] + head_k + col * hd, step.v + head * hd, hd * sizeof(T));
+    if (scaled) {
+      cache.k_scale[i][head_s + col] = step.k_scale[head];
+      cache.v_scale[i][head_s + col] = step.v_scale[head];
+    }
   }
   const int64_t stride = (n_pos + kLanes - 1) / kLanes * kLanes;
   scores.resize(G * stride);
   float qs[G * kMaxHeadDim];  // q scaled by 1/sqrt(H)
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const float* qh = q + (b * s.kv_heads + kh) * G * hd;  // [G, H]
+  const float* qh = q + head * G * hd;  // [G, H]
   for (int64_t i = 0; i < G * hd; ++i) qs[i] = qh[i] * scale;
   const int64_t n_read = (n_pos + c - 1) / c;  // chunks holding live positions
   for (int64_t i = 0; i < n_read; ++i)
-    chunk_scores<G>(kc[i] + head_k, w, hd, std::min<int64_t>(c, n_pos - i * c), qs,
-                    scores.data() + i * c, stride,
-                    i + 1 < n_read ? kc[i + 1] + head_k : vc[0] + head_k);
+    chunk_scores<G>(cache.k[i] + head_k, w, hd, std::min<int64_t>(c, n_pos - i * c), qs,
+                    scaled ? cache.k_scale[i] + head_s : nullptr, scores.data() + i * c, stride,
+                    i + 1 < n_read ? cache.k[i + 1] + head_k : cache.v[0] + head_k);
   float inv[G];
   for (int g = 0; g < G; ++g) {  // softmax numerators in place; 1 / denominator in inv
     float* sg = scores.data() + g * stride;
@@ -506,85 +545,137 @@ void attend_one(const AttnShape& s, int64_t b, int64_t kh, int32_t pos, const fl
   }
   vf acc[G][kMaxHeadDim / kLanes] = {};
   for (int64_t i = 0; i < n_read; ++i)
-    chunk_values<G>(vc[i] + head_k, hd, std::min<int64_t>(c, n_pos - i * c),
-                    scores.data() + i * c, stride, acc,
-                    i + 1 < n_read ? vc[i + 1] + head_k : nullptr);
+    chunk_values<G>(cache.v[i] + head_k, hd, std::min<int64_t>(c, n_pos - i * c),
+                    scores.data() + i * c, stride, scaled ? cache.v_scale[i] + head_s : nullptr,
+                    acc, i + 1 < n_read ? cache.v[i + 1] + head_k : nullptr);
   for (int g = 0; g < G; ++g) {
-    float* og = out + ((b * s.kv_heads + kh) * G + g) * hd;
+    float* og = out + (head * G + g) * hd;
     for (int64_t j = 0; j < hd / kLanes; ++j) store(og + j * kLanes, acc[g][j] * splat(inv[g]));
   }
 }
 
+template <typename T>
 using AttendFn = void (*)(const AttnShape&, int64_t, int64_t, int32_t, const float*,
-                          const float*, const float*, float* const*, float* const*, float*,
-                          std::vector<float>&);
+                          const StepKV<T>&, const Cache<T>&, float*, std::vector<float>&);
 
-AttendFn attend_for(int64_t groups) {
+template <typename T>
+AttendFn<T> attend_for(int64_t groups) {
   switch (groups) {
-    case 1: return attend_one<1>;
-    case 2: return attend_one<2>;
-    case 3: return attend_one<3>;
-    case 4: return attend_one<4>;
-    case 5: return attend_one<5>;
-    case 6: return attend_one<6>;
-    case 7: return attend_one<7>;
-    case 8: return attend_one<8>;
+    case 1: return attend_one<1, T>;
+    case 2: return attend_one<2, T>;
+    case 3: return attend_one<3, T>;
+    case 4: return attend_one<4, T>;
+    case 5: return attend_one<5, T>;
+    case 6: return attend_one<6, T>;
+    case 7: return attend_one<7, T>;
+    case 8: return attend_one<8, T>;
     default: return nullptr;
   }
 }
 
-// Args: q [R, N, H], k_new/v_new [R, K, H], positions [>= R] int32, then n k chunks and n v
-// chunks. Rets: out [R, N, H], then the 2n chunks (aliased to the inputs: updated in place).
-ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
-                           ffi::Buffer<ffi::F32, 3> k_new, ffi::Buffer<ffi::F32, 3> v_new,
-                           ffi::Buffer<ffi::S32, 1> positions, ffi::RemainingArgs chunks,
-                           ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets chunks_out) {
+template <ffi::DataType D>
+using Native = ffi::NativeType<D>;
+
+// Args: q [R, N, H] f32, k_new/v_new [R, K, H] in the cache's storage type, (int8: their scales
+// [R, K] f32,) positions [>= R] int32, then the cache's chunks: n k, n v (int8: then n k_scale,
+// n v_scale). Rets: out [R, N, H], then the chunks (aliased to the inputs: updated in place).
+template <ffi::DataType D>
+ffi::Error DecodeAttentionAny(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32, 3>& q,
+                              ffi::Buffer<D, 3>& k_new, ffi::Buffer<D, 3>& v_new,
+                              const float* k_scale_new, const float* v_scale_new,
+                              ffi::Buffer<ffi::S32, 1>& positions, ffi::RemainingArgs& chunks,
+                              ffi::ResultBuffer<ffi::F32, 3>& out,
+                              ffi::RemainingRets& chunks_out) {
+  using T = std::conditional_t<D == ffi::DataType::BF16, uint16_t, Native<D>>;
+  constexpr bool kScaled = D == ffi::DataType::S8;
+  constexpr int kinds = kScaled ? 4 : 2;  // k, v (, k_scale, v_scale)
   auto qd = q.dimensions();
   auto kd = k_new.dimensions();
   auto vd = v_new.dimensions();
-  const int64_t n2 = static_cast<int64_t>(chunks_out.size());
-  auto bad = [](const char* what) {
-    return ffi::Error::InvalidArgument(std::string("decode_attention: ") + what);
+  const int64_t total = static_cast<int64_t>(chunks_out.size());
+  auto bad = [](const std::string& what) {
+    return ffi::Error::InvalidArgument("decode_attention: " + what);
   };
-  if (n2 == 0 || n2 % 2 || static_cast<int64_t>(chunks.size()) != n2)
-    return bad("need n k chunks then n v chunks");
+  if (total == 0 || total % kinds || static_cast<int64_t>(chunks.size()) != total)
+    return bad(kScaled ? "need n k, n v, n k_scale and n v_scale chunks"
+                       : "need n k chunks then n v chunks");
   if (kd[0] != qd[0] || qd[1] % kd[1] || kd[2] != qd[2] || vd[0] != kd[0] || vd[1] != kd[1] ||
       vd[2] != kd[2] || static_cast<int64_t>(positions.element_count()) < qd[0])
     return bad("q [R, N, H], k/v [R, K, H] and positions [>= R] disagree");
   if (qd[2] % kLanes || qd[2] > kMaxHeadDim)
     return bad("head_dim must be a multiple of 16, <= 256");
-  std::vector<float*> kc(n2 / 2), vc(n2 / 2);
+  const int64_t n = total / kinds;
+  Cache<T> cache;
   int64_t chunk = -1, rows = -1;
-  for (int64_t i = 0; i < n2; ++i) {  // every chunk: f32, k [B, K, H, C+1] / v [B, K, C+1, H]
+  for (int64_t i = 0; i < total; ++i) {
     auto r = chunks_out.get<ffi::AnyBuffer>(i);
     if (!r.has_value()) return r.error();
     auto dims = (*r)->dimensions();
-    if ((*r)->element_type() != ffi::DataType::F32 || dims.size() != 4)
-      return bad("chunks must be f32 rank-4 buffers");
-    const bool is_k = i < n2 / 2;
-    const int64_t width = is_k ? dims[3] : dims[2], head = is_k ? dims[2] : dims[3];
-    if (chunk < 0) chunk = width - 1, rows = dims[0];
-    if (width != chunk + 1 || dims[0] != rows || dims[0] < qd[0] || dims[1] != kd[1] ||
-        head != qd[2] || chunk < 1)
-      return bad("chunk shapes disagree with each other or with q/k/v");
-    float* p = static_cast<float*>((*r)->untyped_data());
-    (is_k ? kc[i] : vc[i - n2 / 2]) = p;
+    const int kind = static_cast<int>(i / n);  // 0 k, 1 v, 2 k_scale, 3 v_scale
+    if (kind < 2) {  // k [B, K, H, C+1] / v [B, K, C+1, H] in the cache's type
+      if ((*r)->element_type() != D || dims.size() != 4)
+        return bad("k/v chunks must be rank-4 buffers of k_new's type");
+      const int64_t width = kind == 0 ? dims[3] : dims[2], head = kind == 0 ? dims[2] : dims[3];
+      if (chunk < 0) chunk = width - 1, rows = dims[0];
+      if (width != chunk + 1 || dims[0] != rows || dims[0] < qd[0] || dims[1] != kd[1] ||
+          head != qd[2] || chunk < 1)
+        return bad("chunk shapes disagree with each other or with q/k/v");
+      (kind == 0 ? cache.k : cache.v).push_back(static_cast<T*>((*r)->untyped_data()));
+    } else {  // scales [B, K, C+1] f32
+      if ((*r)->element_type() != ffi::DataType::F32 || dims.size() != 3 || dims[0] != rows ||
+          dims[1] != kd[1] || dims[2] != chunk + 1)
+        return bad("scale chunks must be f32 [B, K, C+1] beside the k/v chunks");
+      (kind == 2 ? cache.k_scale : cache.v_scale)
+          .push_back(static_cast<float*>((*r)->untyped_data()));
+    }
   }
-  AttnShape s{qd[0], kd[1], qd[1] / kd[1], qd[2], chunk, n2 / 2};
-  AttendFn attend = attend_for(s.groups);
-  if (attend == nullptr)
-    return ffi::Error::InvalidArgument("decode_attention: query heads per KV head must be <= 8");
+  AttnShape s{qd[0], kd[1], qd[1] / kd[1], qd[2], chunk, n};
+  AttendFn<T> attend = attend_for<T>(s.groups);
+  if (attend == nullptr) return bad("query heads per KV head must be <= 8");
+  const StepKV<T> step{reinterpret_cast<const T*>(k_new.typed_data()),
+                       reinterpret_cast<const T*>(v_new.typed_data()), k_scale_new, v_scale_new};
   const float* qp = q.typed_data();
-  const float* kp = k_new.typed_data();
-  const float* vp = v_new.typed_data();
   const int32_t* pos = positions.typed_data();
   float* op = out->typed_data();
   parallel_for(pool, s.rows * s.kv_heads, 1, [&](int64_t i) {
     thread_local std::vector<float> scores;
     const int64_t b = i / s.kv_heads, kh = i % s.kv_heads;
-    attend(s, b, kh, pos[b], qp, kp, vp, kc.data(), vc.data(), op, scores);
+    attend(s, b, kh, pos[b], qp, step, cache, op, scores);
   });
   return ffi::Error::Success();
+}
+
+ffi::Error DecodeAttentionF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
+                              ffi::Buffer<ffi::F32, 3> k_new, ffi::Buffer<ffi::F32, 3> v_new,
+                              ffi::Buffer<ffi::S32, 1> positions, ffi::RemainingArgs chunks,
+                              ffi::ResultBuffer<ffi::F32, 3> out,
+                              ffi::RemainingRets chunks_out) {
+  return DecodeAttentionAny(pool, q, k_new, v_new, nullptr, nullptr, positions, chunks, out,
+                            chunks_out);
+}
+
+ffi::Error DecodeAttentionBF16(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
+                               ffi::Buffer<ffi::BF16, 3> k_new, ffi::Buffer<ffi::BF16, 3> v_new,
+                               ffi::Buffer<ffi::S32, 1> positions, ffi::RemainingArgs chunks,
+                               ffi::ResultBuffer<ffi::F32, 3> out,
+                               ffi::RemainingRets chunks_out) {
+  return DecodeAttentionAny(pool, q, k_new, v_new, nullptr, nullptr, positions, chunks, out,
+                            chunks_out);
+}
+
+ffi::Error DecodeAttentionI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
+                             ffi::Buffer<ffi::S8, 3> k_new, ffi::Buffer<ffi::S8, 3> v_new,
+                             ffi::Buffer<ffi::F32, 2> k_scale_new,
+                             ffi::Buffer<ffi::F32, 2> v_scale_new,
+                             ffi::Buffer<ffi::S32, 1> positions, ffi::RemainingArgs chunks,
+                             ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets chunks_out) {
+  auto kd = k_new.dimensions();
+  auto sk = k_scale_new.dimensions();
+  auto sv = v_scale_new.dimensions();
+  if (sk[0] != kd[0] || sk[1] != kd[1] || sv[0] != kd[0] || sv[1] != kd[1])
+    return ffi::Error::InvalidArgument("decode_attention: k/v scales must be [R, K]");
+  return DecodeAttentionAny(pool, q, k_new, v_new, k_scale_new.typed_data(),
+                            v_scale_new.typed_data(), positions, chunks, out, chunks_out);
 }
 
 }  // namespace
@@ -593,6 +684,7 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
 using F32x3 = ffi::Buffer<ffi::F32, 3>;
 using S32x1 = ffi::Buffer<ffi::S32, 1>;
 using F32x1 = ffi::Buffer<ffi::F32, 1>;
+using F32x2 = ffi::Buffer<ffi::F32, 2>;
 using BF16x3 = ffi::Buffer<ffi::BF16, 3>;
 using S8x3 = ffi::Buffer<ffi::S8, 3>;
 
@@ -620,12 +712,36 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseI8, DenseI8,
                                   .Arg<F32x1>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionF32, DecodeAttention,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionF32, DecodeAttentionF32,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<F32x3>()
                                   .Arg<F32x3>()
                                   .Arg<F32x3>()
+                                  .Arg<S32x1>()
+                                  .RemainingArgs()
+                                  .Ret<F32x3>()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionBF16, DecodeAttentionBF16,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<F32x3>()
+                                  .Arg<BF16x3>()
+                                  .Arg<BF16x3>()
+                                  .Arg<S32x1>()
+                                  .RemainingArgs()
+                                  .Ret<F32x3>()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionI8, DecodeAttentionI8,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<F32x3>()
+                                  .Arg<S8x3>()
+                                  .Arg<S8x3>()
+                                  .Arg<F32x2>()
+                                  .Arg<F32x2>()
                                   .Arg<S32x1>()
                                   .RemainingArgs()
                                   .Ret<F32x3>()
