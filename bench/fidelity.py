@@ -206,7 +206,7 @@ def log(line: str) -> None:
     print(f"fidelity: {line}", file=sys.stderr, flush=True)
 
 
-def base_model(model: ModelSpec, dtype: str, tp: int, kernels: str) -> CostModel:
+def base_model(model: ModelSpec, args, tp: int) -> CostModel:
     """The fit's starting point: `local` when calibrated, else nominal roofs (the fit replaces
     the rates; the base contributes the model's bytes and FLOPs)."""
     import jax
@@ -218,7 +218,14 @@ def base_model(model: ModelSpec, dtype: str, tp: int, kernels: str) -> CostModel
         hw = HardwareSpec(name="nominal", kind=kind, flops_per_s={"f32": 1e11, "bf16": 1e11},
                           hbm_bytes=16e9, hbm_bw=2e10, ici_bw=2e10, ici_bidirectional=False,
                           dcn_bw=1e9, chips_per_host=1)  # fmt: skip
-    return CostModel.assumed(model, hw, dtype=dtype, tp=tp, kernels=kernels)
+    return CostModel.assumed(model, hw, dtype=args.dtype, weight_dtype=args.weight_dtype or None,
+                             kv_dtype=args.kv_dtype or None, tp=tp, kernels=args.kernels)
+
+
+def precision(args) -> dict:
+    """The ServeConfig precision and kernel fields of the command line."""
+    return {"dtype": args.dtype, "weight_dtype": args.weight_dtype, "kv_dtype": args.kv_dtype,
+            "kernels": args.kernels}
 
 
 def measure_engine(model: ModelSpec, tp: int, args, errors: list[str]) -> list[Point]:
@@ -237,7 +244,7 @@ def measure_engine(model: ModelSpec, tp: int, args, errors: list[str]) -> list[P
         return []
     msl = min(args.max_seq_len, model.max_seq_len)
     config = ServeConfig(model, slots=1, max_seq_len=msl, decode_steps=args.decode_steps, tp=tp,
-                         dtype=args.dtype, kernels=args.kernels)  # fmt: skip
+                         **precision(args))  # fmt: skip
     buckets = ServerShape(max_seq_len=msl).decode_buckets  # the engine's (a test keeps them so)
     grid = decode_grid(args.batches, snap(args.contexts, buckets), args.fit_batches,
                        snap(args.fit_contexts, buckets))  # fmt: skip
@@ -264,7 +271,7 @@ def measure_engine(model: ModelSpec, tp: int, args, errors: list[str]) -> list[P
     fitted = {(b, c) for b, c, held in grid if not held}
     try:
         cost = fit(
-            base_model(model, args.dtype, tp, args.kernels),
+            base_model(model, args, tp),
             [s for s in decode if (s.batch, s.context) in fitted],
             [PrefillSample(b, pre[b]) for b, held in pre_grid if not held],
         )
@@ -330,11 +337,11 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
     model = load_model(args.serving_model)
     msl = min(args.serving_max_seq_len, model.max_seq_len)
     config = ServeConfig(model, slots=args.slots, max_seq_len=msl, decode_steps=args.decode_steps,
-                         dtype=args.dtype, kernels=args.kernels)  # fmt: skip
+                         **precision(args))  # fmt: skip
     log(f"serving: fitting {model.name} slots {args.slots} max_seq_len {msl} ...")
     grid = engine_fit.grid_for(config, ServerShape(max_seq_len=msl).decode_buckets,
                                config.prefill_buckets, args.quick)  # fmt: skip
-    base = base_model(model, args.dtype, 1, args.kernels)
+    base = base_model(model, args, 1)
     try:
         cost = engine_fit.fit_engine(config, jax.devices()[:1], base, grid=grid, log=log)
     except ValueError as exc:  # the timings cannot be fitted: nothing to simulate with
@@ -343,7 +350,9 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
         return []
     fit_file = save_fit(cost, work / "serving-fit.yaml")
     server = ["--slots", str(args.slots), "--max-seq-len", str(msl), "--decode-steps",
-              str(args.decode_steps), "--dtype", args.dtype, "--kernels", args.kernels]  # fmt: skip
+              str(args.decode_steps), "--dtype", args.dtype, "--kernels", args.kernels,
+              *(["--weight-dtype", args.weight_dtype] if args.weight_dtype else []),
+              *(["--kv-dtype", args.kv_dtype] if args.kv_dtype else [])]  # fmt: skip
     lengths = ["--input-len", str(args.input_len), "--output-len", str(args.output_len),
                "--seed", str(args.seed)]  # fmt: skip
 
@@ -431,7 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--rounds", type=int, default=3, help="round-robin passes over the grid (median of all)")
     a("--max-seq-len", type=int, default=2048, help="decode engines (capped at the model's)")
     a("--decode-steps", type=int, default=4, help="steps per generate call (and 1)")
-    a("--dtype", choices=("f32", "bf16"), default="f32")
+    a("--dtype", choices=("f32", "bf16"), default="f32", help="compute dtype")
+    a("--weight-dtype", choices=("f32", "bf16", "int8"), default="",
+      help="weight storage (default: --dtype)")
+    a("--kv-dtype", choices=("f32", "bf16", "int8"), default="",
+      help="KV-cache storage (default: --dtype)")
     a("--kernels", choices=("auto", "native", "xla"), default="auto")
     s = p.add_argument_group("serving")
     s.add_argument("--serving-model", default="small")
