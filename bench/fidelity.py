@@ -219,13 +219,13 @@ def base_model(model: ModelSpec, args, tp: int) -> CostModel:
                           hbm_bytes=16e9, hbm_bw=2e10, ici_bw=2e10, ici_bidirectional=False,
                           dcn_bw=1e9, chips_per_host=1)  # fmt: skip
     return CostModel.assumed(model, hw, dtype=args.dtype, weight_dtype=args.weight_dtype or None,
-                             kv_dtype=args.kv_dtype or None, tp=tp, kernels=args.kernels)
+                             kv_dtype=args.kv_dtype or None, tp=tp, kernels=args.kernels)  # fmt: skip
 
 
 def precision(args) -> dict:
     """The ServeConfig precision and kernel fields of the command line."""
     return {"dtype": args.dtype, "weight_dtype": args.weight_dtype, "kv_dtype": args.kv_dtype,
-            "kernels": args.kernels}
+            "kernels": args.kernels}  # fmt: skip
 
 
 def measure_engine(model: ModelSpec, tp: int, args, errors: list[str]) -> list[Point]:
@@ -442,9 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--decode-steps", type=int, default=4, help="steps per generate call (and 1)")
     a("--dtype", choices=("f32", "bf16"), default="f32", help="compute dtype")
     a("--weight-dtype", choices=("f32", "bf16", "int8"), default="",
-      help="weight storage (default: --dtype)")
+      help="weight storage (default: --dtype)")  # fmt: skip
     a("--kv-dtype", choices=("f32", "bf16", "int8"), default="",
-      help="KV-cache storage (default: --dtype)")
+      help="KV-cache storage (default: --dtype)")  # fmt: skip
     a("--kernels", choices=("auto", "native", "xla"), default="auto")
     s = p.add_argument_group("serving")
     s.add_argument("--serving-model", default="small")
