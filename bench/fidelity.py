@@ -218,8 +218,8 @@ def base_model(model: ModelSpec, args, tp: int) -> CostModel:
         hw = HardwareSpec(name="nominal", kind=kind, flops_per_s={"f32": 1e11, "bf16": 1e11},
                           hbm_bytes=16e9, hbm_bw=2e10, ici_bw=2e10, ici_bidirectional=False,
                           dcn_bw=1e9, chips_per_host=1)  # fmt: skip
-    return CostModel.assumed(model, hw, dtype=args.dtype, weight_dtype=args.weight_dtype or None,
-                             kv_dtype=args.kv_dtype or None, tp=tp, kernels=args.kernels)  # fmt: skip
+    precision = {"weight_dtype": args.weight_dtype or None, "kv_dtype": args.kv_dtype or None}
+    return CostModel.assumed(model, hw, dtype=args.dtype, tp=tp, kernels=args.kernels, **precision)
 
 
 def precision(args) -> dict:

@@ -14,6 +14,7 @@ import yaml
 from scaletui import calibrate as cal
 from scaletui import roofline
 from scaletui.calibrate import Sizes, main
+from scaletui.serve import native
 from scaletui.specs import load_hardware, load_model, local_hardware_path
 
 GiB = 1 << 30
@@ -128,6 +129,12 @@ def test_calibrate_writes_a_loadable_local_spec(
     for dtype in ("f32", "bf16"):  # flops_per_s is the prefill GEMM; thin ones beside it
         assert measured["matmul"][dtype]["shape"] == [TINY.prefill_t, TINY.d, TINY.f]
         assert hw.flops(dtype) == pytest.approx(measured["matmul"][dtype]["flops_per_s"])
+        # on CPU the roof is the faster of XLA's matmul and the server's own native kernel
+        ways = [measured["matmul_xla"][dtype], measured["matmul_native"].get(dtype)]
+        ways = [w for w in ways if w is not None]
+        assert len(ways) == 1 + native.available()
+        assert hw.flops(dtype) == pytest.approx(max(w["flops_per_s"] for w in ways))
+        assert all(w["shape"] == [TINY.prefill_t, TINY.d, TINY.f] for w in ways)
         assert set(measured["matmul_thin"][dtype]) == set(TINY.thin_batches)
         for b, thin in measured["matmul_thin"][dtype].items():
             assert thin["shape"] == [b, TINY.d, TINY.f] and thin["flops_per_s"] > 0

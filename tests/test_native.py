@@ -79,6 +79,47 @@ def test_dense_reads_bf16_and_int8_panels(m):
         native.pack(qt.q)
 
 
+@needs_kernels
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 16, 23, 200])  # 1-6: one row block; 200: two chunks
+@pytest.mark.parametrize(("d", "n"), [(301, 150), (512, 1024), (4200, 64)])  # odd D: a zero row
+def test_dense_bf16_x_multiplies_exactly_with_f32_sums(m, d, n):
+    """bf16 activations: every product exact, f32 sums, whether the weights are bf16 pairs
+    panels (AVX512_BF16), plain bf16 panels (widened) or f32 (the x the f32 kernels get is the
+    bf16 value)."""
+    rng = np.random.default_rng(m * 7 + d)
+    x, w = _rand(rng, m, d).astype(ml_dtypes.bfloat16), _rand(rng, d, n).astype(ml_dtypes.bfloat16)
+    want = x.astype(np.float64) @ w.astype(np.float64)  # exact products; only the f32 sums differ
+    tol = {"rtol": 1e-5, "atol": 1e-5 * np.sqrt(d)}
+    dense = jax.jit(native.dense, static_argnums=2)
+    ways = [native.pack(w), native.pack(w.astype(np.float32))]
+    if native.bf16_dot_products():
+        ways.append(native.pack(w, pairs=True))
+    for packed in ways:
+        y = dense(jnp.asarray(x), jax.device_put(packed), n)
+        assert y.dtype == jnp.float32 and y.shape == (m, n)
+        np.testing.assert_allclose(np.asarray(y, np.float64), want, **tol)
+    sums = np.float32(want).astype(ml_dtypes.bfloat16).astype(np.float64)  # bf16-rounded sums
+    assert not np.allclose(sums, want, **tol)  # so the tolerance tells f32 sums from bf16 ones
+
+
+@needs_kernels
+def test_pairs_panels_interleave_row_pairs_and_round_trip():
+    w = (np.arange(5 * 70) % 251).reshape(5, 70).astype(ml_dtypes.bfloat16)  # odd D, N % P != 0
+    if not native.bf16_dot_products():
+        with pytest.raises(ValueError, match="AVX512_BF16"):
+            native.pack(w, pairs=True)
+        return
+    width = native.panel_width()
+    pairs = native.pack(w, pairs=True)
+    assert native.is_pairs(pairs) and not native.is_pairs(native.pack(w))
+    assert pairs.shape == (-(-70 // width), 3, 2 * width)
+    assert pairs[0, 1, 2 * 5] == w[2, 5] and pairs[0, 1, 2 * 5 + 1] == w[3, 5]
+    assert (pairs[:, 2, 1::2] == 0).all()  # the zero row past D = 5
+    np.testing.assert_array_equal(native.unpack(pairs, 70)[:5], w)
+    with pytest.raises(ValueError, match="pairs panels are bf16"):
+        native.pack(w.astype(np.float32), pairs=True)
+
+
 def _reference_attention(q, k, v, positions, kc, vc):
     """numpy: write row r's k/v at positions[r], attend over 0..positions[r]; R = len(q)."""
     kc, vc = [c.copy() for c in kc], [c.copy() for c in vc]
@@ -228,8 +269,8 @@ def test_native_refused_where_it_cannot_run(monkeypatch, greedy_reference):
     cfg = ServeConfig(model=m, slots=2, max_seq_len=64, tp=2, kernels="native")
     with pytest.raises(ValueError, match="tp=2"):
         build_engines(cfg, jax.devices()[:2])
-    bf16 = ServeConfig(model=m, slots=2, max_seq_len=64, dtype="bf16")
-    assert "dtype=bf16" in native.unusable(bf16, jax.devices()[:1], dp=1, tp=1)
+    dp2 = ServeConfig(model=m, slots=2, max_seq_len=64, dp=2)
+    assert "dp=2" in native.unusable(dp2, jax.devices()[:2], dp=2, tp=1)
     # auto falls back to XLA ops when the kernels cannot be built, and still serves
     monkeypatch.setattr(native, "unavailable_reason", lambda: "no C++ compiler")
     eng, _ = build_engines(ServeConfig(model=m, slots=2, max_seq_len=64), jax.devices()[:1])

@@ -29,7 +29,7 @@ class EnginePlan:
     devices: list
     dp: int
     native: bool  # runs the native CPU kernels (else XLA ops)
-    note: str | None = None  # kernels auto|native and XLA's ops run: why (for /stats)
+    note: str | None = None  # why XLA's ops run (kernels auto|native), or a native fallback
 
 
 def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
@@ -61,6 +61,9 @@ def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
             why_not = native.slower_here()  # they run, but are not tuned for this CPU
         use = config.kernels != "xla" and why_not is None
         note = f"native kernels not used: {why_not}" if why_not and not use else None
+        if use and config.dtype == "bf16" and not native.bf16_dot_products():
+            note = ("native bf16 matmuls widen to f32 FMAs (this CPU has no AVX512_BF16): "
+                    "the same results at f32's multiply rate")  # fmt: skip
         plan.append(EnginePlan(role, devs, d, use, note))
     return plan
 

@@ -49,8 +49,8 @@ def parser() -> argparse.ArgumentParser:
     a(
         "--dtype",
         choices=DTYPES,
-        help="compute (activations); also weights and KV cache unless set below (default: f32 "
-        "on CPU, else bf16)",
+        help="compute (activations); also weights and KV cache unless set below (default: bf16; "
+        "f32 on a CPU without AVX512_BF16 or the native kernels)",
     )
     a(
         "--weight-dtype",
@@ -107,15 +107,23 @@ def engine_factory(args: argparse.Namespace, tok: Tokenizer) -> EngineFactory:
     return JaxEngineFactory(tok.vocab_size, tok.eos_id)
 
 
-def default_dtype(fake: bool) -> str:
-    """f32 on CPU, bf16 on GPU/TPU. On CPU f32 is the fastest correct choice: XLA's CPU bf16
-    matmuls run ~15x slower than f32 at batch 1, a bf16 decode step ~3x, and int8 weights are
-    no faster than f32 at batch 1 (docs/serve.md, Precision)."""
-    if fake:
+def default_dtype(args: argparse.Namespace) -> str:
+    """bf16 on GPU/TPU. On CPU the fastest correct choice: bf16 where the native kernels run
+    (unsharded, not --kernels xla) and multiply bf16 pairs (AVX512_BF16): half the bytes of an
+    f32 step and twice its multiply rate (docs/serve.md, Precision). Elsewhere f32: XLA's CPU
+    bf16 matmuls run ~15x slower than f32 at batch 1, and widening bf16 kernels cost ~20-30 %
+    more than f32 from batch ~8. f32 too when --weight-dtype or --kv-dtype asks for f32."""
+    if args.fake or "f32" in (args.weight_dtype, args.kv_dtype):
         return "f32"
     import jax  # after the XLA flags are set
 
-    return "f32" if jax.default_backend() == "cpu" else "bf16"
+    if jax.default_backend() != "cpu":
+        return "bf16"
+    if args.kernels == "xla" or args.tp * args.dp != 1:
+        return "f32"
+    from scaletui.serve import native
+
+    return "bf16" if native.available() and native.bf16_dot_products() else "f32"
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -185,7 +193,7 @@ def main(argv: list[str]) -> int:
             dp=args.dp,
             mode=args.mode,
             prefill_devices=args.prefill_devices,
-            dtype=args.dtype or default_dtype(args.fake),
+            dtype=args.dtype or default_dtype(args),
             weight_dtype=args.weight_dtype or "",
             kv_dtype=args.kv_dtype or "",
             kernels=args.kernels,

@@ -34,7 +34,7 @@ from scaletui.serve.engine_api import (
     check_request,
 )
 from scaletui.serve.kv_cache import DecodeState, SlotState
-from scaletui.serve.native import pack_params
+from scaletui.serve.native import bf16_dot_products, pack_params
 from scaletui.serve.steps import PrefillArgs, StepConsts
 
 JNP_DTYPES = quant.JNP
@@ -72,11 +72,13 @@ class JaxEngine:
         self.dtype = jnp.dtype(JNP_DTYPES[p.compute])  # activations
         self.kv_dtype = jnp.dtype(JNP_DTYPES[p.kv])  # KV-cache storage (int8: with scales)
         self.native = native  # build.plan_engines checked the native kernels can run here
-        self.kernels_note = kernels_note  # why not native, when kernels != xla and XLA runs
+        self.kernels_note = kernels_note  # why not native (kernels != xla, XLA runs), or a fallback
         host_params = quant.convert_params(host_params, p.compute, p.weights)  # free if done
         if native:  # fused, packed weights for the native dense kernel
-            self.ops = model.NATIVE
-            self.params = jax.device_put(pack_params(host_params), self.mesh.devices.flat[0])
+            self.ops = model.native_ops_for(self.dtype)
+            pairs = self.dtype == jnp.bfloat16 and bf16_dot_products()  # bf16 pair products
+            packed = pack_params(host_params, pairs=pairs)
+            self.params = jax.device_put(packed, self.mesh.devices.flat[0])
         else:  # on CPU unsharded, int8 / cast weights are converted a panel at a time
             panel = self.devices[0].platform == "cpu" and tp == 1
             self.ops = model.xla_ops(compute=self.dtype, panel=panel)

@@ -87,7 +87,7 @@ class EngineInfo:
     dtype: str = "f32"  # compute (activations)
     weight_dtype: str = "f32"  # weight storage: f32 | bf16 | int8 (+ f32 per-channel scales)
     kv_dtype: str = "f32"  # KV-cache storage: f32 | bf16 | int8 (+ f32 scales)
-    kernels_note: str | None = None  # why XLA's ops run where native could
+    kernels_note: str | None = None  # why XLA's ops run where native could, or a native fallback
 
     def mesh(self) -> dict:
         """The /stats `mesh.prefill` / `mesh.generate` object."""

@@ -9,10 +9,11 @@ slot against a slot cache, attending over a static bucket of the cache only).
 
 The op set is an argument, picked once when the engine is built: `xla_ops(...)` (`XLA` is the
 default, over the layout above, with any weight precision of `quant.py`: plain, cast or int8
-`QTensor` matrices) or `NATIVE` (over `native.pack_params`' fused, packed projections in f32,
-bf16 or int8), whose matmuls run the native dense kernel and whose decode attention runs the
-native kernel, writing the step's K/V in place. The KV cache may be stored in f32, bf16 or int8
-(with a scale per position and KV head); attention always reads it back in the compute dtype.
+`QTensor` matrices) or `native_ops_for(compute)` (`NATIVE` in f32; over `native.pack_params`'
+fused, packed projections in f32, bf16 or int8), whose matmuls run the native dense kernel and
+whose decode attention runs the native kernel, writing the step's K/V in place. The KV cache
+may be stored in f32, bf16 or int8 (with a scale per position and KV head); attention always
+reads it back in the compute dtype.
 """
 
 from __future__ import annotations
@@ -96,21 +97,32 @@ def out_proj(p: dict, o: jax.Array, m: ModelSpec, panel: bool = False) -> jax.Ar
 # --- the native layout (native.pack_params): fused projections packed in panels -----------------
 
 
-def native_embed(params: dict, tokens: jax.Array, m: ModelSpec) -> jax.Array:
-    """f32 embeddings. A tied model's native layout keeps the table only once, packed for the
-    lm head (table^T as [V/P, D, P]), and gathers from that."""
+def native_embed(params: dict, tokens: jax.Array, m: ModelSpec, compute=jnp.float32) -> jax.Array:
+    """Embeddings in `compute` (the activations' dtype). A tied model's native layout keeps the
+    table only once, packed for the lm head (table^T as [V/P, D, P]), and gathers from that."""
     if not m.tied_embeddings:
-        return quant.embed_rows(params["embed"], tokens, jnp.float32)
+        return quant.embed_rows(params["embed"], tokens, compute)
     head = params["lm_head"]
     panels = head.q if isinstance(head, QTensor) else head
+    if native_ops.is_pairs(head):  # [V/P, D/2, 2P]: column c's pair of rows at 2c, 2c + 1
+        width = panels.shape[-1] // 2
+        at = 2 * (tokens % width)
+        pair = jnp.stack([panels[tokens // width, :, at], panels[tokens // width, :, at + 1]], -1)
+        return pair.reshape(*tokens.shape, -1)[..., : m.d_model].astype(compute)
     width = panels.shape[-1]
     rows = panels[tokens // width, :, tokens % width].astype(jnp.float32)
-    return rows * head.scale[tokens][..., None] if isinstance(head, QTensor) else rows
+    rows = rows * head.scale[tokens][..., None] if isinstance(head, QTensor) else rows
+    return rows.astype(compute)
+
+
+# The kernels take x in the activations' dtype and return f32 sums, rounded here to that dtype
+# once, as quant.dense does for XLA's ops: the two op sets compute the same bf16 model.
 
 
 def native_mlp(p: dict, h: jax.Array, m: ModelSpec) -> jax.Array:
-    gate, up = jnp.split(native_ops.dense(h, p["w_gateup"], 2 * m.d_ff), 2, axis=-1)
-    return native_ops.dense(jax.nn.silu(gate) * up, p["w_down"], m.d_model)
+    gateup = native_ops.dense(h, p["w_gateup"], 2 * m.d_ff).astype(h.dtype)
+    gate, up = jnp.split(gateup, 2, axis=-1)
+    return native_ops.dense(jax.nn.silu(gate) * up, p["w_down"], m.d_model).astype(h.dtype)
 
 
 def native_logits(params: dict, x: jax.Array, m: ModelSpec) -> jax.Array:
@@ -135,8 +147,8 @@ def native_decode_attention(q, k, v, positions, layer: dict, n_live: int) -> tup
     live positions."""
     step = quant.store_kv(k, v, layer["k"][0].dtype)
     live = {name: list(chunks[:n_live]) for name, chunks in layer.items()}
-    o, live = native_ops.decode_attention(q, step, positions, live)
-    return o, {name: live[name] + list(layer[name][n_live:]) for name in layer}
+    o, live = native_ops.decode_attention(q.astype(jnp.float32), step, positions, live)
+    return o.astype(q.dtype), {name: live[name] + list(layer[name][n_live:]) for name in layer}
 
 
 class Ops(NamedTuple):
@@ -326,5 +338,13 @@ def xla_ops(compute: jnp.dtype | None = None, panel: bool = False) -> Ops:
 
 
 XLA = xla_ops()
-NATIVE = Ops(native_embed, native_qkv, native_out, native_mlp, native_logits,
-             native_decode_attention)  # fmt: skip
+
+
+def native_ops_for(compute: jnp.dtype = jnp.float32) -> Ops:
+    """The native kernels over native.pack_params' layout, activations in `compute` (f32 or
+    bf16)."""
+    embed = partial(native_embed, compute=jnp.dtype(compute))
+    return Ops(embed, native_qkv, native_out, native_mlp, native_logits, native_decode_attention)
+
+
+NATIVE = native_ops_for()

@@ -12,7 +12,8 @@ Weights for `dense` are packed once on the host: W [D, N] -> panels [N/P, D, P],
 `panel_width()` (64 columns where the CPU has AVX-512, 16 elsewhere), in the weight's storage
 dtype: f32, bf16, or int8 as a `QTensor(panels, scale)` with one f32 scale per column. The
 kernel widens each weight to f32 in registers, so bf16 and int8 steps read 2x and 4x fewer
-bytes; activations are f32.
+bytes. Activations are f32 or bf16 (`--dtype bf16`: bf16 products, f32 sums; on bf16 weights
+multiplied as bf16 pairs where the CPU has AVX512_BF16); outputs are f32.
 
 Environment: `SCALETUI_NATIVE_KERNELS=0` turns them off; `SCALETUI_NATIVE_THREADS=N` sets the
 threads per kernel call (default: XLA's intra-op pool); `SCALETUI_CXXFLAGS` adds compiler flags
@@ -38,15 +39,18 @@ from scaletui.serve.quant import QTensor
 XLA_ROWS = 512  # from this many rows (long prompts) XLA's own f32 matmul is on par or ahead
 DENSE = {"float32": "scaletui_dense_f32", "bfloat16": "scaletui_dense_bf16",
          "int8": "scaletui_dense_i8"}  # fmt: skip
+DENSE_BF16_DOT = "scaletui_dense_bf16_dot"  # bf16 compute on bf16 weights (x rounded to bf16)
 ATTENTION = {"float32": "scaletui_decode_attention_f32",
              "bfloat16": "scaletui_decode_attention_bf16",
              "int8": "scaletui_decode_attention_i8"}  # fmt: skip
 _SYMBOLS = {DENSE["float32"]: "ScaletuiDenseF32", DENSE["bfloat16"]: "ScaletuiDenseBF16",
-            DENSE["int8"]: "ScaletuiDenseI8", ATTENTION["float32"]: "ScaletuiDecodeAttentionF32",
+            DENSE["int8"]: "ScaletuiDenseI8", DENSE_BF16_DOT: "ScaletuiDenseBF16Dot",
+            ATTENTION["float32"]: "ScaletuiDecodeAttentionF32",
             ATTENTION["bfloat16"]: "ScaletuiDecodeAttentionBF16",
             ATTENTION["int8"]: "ScaletuiDecodeAttentionI8"}  # fmt: skip
 CACHE_PARTS = ("k", "v", "k_scale", "v_scale")  # an f32 / bf16 cache has the first two
 _panel: list[int] = []  # the loaded kernels' panel width
+_bf16_dot: list[bool] = []  # whether they multiply bf16 pairs (AVX512_BF16)
 
 
 @functools.cache
@@ -60,6 +64,7 @@ def _load() -> str | None:
             capsule = jax.ffi.pycapsule(lib[symbol])
             jax.ffi.register_ffi_target(name, capsule, platform="cpu")
         _panel[:] = [int(lib.scaletui_panel_width())]
+        _bf16_dot[:] = [bool(lib.scaletui_bf16_dot())]
     except (OSError, RuntimeError, AttributeError) as e:  # toolchain.BuildError is a RuntimeError
         toolchain.log.warning("native CPU kernels unavailable (XLA's ops run instead): %s", e)
         return str(e)
@@ -86,6 +91,13 @@ def panel_width() -> int:
     return _panel[0]
 
 
+def bf16_dot_products() -> bool:
+    """Whether bf16 compute on bf16 weights multiplies bf16 pairs (AVX512_BF16 `vdpbf16ps`, twice
+    an f32 FMA's multiply-adds) rather than widening to f32 (the same numbers, slower)."""
+    _require()
+    return _bf16_dot[0]
+
+
 def unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | None:
     """Why the native CPU kernels cannot run this engine, or None when they can."""
     m = config.model
@@ -93,8 +105,6 @@ def unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | N
         return "they are CPU kernels and the devices are " + devices[0].platform
     if tp * dp != 1:
         return f"they run unsharded (tp=1, dp=1), got tp={tp} dp={dp}"
-    if config.dtype != "f32":
-        return f"they compute in f32, got dtype={config.dtype}"
     if m.head_dim % 16 or m.head_dim > 256:
         return f"they need head_dim a multiple of 16 up to 256, got {m.head_dim}"
     if m.n_heads // m.n_kv_heads > 8:
@@ -107,30 +117,52 @@ def unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | N
 PackedWeight = np.ndarray | QTensor  # panels in the weight's dtype; int8: QTensor(panels, scale)
 
 
-def pack(w: np.ndarray, scale: np.ndarray | None = None) -> PackedWeight:
+def pack(w: np.ndarray, scale: np.ndarray | None = None, *, pairs: bool = False) -> PackedWeight:
     """W [D, N] (f32, bf16 or int8) -> panels [ceil(N/P), D, P] in W's dtype, contiguous,
     columns past N zero; an int8 W comes with its per-column `scale` [N] and returns
-    QTensor(panels, scale padded to the panels' columns)."""
+    QTensor(panels, scale padded to the panels' columns).
+
+    `pairs` (bf16 W, bf16 compute, a CPU with AVX512_BF16): panels [ceil(N/P), ceil(D/2), 2P],
+    rows 2k and 2k + 1 interleaved column by column (a zero row past an odd D), the operand
+    layout of the bf16 pair product (`dense` on bf16 x)."""
     w = np.asarray(w)
     if w.dtype.name not in DENSE:
         raise ValueError(f"pack: weights should be float32, bfloat16 or int8, got {w.dtype}")
     if (w.dtype == np.int8) != (scale is not None):
         raise ValueError("pack: an int8 weight needs its column scales, and only it has them")
+    if pairs and (w.dtype.name != "bfloat16" or not bf16_dot_products()):
+        raise ValueError(f"pack: pairs panels are bf16 (got {w.dtype}) on a CPU with AVX512_BF16")
     width = panel_width()
     d, n = w.shape
     pad = -n % width
     if pad:
         w = np.concatenate([w, np.zeros((d, pad), w.dtype)], axis=1)
     panels = np.ascontiguousarray(w.reshape(d, -1, width).transpose(1, 0, 2))
+    if pairs:
+        if d % 2:
+            panels = np.concatenate([panels, np.zeros_like(panels[:, :1])], axis=1)
+        p = panels.shape[0]
+        panels = panels.reshape(p, -1, 2, width).transpose(0, 1, 3, 2).reshape(p, -1, 2 * width)
+        return np.ascontiguousarray(panels)
     if scale is None:
         return panels
     scale = np.concatenate([np.asarray(scale, np.float32).reshape(n), np.ones(pad, np.float32)])
     return QTensor(panels, scale)
 
 
+def is_pairs(packed: PackedWeight) -> bool:
+    """Whether `pack` made these panels with pairs=True."""
+    return not isinstance(packed, QTensor) and packed.shape[-1] == 2 * panel_width()
+
+
 def unpack(packed: PackedWeight, n: int | None = None) -> np.ndarray:
-    """The [D, n] matrix packed weights stand for (int8: dequantized to f32)."""
+    """The [D, n] matrix packed weights stand for (int8: dequantized to f32; pairs panels:
+    [2 ceil(D/2), n], an odd D's zero row included)."""
     panels = packed.q if isinstance(packed, QTensor) else packed
+    if is_pairs(packed):
+        p, d2, width = panels.shape[0], panels.shape[1], panels.shape[2] // 2
+        panels = np.asarray(panels).reshape(p, d2, width, 2).transpose(0, 1, 3, 2)
+        panels = panels.reshape(p, 2 * d2, width)
     p, d, width = panels.shape
     w = np.asarray(panels).transpose(1, 0, 2).reshape(d, p * width)
     if isinstance(packed, QTensor):
@@ -149,14 +181,19 @@ def _columns(w: object, rows: int) -> tuple[np.ndarray, np.ndarray | None]:
     return np.asarray(w).reshape(rows, -1), None
 
 
-def _pack_fused(*weights: tuple[np.ndarray, np.ndarray | None]) -> PackedWeight:
+def _pack_fused(*weights: tuple[np.ndarray, np.ndarray | None], pairs: bool) -> PackedWeight:
     """Matrices side by side ([D, N1 | N2 | ...]) packed as one."""
     values = np.concatenate([v for v, _ in weights], axis=1)
     scales = [s for _, s in weights]
-    return pack(values, None if scales[0] is None else np.concatenate(scales))
+    return _pack(values, None if scales[0] is None else np.concatenate(scales), pairs)
 
 
-def pack_params(params: dict) -> dict:
+def _pack(w: np.ndarray, scale: np.ndarray | None, pairs: bool) -> PackedWeight:
+    """`pack`, in pairs panels where asked and the weight is bf16."""
+    return pack(w, scale, pairs=pairs and w.dtype.name == "bfloat16")
+
+
+def pack_params(params: dict, *, pairs: bool = False) -> dict:
     """Model params (weights.py names, in storage precision: `quant.convert_params`) -> the
     native layout: fused, packed projections.
 
@@ -166,27 +203,29 @@ def pack_params(params: dict) -> dict:
     a table of its own (untied); a tied model gathers its embeddings from the packed lm head
     (`model.native_embed`), so the table is held once.
     Each packed entry is `pack`'s: panels (int8: with column scales); its width N is the
-    model's (see `dense`).
+    model's (see `dense`). `pairs`: bf16 weights in pairs panels (`pack`), for bf16 compute on
+    a CPU with AVX512_BF16 (`bf16_dot_products()`).
     """
     layers = []
     for p in params["layers"]:
         d = p["attn_norm"].shape[0]
-        qkv = _pack_fused(*(_columns(p[name], d) for name in ("wq", "wk", "wv")))
-        gateup = _pack_fused(_columns(p["w_gate"], d), _columns(p["w_up"], d))
+        qkv = _pack_fused(*(_columns(p[name], d) for name in ("wq", "wk", "wv")), pairs=pairs)
+        gateup = _pack_fused(_columns(p["w_gate"], d), _columns(p["w_up"], d), pairs=pairs)
         e = math.prod(_values(p["wo"]).shape[:2])  # N * H
         layers.append(
             {
                 "attn_norm": np.asarray(p["attn_norm"]),
                 "mlp_norm": np.asarray(p["mlp_norm"]),
                 "wqkv": qkv,
-                "wo": pack(*_columns(p["wo"], e)),
+                "wo": _pack(*_columns(p["wo"], e), pairs),
                 "w_gateup": gateup,
-                "w_down": pack(*_columns(p["w_down"], _values(p["w_down"]).shape[0])),
+                "w_down": _pack(*_columns(p["w_down"], _values(p["w_down"]).shape[0]), pairs),
             }
         )
     table = params.get("lm_head", params["embed"])  # [V, D], int8: one scale per row
     values, scale = _columns(table, _values(table).shape[0])
-    out = {"norm": np.asarray(params["norm"]), "lm_head": pack(values.T, scale), "layers": layers}
+    head = _pack(values.T, scale, pairs)
+    out = {"norm": np.asarray(params["norm"]), "lm_head": head, "layers": layers}
     if "lm_head" in params:  # untied: the input embedding is a table of its own
         e = params["embed"]
         out["embed"] = e if isinstance(e, QTensor) else np.asarray(e)
@@ -206,9 +245,19 @@ def dense(x: jax.Array, w: PackedWeight, n: int) -> jax.Array:
     rows native 27-29 ms vs XLA 28-54 ms; 512 rows 121-123 vs 106-128; 1024 rows 231-286 vs
     211-238. A bf16 or int8 weight always runs the kernel (128 rows: 27-33 ms): XLA would
     first write the whole weight out as f32.
+
+    x in bf16 (`--dtype bf16`): every product is exact and the sums f32, whatever the weights;
+    pairs panels (`pack(..., pairs=True)`) multiply as bf16 pairs (AVX512_BF16 `vdpbf16ps`, x
+    rounded to bf16 if it is not), plain ones widen as for f32.
     """
     panels, scale = (w.q, w.scale) if isinstance(w, QTensor) else (w, None)
     rows = math.prod(x.shape[:-1])
+    if is_pairs(w):
+        _require()
+        out = jax.ShapeDtypeStruct((*x.shape[:-1], panels.shape[0] * panels.shape[2] // 2),
+                                   jnp.float32)  # fmt: skip
+        y = jax.ffi.ffi_call(DENSE_BF16_DOT, out)(x.astype(jnp.bfloat16), panels)
+        return y if y.shape[-1] == n else y[..., :n]
     x = x.astype(jnp.float32)
     if rows >= XLA_ROWS and panels.dtype == jnp.float32:
         y = jnp.einsum("...d,pdj->...pj", x, panels).reshape(*x.shape[:-1], -1)

@@ -12,6 +12,10 @@
 //                        per output column) and widen to f32 in registers: a bf16 step reads
 //                        half the bytes, an int8 step a quarter. x and y are f32. From
 //                        kPackRows rows (prompts) a blocked GEMM runs instead (gemm_panels).
+//   scaletui_dense_bf16_dot
+//                        bf16 x [M, D] @ bf16 W packed in pairs panels [N/P, D/2, 2P]
+//                        (`--dtype bf16` where the CPU has AVX512_BF16): vdpbf16ps, twice
+//                        the multiply-adds of an f32 FMA.
 //   scaletui_decode_attention_{f32,bf16,i8}
 //                        one decode step of attention for every slot: writes the step's K/V
 //                        into the chunked slot cache (in place: the chunk buffers are aliased
@@ -363,6 +367,123 @@ ffi::Error DenseI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
                   y);
 }
 
+// --- bf16 compute on bf16 weights: bf16 pairs (AVX512_BF16) ----------------------------------
+//
+// scaletui_dense_bf16_dot is what `--dtype bf16` runs on bf16 weights where the CPU has
+// AVX512_BF16: x [M, D] bf16 and W packed in *pairs* panels [N/P, ceil(D/2), 2P], each row
+// holding rows 2k and 2k + 1 of a P-column panel interleaved (column c's pair at 2c, 2c + 1),
+// which is the operand layout of vdpbf16ps: 32 multiply-adds per instruction, twice an f32
+// FMA's, every product exact (bf16 x bf16) and the sums f32. x is packed once per call into
+// 6-row blocks of pairs; each thread streams its own range of panels once per 192 rows, k block
+// by k block, prefetching the next block. Elsewhere bf16 weights keep the plain panels and the
+// widening kernel (x passed as f32: the same exact products at f32's rate).
+
+#if defined(__AVX512BF16__)
+static_assert(kPanel == 64, "the pairs kernel is written for AVX-512's 64-column panels");
+constexpr bool kBF16Dot = true;
+constexpr int64_t kDotPairs = 64;  // k pairs per block: 64 x 2P bf16 = 16 KiB of weight
+constexpr int64_t kDotAhead = 32;  // pairs ahead to prefetch: 8 KiB, as the widening kernel
+
+// x [M, D] bf16 -> pairs [ceil(M/6), ceil(D/2), 6] as uint32 (low half: the even k), zero past
+// M and D: the broadcasts the micro-kernel reads, in order.
+std::vector<uint32_t> pack_pairs(const uint16_t* x, int64_t m, int64_t d) {
+  const int64_t blocks = (m + kRowBlock - 1) / kRowBlock, d2 = (d + 1) / 2;
+  std::vector<uint32_t> out(blocks * d2 * kRowBlock, 0u);
+  for (int64_t r = 0; r < m; ++r) {
+    uint32_t* dst = out.data() + (r / kRowBlock) * d2 * kRowBlock + r % kRowBlock;
+    const uint16_t* src = x + r * d;
+    for (int64_t k = 0; k < d; k += 2) {
+      const uint32_t hi = k + 1 < d ? src[k + 1] : 0u;
+      dst[(k / 2) * kRowBlock] = src[k] | (hi << 16);
+    }
+  }
+  return out;
+}
+
+// y[0:MB, 0:P] (+)= x pairs [kp, 6] @ W pairs [kp, 2P]
+// `ahead`: the first row block of each k block prefetches the weight kDotAhead pairs ahead (a
+// pair row is 4 cache lines), spread over its loop as dense_micro does.
+template <int MB>
+inline void dot_micro(const uint32_t* xb, const uint16_t* wb, int64_t kp, float* y, int64_t ldy,
+                      bool first, bool ahead) {
+  __m512 acc[MB][kVecs];
+  for (int r = 0; r < MB; ++r)
+    for (int c = 0; c < kVecs; ++c) acc[r][c] = first ? _mm512_setzero_ps() : load(y + r * ldy + c * kLanes);
+  for (int64_t k = 0; k < kp; ++k) {
+    if (ahead) {
+      const char* line = reinterpret_cast<const char*>(wb + (k + kDotAhead) * 2 * kPanel);
+      for (int b = 0; b < 2 * kPanel * 2; b += 64) __builtin_prefetch(line + b, 0, 2);
+    }
+    __m512bh wv[kVecs];
+    for (int c = 0; c < kVecs; ++c)
+      wv[c] = (__m512bh)_mm512_loadu_si512(wb + k * 2 * kPanel + c * 2 * kLanes);
+    for (int r = 0; r < MB; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(static_cast<int>(xb[k * kRowBlock + r]));
+      for (int c = 0; c < kVecs; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+    }
+  }
+  for (int r = 0; r < MB; ++r)
+    for (int c = 0; c < kVecs; ++c) store(y + r * ldy + c * kLanes, acc[r][c]);
+}
+
+void dot_rows(const uint32_t* xb, const uint16_t* wb, int64_t kp, float* y, int64_t ldy,
+              int64_t rows, bool first, bool ahead) {
+  switch (rows) {
+    case 1: return dot_micro<1>(xb, wb, kp, y, ldy, first, ahead);
+    case 2: return dot_micro<2>(xb, wb, kp, y, ldy, first, ahead);
+    case 3: return dot_micro<3>(xb, wb, kp, y, ldy, first, ahead);
+    case 4: return dot_micro<4>(xb, wb, kp, y, ldy, first, ahead);
+    case 5: return dot_micro<5>(xb, wb, kp, y, ldy, first, ahead);
+    default: return dot_micro<6>(xb, wb, kp, y, ldy, first, ahead);
+  }
+}
+
+// Panels [p0, p1) of y [M, N] = x @ W, x packed by pack_pairs, W [N/P, d2, 2P] pairs panels.
+void dot_panels(const uint32_t* xp, int64_t m, int64_t d2, const uint16_t* w, int64_t p0,
+                int64_t p1, float* y, int64_t n) {
+  for (int64_t r0 = 0; r0 < m; r0 += kGemmRows) {
+    const int64_t r1 = std::min(m, r0 + kGemmRows);
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint16_t* panel = w + p * d2 * 2 * kPanel;  // panels are contiguous: the prefetch
+      for (int64_t k0 = 0; k0 < d2; k0 += kDotPairs) {  // runs on into the next one
+        const int64_t kp = std::min(kDotPairs, d2 - k0);
+        const uint16_t* block = panel + k0 * 2 * kPanel;
+        for (int64_t r = r0; r < r1; r += kRowBlock)
+          dot_rows(xp + ((r / kRowBlock) * d2 + k0) * kRowBlock, block, kp, y + r * n + p * kPanel,
+                   n, std::min<int64_t>(kRowBlock, r1 - r), k0 == 0, r == r0);
+      }
+    }
+  }
+}
+#else
+constexpr bool kBF16Dot = false;
+#endif
+
+ffi::Error DenseBF16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
+                        ffi::Buffer<ffi::BF16, 3> w, ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  if (xd.size() < 1 || wd[2] != 2 * kPanel || (xd.back() + 1) / 2 != wd[1])
+    return ffi::Error::InvalidArgument("dense_bf16_dot: need x [..., D] and W packed in pairs [N/" +
+                                       std::to_string(kPanel) + ", ceil(D/2), " +
+                                       std::to_string(2 * kPanel) + "]");
+#if defined(__AVX512BF16__)
+  const int64_t d = xd.back(), d2 = wd[1], panels = wd[0], n = panels * kPanel;
+  const int64_t m = static_cast<int64_t>(x.element_count()) / d;
+  const std::vector<uint32_t> packed =
+      pack_pairs(reinterpret_cast<const uint16_t*>(x.typed_data()), m, d);
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.typed_data());
+  float* yp = y->typed_data();
+  const int64_t slices = std::min(panels, max_helpers(pool) + 1);
+  parallel_for(pool, slices, 1, [&](int64_t i) {
+    dot_panels(packed.data(), m, d2, wp, i * panels / slices, (i + 1) * panels / slices, yp, n);
+  });
+  return ffi::Error::Success();
+#else
+  return ffi::Error::InvalidArgument("dense_bf16_dot: this CPU has no AVX512_BF16");
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // decode attention over the chunked slot cache
 
@@ -689,6 +810,7 @@ using BF16x3 = ffi::Buffer<ffi::BF16, 3>;
 using S8x3 = ffi::Buffer<ffi::S8, 3>;
 
 extern "C" int scaletui_panel_width() { return kPanel; }
+extern "C" int scaletui_bf16_dot() { return kBF16Dot ? 1 : 0; }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseF32, DenseF32,
                               ffi::Ffi::Bind()
@@ -701,6 +823,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseBF16, DenseBF16,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<BF16x3>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseBF16Dot, DenseBF16Dot,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<BF16x3>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
