@@ -100,6 +100,11 @@ def test_dense_bf16_x_multiplies_exactly_with_f32_sums(m, d, n):
         np.testing.assert_allclose(np.asarray(y, np.float64), want, **tol)
     sums = np.float32(want).astype(ml_dtypes.bfloat16).astype(np.float64)  # bf16-rounded sums
     assert not np.allclose(sums, want, **tol)  # so the tolerance tells f32 sums from bf16 ones
+    # int8 weights: bf16 pairs from I8_DOT_ROWS rows (with AVX512_BF16), else widened
+    qt = quant.quantize(w.astype(np.float32), (0,))
+    want = (x.astype(np.float64) @ np.asarray(qt.q, np.float64)) * np.asarray(qt.scale, np.float64)
+    y = dense(jnp.asarray(x), jax.device_put(native.pack(qt.q, qt.scale)), n)
+    np.testing.assert_allclose(np.asarray(y, np.float64), want, **tol)
 
 
 @needs_kernels
@@ -389,3 +394,30 @@ def test_unwritable_cache_still_builds(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
     built = toolchain.ensure().path
     assert built.exists() and not str(built).startswith(str(blocked))
+
+
+@needs_kernels
+def test_dense_kernels_bench_runs_every_layout_the_cpu_has(capsys):
+    from bench_modules import bench_module
+
+    with bench_module("dense_kernels") as bench:
+        args = [
+            "--rows",
+            "1",
+            "7",
+            "--d",
+            "64",
+            "--n",
+            "128",
+            "--stream-mib",
+            "1",
+            "--repeats",
+            "1",
+        ]
+        assert bench.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header, rows = lines[1].split(), lines[2:]
+    assert header[:3] == ["M", "widen", "pairs" if native.bf16_dot_products() else "int8"]
+    assert [r.split()[0] for r in rows] == ["1", "7"]
+    ratio = rows[0].split()[-1]
+    assert ratio.endswith("x") if native.bf16_dot_products() else ratio == "-"

@@ -242,11 +242,13 @@ def _native_matmul(
     jdt = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
     key = jax.random.PRNGKey(0)
     x = jax.device_put(jax.random.normal(key, (b, d), jdt), device)
-    w = jax.device_put(native.pack(np.asarray(jax.random.normal(key, (d, f), jdt))), device)
+    pairs = dtype == "bf16" and native.bf16_dot_products()  # the layout the engine packs
+    w = native.pack(np.asarray(jax.random.normal(key, (d, f), jdt)), pairs=pairs)
+    w = jax.device_put(w, device)
     mm = jax.jit(lambda x, w: native.dense(x, w, f))
     t, runs = _median_time(lambda: mm(x, w).block_until_ready(), sizes.reps, sizes.min_time_s)
     flops = 2 * b * d * f
-    how = "bf16 pairs, vdpbf16ps" if dtype == "bf16" and native.bf16_dot_products() else "FMA"
+    how = "bf16 pairs, vdpbf16ps" if pairs else "FMA"
     method = (
         f"[{b}, {d}] x [{d}, {f}] {dtype} through scaletui's native CPU dense kernel (packed "
         f"panels, {how}), {flops} FLOPs, median of >= {sizes.reps} runs; faster than XLA's here"

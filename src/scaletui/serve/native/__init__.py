@@ -39,12 +39,15 @@ from scaletui.serve.quant import QTensor
 XLA_ROWS = 512  # from this many rows (long prompts) XLA's own f32 matmul is on par or ahead
 DENSE = {"float32": "scaletui_dense_f32", "bfloat16": "scaletui_dense_bf16",
          "int8": "scaletui_dense_i8"}  # fmt: skip
-DENSE_BF16_DOT = "scaletui_dense_bf16_dot"  # bf16 compute on bf16 weights (x rounded to bf16)
+DENSE_BF16_DOT = "scaletui_dense_bf16_dot"  # bf16 x on bf16 pairs panels (AVX512_BF16)
+DENSE_I8_DOT = "scaletui_dense_i8_dot"  # bf16 x on int8 panels as bf16 pairs, I8_DOT_ROWS rows up
+I8_DOT_ROWS = 8  # below it the widening int8 kernel is as fast (the step reads the weight)
 ATTENTION = {"float32": "scaletui_decode_attention_f32",
              "bfloat16": "scaletui_decode_attention_bf16",
              "int8": "scaletui_decode_attention_i8"}  # fmt: skip
 _SYMBOLS = {DENSE["float32"]: "ScaletuiDenseF32", DENSE["bfloat16"]: "ScaletuiDenseBF16",
             DENSE["int8"]: "ScaletuiDenseI8", DENSE_BF16_DOT: "ScaletuiDenseBF16Dot",
+            DENSE_I8_DOT: "ScaletuiDenseI8Dot",
             ATTENTION["float32"]: "ScaletuiDecodeAttentionF32",
             ATTENTION["bfloat16"]: "ScaletuiDecodeAttentionBF16",
             ATTENTION["int8"]: "ScaletuiDecodeAttentionI8"}  # fmt: skip
@@ -248,7 +251,8 @@ def dense(x: jax.Array, w: PackedWeight, n: int) -> jax.Array:
 
     x in bf16 (`--dtype bf16`): every product is exact and the sums f32, whatever the weights;
     pairs panels (`pack(..., pairs=True)`) multiply as bf16 pairs (AVX512_BF16 `vdpbf16ps`, x
-    rounded to bf16 if it is not), plain ones widen as for f32.
+    rounded to bf16 if it is not), and so do int8 panels from I8_DOT_ROWS rows (converted to
+    bf16 pairs a k block at a time, exactly); plain bf16 and f32 panels widen as for f32 x.
     """
     panels, scale = (w.q, w.scale) if isinstance(w, QTensor) else (w, None)
     rows = math.prod(x.shape[:-1])
@@ -257,6 +261,12 @@ def dense(x: jax.Array, w: PackedWeight, n: int) -> jax.Array:
         out = jax.ShapeDtypeStruct((*x.shape[:-1], panels.shape[0] * panels.shape[2] // 2),
                                    jnp.float32)  # fmt: skip
         y = jax.ffi.ffi_call(DENSE_BF16_DOT, out)(x.astype(jnp.bfloat16), panels)
+        return y if y.shape[-1] == n else y[..., :n]
+    if (x.dtype == jnp.bfloat16 and scale is not None and rows >= I8_DOT_ROWS
+            and bf16_dot_products()):  # fmt: skip
+        out = jax.ShapeDtypeStruct((*x.shape[:-1], panels.shape[0] * panels.shape[2]),
+                                   jnp.float32)  # fmt: skip
+        y = jax.ffi.ffi_call(DENSE_I8_DOT, out)(x, panels, scale)
         return y if y.shape[-1] == n else y[..., :n]
     x = x.astype(jnp.float32)
     if rows >= XLA_ROWS and panels.dtype == jnp.float32:

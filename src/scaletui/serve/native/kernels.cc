@@ -16,6 +16,9 @@
 //                        bf16 x [M, D] @ bf16 W packed in pairs panels [N/P, D/2, 2P]
 //                        (`--dtype bf16` where the CPU has AVX512_BF16): vdpbf16ps, twice
 //                        the multiply-adds of an f32 FMA.
+//   scaletui_dense_i8_dot
+//                        the same for int8 panels from native.I8_DOT_ROWS rows (prompts, batches):
+//                        each k block converted to bf16 pairs once (exact), scales at the end.
 //   scaletui_decode_attention_{f32,bf16,i8}
 //                        one decode step of attention for every slot: writes the step's K/V
 //                        into the chunked slot cache (in place: the chunk buffers are aliased
@@ -455,9 +458,83 @@ void dot_panels(const uint32_t* xp, int64_t m, int64_t d2, const uint16_t* w, in
     }
   }
 }
+// rows [2 j0, 2 (j0 + kp)) of an int8 panel [D, P] -> bf16 pairs [kp, 2P], zero past D. Exact:
+// every int8 is a bf16 (8 significant bits). The column scales apply to the finished sums.
+void int8_pairs(const int8_t* panel, int64_t j0, int64_t kp, int64_t d, uint16_t* dst) {
+  for (int64_t j = 0; j < kp; ++j) {
+    const int64_t k = 2 * (j0 + j);
+    const int8_t* a = panel + k * kPanel;
+    for (int c = 0; c < kVecs; ++c) {
+      const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + c * kLanes));
+      const __m128i r1 = k + 1 < d ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+                                         a + kPanel + c * kLanes))
+                                   : _mm_setzero_si128();
+      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(r0, r1)));
+      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(r0, r1)));
+      _mm512_store_si512(dst + j * 2 * kPanel + c * 2 * kLanes,
+                         reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+  }
+}
+
+// Panels [p0, p1) of y = (x @ Q) * scale for int8 Q in plain panels [N/P, D, P]: each k block of
+// a panel becomes bf16 pairs in an L1 buffer once per 192 rows, then every row block reads it.
+void dot_i8_panels(const uint32_t* xp, int64_t m, int64_t d, const int8_t* w, const float* scale,
+                   int64_t p0, int64_t p1, float* y, int64_t n) {
+  alignas(64) uint16_t block[kDotPairs * 2 * kPanel];
+  const int64_t d2 = (d + 1) / 2;
+  for (int64_t r0 = 0; r0 < m; r0 += kGemmRows) {
+    const int64_t r1 = std::min(m, r0 + kGemmRows);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int8_t* panel = w + p * d * kPanel;
+      for (int64_t k0 = 0; k0 < d2; k0 += kDotPairs) {
+        const int64_t kp = std::min(kDotPairs, d2 - k0);
+        // the next block's lines (this panel's or the next one's) load while this one computes
+        const char* next = reinterpret_cast<const char*>(panel + 2 * (k0 + kp) * kPanel);
+        for (int64_t b = 0; b < 2 * kDotPairs * kPanel; b += 64) __builtin_prefetch(next + b, 0, 2);
+        int8_pairs(panel, k0, kp, d, block);
+        for (int64_t r = r0; r < r1; r += kRowBlock)
+          dot_rows(xp + ((r / kRowBlock) * d2 + k0) * kRowBlock, block, kp, y + r * n + p * kPanel,
+                   n, std::min<int64_t>(kRowBlock, r1 - r), k0 == 0, false);
+      }
+      for (int64_t r = r0; r < r1; ++r)
+        for (int c = 0; c < kVecs; ++c) {
+          float* out = y + r * n + p * kPanel + c * kLanes;
+          store(out, load(out) * load(scale + p * kPanel + c * kLanes));
+        }
+    }
+  }
+}
 #else
 constexpr bool kBF16Dot = false;
 #endif
+
+ffi::Error DenseI8Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::S8, 3> w,
+                      ffi::Buffer<ffi::F32, 1> scale, ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  if (xd.size() < 1 || wd[2] != kPanel || xd.back() != wd[1] ||
+      static_cast<int64_t>(scale.element_count()) != wd[0] * kPanel)
+    return ffi::Error::InvalidArgument("dense_i8_dot: need x [..., D], W packed [N/" +
+                                       std::to_string(kPanel) + ", D, " +
+                                       std::to_string(kPanel) + "] and a scale per column");
+#if defined(__AVX512BF16__)
+  const int64_t d = wd[1], panels = wd[0], n = panels * kPanel;
+  const int64_t m = static_cast<int64_t>(x.element_count()) / d;
+  const std::vector<uint32_t> packed =
+      pack_pairs(reinterpret_cast<const uint16_t*>(x.typed_data()), m, d);
+  const int8_t* wp = w.typed_data();
+  float* yp = y->typed_data();
+  const int64_t slices = std::min(panels, max_helpers(pool) + 1);
+  parallel_for(pool, slices, 1, [&](int64_t i) {
+    dot_i8_panels(packed.data(), m, d, wp, scale.typed_data(), i * panels / slices,
+                  (i + 1) * panels / slices, yp, n);
+  });
+  return ffi::Error::Success();
+#else
+  return ffi::Error::InvalidArgument("dense_i8_dot: this CPU has no AVX512_BF16");
+#endif
+}
 
 ffi::Error DenseBF16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
                         ffi::Buffer<ffi::BF16, 3> w, ffi::ResultBuffer<ffi::F32> y) {
@@ -831,6 +908,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseBF16Dot, DenseBF16Dot,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<BF16x3>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseI8Dot, DenseI8Dot,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<S8x3>()
+                                  .Arg<F32x1>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseI8, DenseI8,

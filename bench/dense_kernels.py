@@ -1,0 +1,95 @@
+"""The native dense kernel per weight layout, as ratios against the f32-activation path.
+
+`[M, D] @ [D, N]` bf16 weights (default: 2048 x 8192, a 1B model's MLP), cycling through enough
+distinct weights per call to stream past the last-level cache (like a decode step, which reads
+every weight once). Per row count M, best of --repeats:
+
+- `widen`: f32 x on plain bf16 panels (widened to f32 in registers, f32 FMAs): what f32 compute
+  on bf16 weights runs;
+- `pairs`: bf16 x on pairs panels (`native.pack(..., pairs=True)`, AVX512_BF16 `vdpbf16ps`):
+  what `--dtype bf16` runs where the CPU has it (skipped elsewhere);
+- `int8`: f32 x on int8 panels with column scales (widened);
+- `int8-bf16x`: bf16 x on the same int8 panels: from `native.I8_DOT_ROWS` rows each k block is
+  converted to bf16 pairs once and multiplied as pairs (AVX512_BF16; skipped elsewhere).
+
+Prints ms, GB/s of weight read and GFLOP/s per layout, and pairs / widen. For reference numbers
+see docs/benchmarks.md ("bf16 dot products").
+
+    python bench/dense_kernels.py --rows 1 4 16 64 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 512])
+    ap.add_argument("--d", type=int, default=2048)
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--stream-mib", type=int, default=256, help="weight bytes per call (bf16)")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+    import numpy as np
+
+    from scaletui.serve import native, quant
+
+    if not native.available():
+        print(f"dense_kernels: no native kernels here: {native.unavailable_reason()}")
+        return 1
+    d, n = args.d, args.n
+    count = max(1, args.stream_mib * 2**20 // (d * n * 2))
+    raw = [np.random.default_rng(i).standard_normal((d, n), np.float32) for i in range(count)]
+    layouts: dict[str, tuple] = {
+        "widen": (jnp.float32, [native.pack(w.astype(ml_dtypes.bfloat16)) for w in raw]),
+    }
+    if native.bf16_dot_products():
+        pairs = [native.pack(w.astype(ml_dtypes.bfloat16), pairs=True) for w in raw]
+        layouts["pairs"] = (jnp.bfloat16, pairs)
+    int8 = [quant.quantize(w, (0,)) for w in raw]
+    layouts["int8"] = (jnp.float32, [native.pack(q.q, q.scale) for q in int8])
+    if native.bf16_dot_products():
+        layouts["int8-bf16x"] = (jnp.bfloat16, layouts["int8"][1])
+    del raw, int8
+    weights = {name: jax.device_put(ws) for name, (_, ws) in layouts.items()}
+
+    @jax.jit
+    def run(x, ws):
+        acc = jnp.float32(0)
+        for w in ws:  # one output element each, so the weights are all read and nothing piles up
+            acc = acc + native.dense(x, w, n)[..., 0].sum()
+        return acc
+
+    print(f"[M, {d}] @ [{d}, {n}], {count} weights per call; ms per matmul, best of "
+          f"{args.repeats}; CPU: {native.toolchain.cpu_features()}")  # fmt: skip
+    print("M".rjust(5), *(f"{name:>24}" for name in layouts), "  pairs/widen")
+    for m in args.rows:
+        cells, ms = [], {}
+        for name, (dtype, _) in layouts.items():
+            x = jnp.asarray(np.random.default_rng(m).standard_normal((m, d), np.float32), dtype)
+            run(x, weights[name]).block_until_ready()
+            best = float("inf")
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                run(x, weights[name]).block_until_ready()
+                best = min(best, (time.perf_counter() - t0) / count)
+            ms[name] = best * 1e3
+            read = d * n * (1 if name.startswith("int8") else 2) / best / 1e9
+            cells.append(f"{ms[name]:7.2f} {read:5.1f}GB/s {2 * m * d * n / best / 1e9:4.0f}GF")
+        ratio = f"{ms['widen'] / ms['pairs']:.2f}x" if "pairs" in ms else "-"
+        print(f"{m:5d}", *(f"{c:>24}" for c in cells), f"  {ratio:>10}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
