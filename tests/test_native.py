@@ -421,3 +421,19 @@ def test_dense_kernels_bench_runs_every_layout_the_cpu_has(capsys):
     assert [r.split()[0] for r in rows] == ["1", "7"]
     ratio = rows[0].split()[-1]
     assert ratio.endswith("x") if native.bf16_dot_products() else ratio == "-"
+
+
+@needs_kernels
+def test_bf16_compute_without_bf16_pairs_says_it_widens(monkeypatch):
+    from scaletui.serve.build import plan_engines
+
+    tiny = load_model("tiny")
+    cfg = ServeConfig(model=tiny, slots=2, max_seq_len=64, dtype="bf16", kernels="native")
+    monkeypatch.setattr(native, "bf16_dot_products", lambda: False)
+    (plan,) = plan_engines(cfg, jax.devices()[:1])
+    assert plan.native and "no AVX512_BF16" in plan.note
+    monkeypatch.setattr(native, "bf16_dot_products", lambda: True)
+    (plan,) = plan_engines(cfg, jax.devices()[:1])
+    assert plan.native and plan.note is None
+    (plan,) = plan_engines(dataclasses.replace(cfg, dtype="f32"), jax.devices()[:1])
+    assert plan.native and plan.note is None  # f32 compute never needed them

@@ -94,6 +94,28 @@ def test_native_kernels_take_every_precision() -> None:
         JaxEngineFactory(TINY.vocab_size).check(tiny(dtype="bf16", kernels="native"))
 
 
+def test_cpu_default_dtype_is_bf16_only_where_the_native_pairs_kernel_runs(monkeypatch) -> None:
+    import argparse
+
+    from scaletui.serve.cli import default_dtype
+
+    def args(**kw) -> argparse.Namespace:
+        base = {"fake": False, "weight_dtype": None, "kv_dtype": None, "kernels": "auto"}
+        return argparse.Namespace(**{**base, "tp": 1, "dp": 1, **kw})
+
+    monkeypatch.setattr(native, "available", lambda: True)
+    monkeypatch.setattr(native, "bf16_dot_products", lambda: True)
+    assert default_dtype(args()) == "bf16"
+    assert default_dtype(args(weight_dtype="int8")) == "bf16"
+    for kw in ({"fake": True}, {"weight_dtype": "f32"}, {"kv_dtype": "f32"}, {"kernels": "xla"},
+               {"tp": 2}, {"dp": 2}):  # fmt: skip
+        assert default_dtype(args(**kw)) == "f32", kw
+    monkeypatch.setattr(native, "bf16_dot_products", lambda: False)  # would widen: no faster
+    assert default_dtype(args()) == "f32"
+    monkeypatch.setattr(native, "available", lambda: False)
+    assert default_dtype(args()) == "f32"
+
+
 def test_cli_precision_errors_exit_2_with_one_line(capsys) -> None:
     serve = ["--model", "tiny", "--port", "0"]
     assert main([*serve, "--dp", "2", "--kernels", "native"]) == 2

@@ -65,7 +65,7 @@ def test_an_engine_that_fails_to_build_exits_1_with_the_reason() -> None:
 
 
 def test_startup_prints_the_model_footprint_and_compile_progress() -> None:
-    proc = _serve("--model", "tiny", "--slots", "2", "--max-seq-len", "64")
+    proc = _serve("--model", "tiny", "--slots", "2", "--max-seq-len", "64", "--dtype", "f32")
     try:
         url = proc.stdout.readline()
         assert url.startswith("scaletui serve: http://127.0.0.1:"), url

@@ -80,7 +80,9 @@ async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path, mon
         model="tiny",
         knobs=knobs,
         host_devices=2,  # tp 2 needs two; fewer devices than the suite's 8 start faster
-        serve_args=["--max-seq-len", "16", "--decode-steps", "2"],  # one prompt bucket (BOS+6+8)
+        # one prompt bucket (BOS+6+8); f32 compute, not the CPU default (bf16 where the native
+        # kernels multiply bf16 pairs), so `w` steps f32 -> bf16 -> int8 on every CPU
+        serve_args=["--max-seq-len", "16", "--decode-steps", "2", "--dtype", "f32"],
         log_dir=tmp_path,
         poll_s=0.5,
         calibrate_cmd=[sys.executable, "-c", FAKE_CALIBRATE],
