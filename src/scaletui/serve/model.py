@@ -107,10 +107,12 @@ def native_embed(params: dict, tokens: jax.Array, m: ModelSpec, compute=jnp.floa
     if native_ops.is_pairs(head):  # [V/P, D/2, 2P]: column c's pair of rows at 2c, 2c + 1
         width = panels.shape[-1] // 2
         at = 2 * (tokens % width)
-        pair = jnp.stack([panels[tokens // width, :, at], panels[tokens // width, :, at + 1]], -1)
+        take = lambda col: quant.take_rows(panels, (tokens // width, slice(None), col))
+        pair = jnp.stack([take(at), take(at + 1)], -1)
         return pair.reshape(*tokens.shape, -1)[..., : m.d_model].astype(compute)
     width = panels.shape[-1]
-    rows = panels[tokens // width, :, tokens % width].astype(jnp.float32)
+    rows = quant.take_rows(panels, (tokens // width, slice(None), tokens % width))
+    rows = rows.astype(jnp.float32)
     rows = rows * head.scale[tokens][..., None] if isinstance(head, QTensor) else rows
     return rows.astype(compute)
 
