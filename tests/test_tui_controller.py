@@ -265,3 +265,25 @@ def test_the_embedded_server_starts_at_the_knobs_precision():
     extra = ["--weight-dtype", "bf16"]
     cmd = host.serve_command("py", "tiny", 8000, Knobs(weight_dtype="int8"), 0, extra)
     assert cmd.count("--weight-dtype") == 1 and cmd[-1] == "bf16"
+
+
+async def test_f32_storage_on_a_bf16_server_asks_for_f32_compute_too(tmp_path):
+    """`w`/`k` to f32 on a server computing in bf16 (the CPU default where the native kernels
+    multiply bf16 pairs) would be refused as storage wider than compute."""
+    ctl = Controller(log_dir=tmp_path)
+    posted, server = [], {"dtype": "bf16"}
+
+    async def config() -> dict:
+        return dict(server)
+
+    async def post_config(changes: dict) -> tuple[int, str]:
+        posted.append(changes)
+        return 200, '{"compile_s": 0.1}'
+
+    ctl.client.config, ctl.client.post_config = config, post_config
+    await ctl.apply({"weight_dtype": "f32"})
+    await ctl.apply({"weight_dtype": "int8"})  # narrower: as asked
+    server["dtype"] = "f32"
+    await ctl.apply({"kv_dtype": "f32"})  # already f32 compute
+    assert posted == [{"weight_dtype": "f32", "dtype": "f32"}, {"weight_dtype": "int8"},
+                      {"kv_dtype": "f32"}]  # fmt: skip

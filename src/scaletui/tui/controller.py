@@ -378,6 +378,7 @@ class Controller:
 
     async def apply(self, changes: dict) -> dict:
         """POST /admin/config; the server drains, rebuilds and recompiles before answering."""
+        changes = await self._with_compute(changes)
         self.event(f"reconfiguring: {changes}", server="reconfiguring", phase="reconfiguring")
         t0 = time.monotonic()
         try:
@@ -390,6 +391,17 @@ class Controller:
         secs = answer.get("compile_s", time.monotonic() - t0)
         self.event(f"reconfigured {changes} (compile {secs:.1f} s)", server="serving", phase="idle")
         return answer
+
+    async def _with_compute(self, changes: dict) -> dict:
+        """f32 weights or KV on a bf16 server (the CPU default where the native kernels multiply
+        bf16 pairs) take f32 compute with them: a server refuses storage wider than compute,
+        and compute is not a knob here."""
+        asks_f32 = "f32" in (changes.get("weight_dtype"), changes.get("kv_dtype"))
+        if not asks_f32 or "dtype" in changes:
+            return changes
+        if (await self.client.config()).get("dtype") == "bf16":
+            return {**changes, "dtype": "f32"}
+        return changes
 
     @property
     def server_ok(self) -> bool:
