@@ -240,8 +240,8 @@ def last_logits(
     kv = jnp.dtype(quant.JNP[p.kv])
     q = quant.convert_params(params, p.compute, p.weights)
     if kernels == "native":
-        pairs = p.compute == "bf16" and native.bf16_dot_products()  # as the engine packs
-        q, ops = native.pack_params(q, pairs=pairs), model.native_ops_for(quant.JNP[p.compute])
+        q = native.pack_params(q, pairs=native.pairs_for(p.compute))  # as the engine packs
+        ops = model.native_ops_for(quant.JNP[p.compute])
     else:
         ops = model.xla_ops(compute=quant.JNP[p.compute], panel=True)
     q = jax.device_put(q)

@@ -242,7 +242,7 @@ def _native_matmul(
     jdt = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
     key = jax.random.PRNGKey(0)
     x = jax.device_put(jax.random.normal(key, (b, d), jdt), device)
-    pairs = dtype == "bf16" and native.bf16_dot_products()  # the layout the engine packs
+    pairs = native.pairs_for(dtype)  # the layout the engine packs
     w = native.pack(np.asarray(jax.random.normal(key, (d, f), jdt)), pairs=pairs)
     w = jax.device_put(w, device)
     mm = jax.jit(lambda x, w: native.dense(x, w, f))

@@ -34,7 +34,7 @@ from scaletui.serve.engine_api import (
     check_request,
 )
 from scaletui.serve.kv_cache import DecodeState, SlotState
-from scaletui.serve.native import bf16_dot_products, pack_params
+from scaletui.serve.native import pack_params, pairs_for
 from scaletui.serve.steps import PrefillArgs, StepConsts
 
 JNP_DTYPES = quant.JNP
@@ -76,8 +76,7 @@ class JaxEngine:
         host_params = quant.convert_params(host_params, p.compute, p.weights)  # free if done
         if native:  # fused, packed weights for the native dense kernel
             self.ops = model.native_ops_for(self.dtype)
-            pairs = self.dtype == jnp.bfloat16 and bf16_dot_products()  # bf16 pair products
-            packed = pack_params(host_params, pairs=pairs)
+            packed = pack_params(host_params, pairs=pairs_for(p.compute))
             self.params = jax.device_put(packed, self.mesh.devices.flat[0])
         else:  # on CPU unsharded, int8 / cast weights are converted a panel at a time
             panel = self.devices[0].platform == "cpu" and tp == 1

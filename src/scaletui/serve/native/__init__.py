@@ -101,6 +101,12 @@ def bf16_dot_products() -> bool:
     return _bf16_dot[0]
 
 
+def pairs_for(compute: str) -> bool:
+    """Whether bf16 weights under `compute` (f32 | bf16) are packed in pairs panels and
+    multiplied as bf16 pairs: bf16 compute on a CPU with AVX512_BF16."""
+    return compute == "bf16" and bf16_dot_products()
+
+
 def unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | None:
     """Why the native CPU kernels cannot run this engine, or None when they can."""
     m = config.model
@@ -256,29 +262,26 @@ def dense(x: jax.Array, w: PackedWeight, n: int) -> jax.Array:
     """
     panels, scale = (w.q, w.scale) if isinstance(w, QTensor) else (w, None)
     rows = math.prod(x.shape[:-1])
+    columns = panels.shape[0] * panel_width()  # n rounded up to whole panels
     if is_pairs(w):
-        _require()
-        out = jax.ShapeDtypeStruct((*x.shape[:-1], panels.shape[0] * panels.shape[2] // 2),
-                                   jnp.float32)  # fmt: skip
-        y = jax.ffi.ffi_call(DENSE_BF16_DOT, out)(x.astype(jnp.bfloat16), panels)
-        return y if y.shape[-1] == n else y[..., :n]
-    if (x.dtype == jnp.bfloat16 and scale is not None and rows >= I8_DOT_ROWS
-            and bf16_dot_products()):  # fmt: skip
-        out = jax.ShapeDtypeStruct((*x.shape[:-1], panels.shape[0] * panels.shape[2]),
-                                   jnp.float32)  # fmt: skip
-        y = jax.ffi.ffi_call(DENSE_I8_DOT, out)(x, panels, scale)
-        return y if y.shape[-1] == n else y[..., :n]
-    x = x.astype(jnp.float32)
-    if rows >= XLA_ROWS and panels.dtype == jnp.float32:
+        target, args = DENSE_BF16_DOT, (x.astype(jnp.bfloat16), panels)
+    elif (
+        x.dtype == jnp.bfloat16 and scale is not None and rows >= I8_DOT_ROWS and pairs_for("bf16")
+    ):
+        target, args = DENSE_I8_DOT, (x, panels, scale)
+    elif rows >= XLA_ROWS and panels.dtype == jnp.float32:
+        x = x.astype(jnp.float32)
         y = jnp.einsum("...d,pdj->...pj", x, panels).reshape(*x.shape[:-1], -1)
+        return y if y.shape[-1] == n else y[..., :n]
     else:
-        _require()
         target = DENSE.get(panels.dtype.name)
         if target is None:
             raise ValueError(f"dense: no kernel for {panels.dtype} weights")
-        out = jax.ShapeDtypeStruct((*x.shape[:-1], panels.shape[0] * panels.shape[2]), x.dtype)
+        x = x.astype(jnp.float32)
         args = (x, panels) if scale is None else (x, panels, scale)
-        y = jax.ffi.ffi_call(target, out)(*args)
+    _require()
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], columns), jnp.float32)
+    y = jax.ffi.ffi_call(target, out)(*args)
     return y if y.shape[-1] == n else y[..., :n]
 
 
