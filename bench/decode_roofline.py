@@ -46,6 +46,7 @@ from scaletui.serve import quant
 from scaletui.serve.build import build_engines
 from scaletui.serve.config import DTYPES, STORAGE_DTYPES, ConfigError, ServeConfig
 from scaletui.serve.engine_api import SamplingParams
+from scaletui.serve.paging import fixed_table
 from scaletui.serve.weights import dummy_params, layer_shapes
 from scaletui.specs import HardwareSpec, SpecError, load_hardware, load_model
 
@@ -193,16 +194,16 @@ def time_decode_step(args, model, host_params, batch: int, kernels: str) -> tupl
     for b in eng.decode_buckets:  # every bucket the timed calls can reach: no compile inside
         if b > args.context:
             eng._generate_exe(b)
-    medians = []
+    medians, table = [], fixed_table(eng)
     for _ in range(args.repeats):
         state = eng.init_decode_state()
         for slot in range(batch):
-            state = eng.insert(state, prefix, slot)
-        state, _ = eng.generate(state, args.steps)  # compiles the bucket on first use
+            state = eng.insert(state, prefix, slot, table[slot])
+        state, _ = eng.generate(state, args.steps, table)  # compiles the bucket on first use
         times = []
         for _ in range(args.calls):
             t0 = time.perf_counter()
-            state, _ = eng.generate(state, args.steps)
+            state, _ = eng.generate(state, args.steps, table)
             times.append((time.perf_counter() - t0) / args.steps)
         medians.append(statistics.median(times))
     return min(medians), eng

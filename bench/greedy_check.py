@@ -26,6 +26,7 @@ from scaletui.serve import model as llama
 from scaletui.serve.build import build_engines
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
+from scaletui.serve.paging import fixed_table
 from scaletui.serve.tokenizer import load_tokenizer
 from scaletui.serve.weights import dummy_params
 from scaletui.specs import load_model
@@ -50,13 +51,13 @@ def engine_tokens(m, params: dict, device, dtype: str, prompts: list[list[int]],
     cfg = ServeConfig(model=m, slots=len(prompts), max_seq_len=seq, decode_steps=4, dtype=dtype)
     eng, _ = build_engines(cfg, [device], host_params=params)
     sp = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
-    state, out = eng.init_decode_state(), []
+    state, out, table = eng.init_decode_state(), [], fixed_table(eng)
     for slot, p in enumerate(prompts):
         prefix = eng.prefill(p, sp)
         out.append([prefix.first_token])
-        state = eng.insert(state, prefix, slot)
+        state = eng.insert(state, prefix, slot, table[slot])
     while state.active[: len(prompts)].any():
-        state, step = eng.generate(state, cfg.decode_steps)
+        state, step = eng.generate(state, cfg.decode_steps, table)
         for s, b in zip(*np.nonzero(step.valid), strict=True):
             out[b].append(int(step.tokens[s, b]))
     return out, ("native" if eng.native else "xla")

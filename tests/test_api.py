@@ -147,14 +147,14 @@ async def test_bad_chat_and_transport_errors() -> None:
 
 async def test_input_the_engine_refuses_fails_that_request_only() -> None:
     async with fake_server() as (client, sched):
-        real = sched.engines[0].prefill
+        real = sched.engines[0].prefill_pages  # interleaved: prefill into the slot's pages
 
-        def picky(tokens, params):
+        def picky(state, tokens, params, *args):
             if tokens == [99]:
                 raise ValueError("token 99 is not allowed here")
-            return real(tokens, params)
+            return real(state, tokens, params, *args)
 
-        sched.engines[0].prefill = picky
+        sched.engines[0].prefill_pages = picky
         r = await client.post("/v1/completions", json={"prompt": [99], "max_tokens": 2})
         err = (await r.json())["error"]
         assert r.status == 400 and "token 99 is not allowed" in err["message"], err

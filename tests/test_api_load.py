@@ -127,7 +127,7 @@ async def test_waiting_token_bound_gets_429_with_retry_after() -> None:
 async def test_reconfigure_recovers_a_failed_server() -> None:
     async with fake_server(slots=2) as (client, sched):
 
-        def broken(state, steps):
+        def broken(state, steps, pages):
             raise RuntimeError("device lost")
 
         sched.engines[1].generate = broken  # the worker dies on its next decode call
@@ -227,7 +227,7 @@ async def test_admin_needs_token_off_loopback() -> None:
 async def test_dead_worker_health_500_and_clients_get_errors() -> None:
     async with fake_server(slots=2) as (client, sched):
 
-        def broken(state, steps):
+        def broken(state, steps, pages):
             raise RuntimeError("device lost")
 
         sched.engines[1].generate = broken

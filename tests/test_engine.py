@@ -10,6 +10,7 @@ from scaletui.serve import weights
 from scaletui.serve.build import build_engines
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
+from scaletui.serve.paging import fixed_table
 from scaletui.specs import load_model
 
 pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
@@ -35,7 +36,7 @@ def reference(greedy_reference):
 
 def serve(eng, requests, calls=8):
     """Prefill + insert each (prompt, params) into slots 0.., generate; tokens per slot."""
-    state = eng.init_decode_state()
+    state, table = eng.init_decode_state(), fixed_table(eng)
     out, finished = {}, {}
     for slot, (prompt, params) in enumerate(requests):
         prefix = eng.prefill(prompt, params)
@@ -43,9 +44,9 @@ def serve(eng, requests, calls=8):
         if prefix.done:
             finished[slot] = 1
             continue
-        state = eng.insert(state, prefix, slot)
+        state = eng.insert(state, prefix, slot, table[slot])
     for _ in range(calls):
-        state, step = eng.generate(state, eng.config.decode_steps)
+        state, step = eng.generate(state, eng.config.decode_steps, table)
         for s in range(step.tokens.shape[0]):
             for b in out:
                 if step.valid[s, b]:
@@ -131,9 +132,10 @@ def test_seeded_sampling_is_reproducible_across_slots_and_limited_to_vocab(engin
 
 def test_release_frees_a_slot(engine):
     state = engine.init_decode_state()
-    state = engine.insert(state, engine.prefill([1, 2, 3], GREEDY), 2)
+    table = fixed_table(engine)
+    state = engine.insert(state, engine.prefill([1, 2, 3], GREEDY), 2, table[2])
     state = engine.release(state, 2)
-    state, step = engine.generate(state, 2)
+    state, step = engine.generate(state, 2, table)
     assert not step.valid.any()
 
 
@@ -145,7 +147,9 @@ def test_bad_requests_are_rejected_with_values(engine):
     with pytest.raises(ValueError, match="top_p=1.5"):
         engine.prefill([1], SamplingParams(top_p=1.5))
     with pytest.raises(ValueError, match="slot must be in \\[0, 4\\), got 4"):
-        engine.insert(engine.init_decode_state(), engine.prefill([1], GREEDY), 4)
+        engine.insert(engine.init_decode_state(), engine.prefill([1], GREEDY), 4, [1])
+    with pytest.raises(ValueError, match="needs 1 pages"):
+        engine.insert(engine.init_decode_state(), engine.prefill([1], GREEDY), 0, [0])
     with pytest.raises(ValueError, match="token ids"):
         engine.prefill([512], GREEDY)
 

@@ -1,4 +1,4 @@
-"""Model correctness: prefill + decode over the slot cache reproduce a full causal forward."""
+"""Model correctness: prefill + decode over the paged cache reproduce a full causal forward."""
 
 from __future__ import annotations
 
@@ -25,15 +25,21 @@ def test_prefill_then_decode_logits_equal_full_forward(tiny):
     last, kv = model.prefill(params, jnp.asarray(padded), jnp.int32(n_prompt), m)
     np.testing.assert_allclose(last, full[n_prompt - 1], rtol=1e-4, atol=1e-4)
 
-    # two slots: slot 1 holds the prompt, slot 0 stays empty; chunks of 8 positions
-    state = kv_cache.empty_state(m, 2, 8, 4, jnp.float32)
+    # two slots: slot 1 holds the prompt in pages 5, 2 (then 7, 3), in that order; slot 0 stays
+    # empty, its table all scratch page 0; pages of 8 positions
+    state = kv_cache.empty_state(m, 2, 8, 8, jnp.float32)
     ints, floats = kv_cache.pack_insert_args(1, n_prompt, 0, True, _Params())
-    state = kv_cache.insert(state, kv, jnp.asarray(ints), jnp.asarray(floats))
+    state = kv_cache.insert(state, kv, jnp.asarray(ints), jnp.asarray(floats), jnp.asarray([5, 2]))
     cache = state.cache
-    for pos in range(n_prompt, 30):  # crosses chunk boundaries at 16 and 24
+    table = jnp.asarray([[0, 0, 0, 0], [5, 2, 7, 3]], jnp.int32)
+    for pos in range(n_prompt, 30):  # crosses page boundaries at 16 and 24
         toks = jnp.asarray([0, seq[pos]], jnp.int32)
-        logits, cache = model.decode(params, cache, toks, jnp.asarray([0, pos]), 4, m)
+        logits, cache = model.decode(params, cache, toks, jnp.asarray([0, pos]), table, m)
         np.testing.assert_allclose(logits[1], full[pos], rtol=1e-4, atol=1e-4)
+    # nothing was written outside the slot's pages and the scratch page
+    for layer in cache:
+        for page in (1, 4, 6):
+            assert not np.asarray(layer["k"][page]).any() and not np.asarray(layer["v"][page]).any()
 
 
 def test_chunked_prefill_equals_full_forward(tiny):
@@ -55,6 +61,50 @@ def test_chunked_prefill_equals_full_forward(tiny):
             prior=prior,
         )
     np.testing.assert_allclose(last, full[39], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kv", ["f32", "int8"])
+def test_paged_prefill_in_chunks_and_over_a_shared_prefix_equals_full_forward(tiny, kv):
+    """Prefill straight into pages, in chunks that start mid-page, then a second sequence that
+    shares the first two pages (a cached prefix) and prefills only its own tokens; both then
+    decode. Logits equal the full forward's (int8: close to it)."""
+    m, params = tiny
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, m.vocab_size, 40).astype(np.int32)
+    b = np.concatenate([a[:16], rng.integers(0, m.vocab_size, 14)]).astype(np.int32)
+    tol = {"rtol": 1e-4, "atol": 1e-4} if kv == "f32" else {"rtol": 0.1, "atol": 0.1}
+    dtype = jnp.float32 if kv == "f32" else jnp.int8
+    state = kv_cache.empty_state(m, 2, 12, 8, dtype)
+    cache = state.cache
+    pages_a = jnp.asarray([7, 2, 9, 4, 11, 0], jnp.int32)  # 0: scratch past its 5 pages
+    pages_b = jnp.asarray([7, 2, 5, 1, 0, 0], jnp.int32)  # a's first two pages, then its own
+
+    def run(seq, pages, start, stop, bucket=16):
+        padded = np.zeros(bucket, np.int32)
+        padded[: stop - start] = seq[start:stop]
+        return model.prefill_paged(params, jnp.asarray(padded), jnp.int32(stop), m,
+                                   jnp.int32(start), pages, jnp.int32(0), cache)  # fmt: skip
+
+    for start, stop in ((0, 13), (13, 29), (29, 36)):  # chunks that start and end mid-page
+        last, cache = run(a, pages_a, start, stop)
+    full_a = np.asarray(model.forward(params, jnp.asarray(a)[None], m))[0]
+    np.testing.assert_allclose(last, full_a[35], **tol)
+    shared = [np.asarray(layer["k"][jnp.asarray([7, 2])]) for layer in cache]
+    last, cache = run(b, pages_b, 16, 30)  # its prefix (16 tokens) is a's first two pages
+    full_b = np.asarray(model.forward(params, jnp.asarray(b)[None], m))[0]
+    np.testing.assert_allclose(last, full_b[29], **tol)
+    for layer, before in zip(cache, shared, strict=True):  # b wrote nothing into a's pages
+        np.testing.assert_array_equal(np.asarray(layer["k"][jnp.asarray([7, 2])]), before)
+    table = jnp.stack([pages_a, pages_b])
+    more = rng.integers(0, m.vocab_size, 4).astype(np.int32)  # b's next inputs
+    for step in range(4):  # both decode on: a from position 36, b from 30
+        pos = jnp.asarray([36 + step, 30 + step])
+        toks = jnp.asarray([a[36 + step], more[step]], jnp.int32)
+        logits, cache = model.decode(params, cache, toks, pos, table, m)
+        np.testing.assert_allclose(logits[0], full_a[36 + step], **tol)
+        seq_b = np.concatenate([b, more[: step + 1]])
+        want = np.asarray(model.forward(params, jnp.asarray(seq_b)[None], m))[0, -1]
+        np.testing.assert_allclose(logits[1], want, **tol)
 
 
 def test_tied_embeddings_have_one_table_and_run():

@@ -17,6 +17,7 @@ from scaletui.serve.build import build_engines
 from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.native import toolchain
+from scaletui.serve.paging import fixed_table
 from scaletui.specs import load_model
 
 pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
@@ -125,58 +126,148 @@ def test_pairs_panels_interleave_row_pairs_and_round_trip():
         native.pack(w.astype(np.float32), pairs=True)
 
 
-def _reference_attention(q, k, v, positions, kc, vc):
-    """numpy: write row r's k/v at positions[r], attend over 0..positions[r]; R = len(q)."""
-    kc, vc = [c.copy() for c in kc], [c.copy() for c in vc]
-    c = vc[0].shape[2] - 1
-    rows, n, hd = q.shape
-    kh = k.shape[1]
-    out = np.zeros_like(q)
+STORAGE = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "int8": np.int8}
+
+
+def _kv_values(rng, kv, *shape):
+    """Random K/V entries in the pool's storage dtype `kv` (int8: whole values to +-127)."""
+    if kv == "int8":
+        return rng.integers(-127, 128, shape).astype(np.int8)
+    return _rand(rng, *shape).astype(STORAGE[kv])
+
+
+def _kv_scales(rng, *shape):
+    return rng.uniform(0.005, 0.02, shape).astype(np.float32)
+
+
+def _paged_step(rng, kv, rows, kh, hd):
+    """The step's K/V in the pool's storage: (k, v) [R, K, H], int8 with scales [R, K]."""
+    k, v = _kv_values(rng, kv, rows, kh, hd), _kv_values(rng, kv, rows, kh, hd)
+    return (k, v) if kv != "int8" else (k, v, _kv_scales(rng, rows, kh), _kv_scales(rng, rows, kh))
+
+
+def _paged_pool(rng, kv, pages, kh, hd, size, fill=np.nan):
+    """A page pool of `fill` (NaN: entries no row may read; int8 keeps them in its scales)."""
+    if kv != "int8":
+        return {"k": np.full((pages, kh, hd, size), fill, STORAGE[kv]),
+                "v": np.full((pages, kh, size, hd), fill, STORAGE[kv])}  # fmt: skip
+    return {"k": _kv_values(rng, kv, pages, kh, hd, size),
+            "v": _kv_values(rng, kv, pages, kh, size, hd),
+            "k_scale": np.full((pages, kh, size), fill, np.float32),
+            "v_scale": np.full((pages, kh, size), fill, np.float32)}  # fmt: skip
+
+
+def _fill_read(rng, pool, positions, table):
+    """Random entries at every position a row reads besides the one it writes: 0..pos - 1, or
+    all W * S its table reaches when pos // S >= W (page ids clamped as the kernel does)."""
+    pages, kh, hd, size = pool["k"].shape
+    kv = pool["k"].dtype.name
+    table = np.clip(table, 0, pages - 1)
+    for r, pos in enumerate(positions):
+        for p in range(min(max(pos, 0), table.shape[1] * size)):
+            page, col = table[r, p // size], p % size
+            pool["k"][page, :, :, col] = _kv_values(rng, kv, kh, hd)
+            pool["v"][page, :, col] = _kv_values(rng, kv, kh, hd)
+            if "k_scale" in pool:
+                pool["k_scale"][page, :, col] = _kv_scales(rng, kh)
+                pool["v_scale"][page, :, col] = _kv_scales(rng, kh)
+
+
+def _paged_reference(q, step, positions, table, pool):
+    """numpy in float64, row by row, as native.decode_attention promises: write the step at
+    page table[r, pos // S], column pos % S (nothing when pos // S >= W; page ids clamped into
+    the pool), then attend over the stored entries at positions 0..pos (int8: times their
+    scales). Returns (out [R, N, H], the pool after)."""
+    pool = {name: a.copy() for name, a in pool.items()}
+    pages, kh, hd, size = pool["k"].shape
+    rows, n, _ = q.shape
+    table = np.clip(table, 0, pages - 1)
+    width, scaled = table.shape[1], "k_scale" in pool
+    out = np.zeros(q.shape)
     for r in range(rows):
-        p = positions[r]
-        kc[p // c][r, :, :, p % c] = k[r]
-        vc[p // c][r, :, p % c, :] = v[r]
-        keys = np.concatenate([ch[r, :, :, :c] for ch in kc], axis=-1)[..., : p + 1]  # [K,H,S]
-        vals = np.concatenate([ch[r, :, :c, :] for ch in vc], axis=-2)[:, : p + 1]  # [K,S,H]
+        pos = max(int(positions[r]), 0)
+        if pos // size < width:
+            page, col = table[r, pos // size], pos % size
+            pool["k"][page, :, :, col], pool["v"][page, :, col] = step[0][r], step[1][r]
+            if scaled:
+                pool["k_scale"][page, :, col] = step[2][r]
+                pool["v_scale"][page, :, col] = step[3][r]
+        n_pos = min(pos + 1, width * size)
+        read = table[r, : -(-n_pos // size)]  # the pages holding positions 0..pos
+        keys = pool["k"][read].astype(np.float64).transpose(1, 2, 0, 3).reshape(kh, hd, -1)
+        vals = pool["v"][read].astype(np.float64).transpose(1, 0, 2, 3).reshape(kh, -1, hd)
+        if scaled:
+            keys = keys * pool["k_scale"][read].transpose(1, 0, 2).reshape(kh, 1, -1)
+            vals = vals * pool["v_scale"][read].transpose(1, 0, 2).reshape(kh, -1, 1)
+        keys, vals = keys[..., :n_pos], vals[:, :n_pos]
         for head in range(n):
             g = head // (n // kh)
-            s = q[r, head] @ keys[g] / np.sqrt(hd)
+            s = q[r, head].astype(np.float64) @ keys[g] / np.sqrt(hd)
             e = np.exp(s - s.max())
-            out[r, head] = (e / e.sum()) @ vals[g]
-    return out, kc, vc
+            out[r, head] = e @ vals[g] / e.sum()
+    return out, pool
+
+
+def _check_paged(q, step, positions, table, pool):
+    """The kernel (under jit, as the engine calls it) against the reference: the output, and
+    the whole pool after (the written entries where they belong, nothing else moved)."""
+    want, want_pool = _paged_reference(q, step, positions, table, pool)
+    out, got_pool = jax.jit(native.decode_attention)(q, step, positions, table, pool)
+    assert out.dtype == jnp.float32 and out.shape == q.shape
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=1e-5, atol=2e-6)
+    assert set(got_pool) == set(pool)
+    for name, got in got_pool.items():
+        assert got.dtype == pool[name].dtype
+        np.testing.assert_array_equal(np.asarray(got), want_pool[name])  # NaN == NaN here
+    return want_pool
 
 
 @needs_kernels
+@pytest.mark.parametrize("kv", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize(
-    ("groups", "hd", "chunk"), [(1, 16, 8), (2, 64, 16), (4, 32, 128), (8, 128, 17), (3, 256, 16)]
+    ("groups", "hd", "size"),
+    [(1, 16, 16), (2, 64, 32), (4, 128, 64), (8, 64, 24), (3, 16, 24), (8, 128, 16)],
 )
-def test_decode_attention_matches_numpy(groups, hd, chunk):
-    rng = np.random.default_rng(groups)
-    b, rows, kh, n_live = 4, 3, 2, 3  # row 3 is a spare row the kernel must not touch
-    kc = [_rand(rng, b, kh, hd, chunk + 1) for _ in range(n_live)]
-    vc = [_rand(rng, b, kh, chunk + 1, hd) for _ in range(n_live)]
-    q, k, v = _rand(rng, rows, kh * groups, hd), _rand(rng, rows, kh, hd), _rand(rng, rows, kh, hd)
-    positions = np.array([0, chunk - 1, 2 * chunk + 3, 5], np.int32)  # within, edge, 3rd chunk
-    want, want_k, want_v = _reference_attention(q, k, v, positions, kc, vc)
-    fn = jax.jit(native.decode_attention)
-    q, k, v, positions = map(jnp.asarray, (q, k, v, positions))
-    out, got = fn(q, (k, v), positions, {"k": kc, "v": vc})
-    got_k, got_v = got["k"], got["v"]
-    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-5)
-    for got, ref in zip(got_k + got_v, want_k + want_v, strict=True):
-        np.testing.assert_array_equal(np.asarray(got), ref)  # only the written columns moved
+def test_paged_decode_attention_matches_numpy(kv, groups, hd, size):
+    """A random page layout: every row's pages drawn from the pool at random, ragged positions,
+    rows 1 and 2 reading the same first two pages (a shared prefix), row 4 inactive (page
+    table all 0, position 0: the trash page). Entries no row reads are NaN, so reading one
+    shows in the output; the extra positions / page-table row is not a row (R = 5)."""
+    rng = np.random.default_rng(groups * 1000 + hd + size)
+    kh, width, pages, rows = 2, 4, 16, 5
+    ids = iter(rng.permutation(np.arange(1, pages)))  # page 0 is the trash page
+    shared = [next(ids), next(ids)]
+    live = [[next(ids)], [*shared, next(ids)], [*shared, next(ids), next(ids)],
+            [next(ids), next(ids)]]  # fmt: skip
+    table = rng.integers(-3, pages + 3, (rows + 1, width)).astype(np.int32)  # unread: any ids
+    for r, row_pages in enumerate(live):
+        table[r, : len(row_pages)] = row_pages
+    table[4] = 0
+    positions = np.array([size - 1, 2 * size + int(rng.integers(size)), width * size - 1, size,
+                          0, 10**6], np.int32)  # fmt: skip
+    pool = _paged_pool(rng, kv, pages, kh, hd, size)
+    _fill_read(rng, pool, positions[:rows], table[:rows])
+    q = _rand(rng, rows, kh * groups, hd)
+    step = _paged_step(rng, kv, rows, kh, hd)
+    after = _check_paged(q, step, positions, table, pool)
+    # each row's K/V landed at its page and column; nothing else moved (_check_paged)
+    for r in range(rows):
+        page, col = table[r, positions[r] // size], positions[r] % size
+        np.testing.assert_array_equal(after["k"][page, :, :, col], step[0][r])
+        np.testing.assert_array_equal(after["v"][page, :, col], step[1][r])
 
 
-def _tiny_cache(m, rows, chunk, n_chunks, seed):
+def _tiny_cache(m, rows, size, pages_per_row, seed):
+    """A random page pool and a page table: rows 0..rows-2 hold pages_per_row scattered pages
+    each; the last row holds none (all scratch page 0), as a row past n_rows would."""
     rng = np.random.default_rng(seed)
     k, h = m.n_kv_heads, m.head_dim
-    return [
-        {
-            "k": [jnp.asarray(_rand(rng, rows, k, h, chunk + 1)) for _ in range(n_chunks)],
-            "v": [jnp.asarray(_rand(rng, rows, k, chunk + 1, h)) for _ in range(n_chunks)],
-        }
-        for _ in range(m.n_layers)
-    ]
+    n = 1 + (rows - 1) * pages_per_row
+    table = np.zeros((rows, pages_per_row), np.int32)
+    table[: rows - 1] = 1 + rng.permutation(n - 1).reshape(rows - 1, pages_per_row)
+    pool = lambda *shape: jnp.asarray(_rand(rng, *shape))
+    cache = [{"k": pool(n, k, h, size), "v": pool(n, k, size, h)} for _ in range(m.n_layers)]
+    return cache, jnp.asarray(table)
 
 
 @needs_kernels
@@ -189,17 +280,17 @@ def test_model_decode_and_prefill_native_equal_xla(tied):
     xla_params, native_params = jax.device_put(host), jax.device_put(packed)
     tokens = jnp.array([5, 77, 300, 0], jnp.int32)
     positions = jnp.array([3, 9, 30, 0], jnp.int32)
-    cache = _tiny_cache(m, rows=4, chunk=16, n_chunks=4, seed=0)
-    want, want_cache = model.decode(xla_params, cache, tokens, positions, 2, m, n_rows=3)
-    got, got_cache = model.decode(native_params, cache, tokens, positions, 2, m, 3, model.NATIVE)
+    cache, table = _tiny_cache(m, rows=4, size=16, pages_per_row=2, seed=0)
+    want, want_cache = model.decode(xla_params, cache, tokens, positions, table, m, n_rows=3)
+    got, got_cache = model.decode(
+        native_params, cache, tokens, positions, table, m, 3, model.NATIVE
+    )
     assert got.shape == want.shape == (3, m.vocab_size)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
     close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-    for got_layer, want_layer in zip(got_cache, want_cache, strict=True):  # scratch column aside
-        for a, b in zip(got_layer["k"], want_layer["k"], strict=True):
-            close(a[:3, ..., :16], b[:3, ..., :16])
-        for a, b in zip(got_layer["v"], want_layer["v"], strict=True):
-            close(a[:3, :, :16], b[:3, :, :16])
+    for got_layer, want_layer in zip(got_cache, want_cache, strict=True):  # scratch page aside
+        close(got_layer["k"][1:], want_layer["k"][1:])
+        close(got_layer["v"][1:], want_layer["v"][1:])
     prompt = jnp.arange(12, dtype=jnp.int32) * 7
     (lw, kvw), (lg, kvg) = (
         model.prefill(p, prompt, 12, m, ops=ops)
@@ -219,10 +310,10 @@ def test_model_native_equal_xla_at_each_weight_precision(weights, tied):
     xla_params, native_params = jax.device_put(host), jax.device_put(native.pack_params(host))
     tokens = jnp.array([5, 77, 300, 0], jnp.int32)
     positions = jnp.array([3, 9, 30, 0], jnp.int32)
-    cache = _tiny_cache(m, rows=4, chunk=16, n_chunks=4, seed=0)
+    cache, table = _tiny_cache(m, rows=4, size=16, pages_per_row=2, seed=0)
     ops = model.xla_ops(compute=jnp.float32)
-    want, _ = model.decode(xla_params, cache, tokens, positions, 2, m, 3, ops)
-    got, _ = model.decode(native_params, cache, tokens, positions, 2, m, 3, model.NATIVE)
+    want, _ = model.decode(xla_params, cache, tokens, positions, table, m, 3, ops)
+    got, _ = model.decode(native_params, cache, tokens, positions, table, m, 3, model.NATIVE)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
     prompt = jnp.arange(12, dtype=jnp.int32) * 7
     (lw, _), (lg, _) = (model.prefill(p, prompt, 12, m, ops=o)
@@ -235,15 +326,15 @@ def _greedy_run(kernels: str, **precision: str) -> tuple[list[list[int]], bool]:
     cfg = ServeConfig(model=m, slots=3, max_seq_len=64, decode_steps=4, kernels=kernels,
                       **precision)  # fmt: skip
     eng, _ = build_engines(cfg, jax.devices()[:1])
-    state = eng.init_decode_state()
+    state, table = eng.init_decode_state(), fixed_table(eng)
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     out = []
     for slot, prompt in enumerate([[1, 2, 3], list(range(40, 75)), [9] * 17]):
         prefix = eng.prefill(prompt, params)
         out.append([prefix.first_token])
-        state = eng.insert(state, prefix, slot)
+        state = eng.insert(state, prefix, slot, table[slot])
     for _ in range(5):
-        state, step = eng.generate(state, 4)
+        state, step = eng.generate(state, 4, table)
         for s in range(4):
             for slot in range(3):
                 if step.valid[s, slot]:
@@ -303,78 +394,62 @@ def test_compile_failure_names_the_compiler_error(monkeypatch, tmp_path):
 
 
 @needs_kernels
-def test_decode_attention_past_the_live_chunks_writes_nothing():
+def test_paged_decode_attention_past_the_page_table_writes_nothing():
+    """pos // S >= W writes nothing and attends over the W * S positions the table reaches; a
+    negative position counts as 0; page ids outside the pool are clamped into it."""
     rng = np.random.default_rng(7)
-    kh, hd, chunk, n_live = 2, 16, 8, 2
-    kc = [_rand(rng, 1, kh, hd, chunk + 1) for _ in range(n_live)]
-    vc = [_rand(rng, 1, kh, chunk + 1, hd) for _ in range(n_live)]
-    q, k, v = _rand(rng, 1, kh * 2, hd), _rand(rng, 1, kh, hd), _rand(rng, 1, kh, hd)
-    positions = np.array([n_live * chunk + 3], np.int32)  # outside the bucket
-    q, k, v, positions = map(jnp.asarray, (q, k, v, positions))
-    out, got = native.decode_attention(q, (k, v), positions, {"k": kc, "v": vc})
-    got_k, got_v = got["k"], got["v"]
-    for got, before in zip(got_k + got_v, kc + vc, strict=True):
-        np.testing.assert_array_equal(np.asarray(got), before)
-    # the same as attending at the last live position with that position's own K/V in place
-    last = np.array([n_live * chunk - 1], np.int32)
-    k_last = kc[-1][:, :, :, chunk - 1].copy()
-    v_last = vc[-1][:, :, chunk - 1, :].copy()
-    want, _, _ = _reference_attention(q, k_last, v_last, last, kc, vc)
-    np.testing.assert_allclose(np.asarray(out), want, rtol=1e-4, atol=1e-5)
+    kh, hd, size, width, pages = 2, 16, 16, 3, 8
+    table = np.array([[1, 2, 3], [4, 5, 6], [-7, pages + 3, 1]], np.int32)  # row 2: pages 0, 7
+    positions = np.array([width * size + 3, -4, size + 1], np.int32)
+    pool = _paged_pool(rng, "float32", pages, kh, hd, size)
+    _fill_read(rng, pool, positions, table)
+    q, step = _rand(rng, 3, kh * 2, hd), _paged_step(rng, "float32", 3, kh, hd)
+    after = _check_paged(q, step, positions, table, pool)
+    moved = {int(p) for name in pool for p in np.argwhere(~_same(after[name], pool[name]))[:, 0]}
+    assert moved == {4, pages - 1}  # row 1 at page 4, column 0; row 2 at page 7, column 1
+    np.testing.assert_array_equal(after["k"][pages - 1, :, :, 1], step[0][2])
+
+
+def _same(a, b):
+    return (a == b) | (np.isnan(a) & np.isnan(b))
 
 
 @needs_kernels
-def test_decode_attention_rejects_inconsistent_chunks():
+def test_paged_decode_attention_rejects_bad_shapes():
     rng = np.random.default_rng(3)
-    q, k, v = (jnp.asarray(_rand(rng, *s)) for s in ((2, 4, 16), (2, 2, 16), (2, 2, 16)))
-    pos = jnp.zeros(2, jnp.int32)
-    kc, vc = [_rand(rng, 2, 2, 16, 9)], [_rand(rng, 2, 2, 9, 16)]
-    with pytest.raises(ValueError, match="cache's bfloat16"):  # an f32 step into a bf16 cache
-        bf16 = [jnp.asarray(c).astype(jnp.bfloat16) for c in (kc[0], vc[0])]
-        native.decode_attention(q, (k, v), pos, {"k": bf16[:1], "v": bf16[1:]})
-    with pytest.raises(ValueError, match="k_scale"):  # an int8 cache without its scales
-        i8 = [jnp.zeros(c.shape, jnp.int8) for c in (kc[0], vc[0])]
-        native.decode_attention(q, (k, v), pos, {"k": i8[:1], "v": i8[1:]})
-    for bad_k, bad_v in (
-        ([_rand(rng, 1, 2, 16, 9)], [_rand(rng, 1, 2, 9, 16)]),  # fewer cache rows than q rows
-        ([_rand(rng, 2, 2, 16, 9)], [_rand(rng, 2, 2, 17, 16)]),  # v chunk width != k's
-        ([_rand(rng, 2, 2, 32, 9)], [_rand(rng, 2, 2, 9, 32)]),  # head_dim != q's
-    ):
-        with pytest.raises(Exception, match="chunk shapes disagree"):
-            chunks = {"k": list(map(jnp.asarray, bad_k)), "v": list(map(jnp.asarray, bad_v))}
-            jax.block_until_ready(native.decode_attention(q, (k, v), pos, chunks))
-
-
-@needs_kernels
-@pytest.mark.parametrize("kv", ["bfloat16", "int8"])
-@pytest.mark.parametrize(("groups", "hd", "chunk"), [(1, 16, 8), (4, 64, 17), (8, 128, 32)])
-def test_decode_attention_reads_bf16_and_int8_caches_as_xla_does(kv, groups, hd, chunk):
-    """The kernel over a bf16 / int8 cache writes the same entries as the XLA path (the step
-    is stored by the same `quant.store_kv`) and attends to within f32 rounding of it."""
-    rng = np.random.default_rng(groups * 7 + hd)
-    b, rows, kh, n_live = 4, 3, 2, 3
-    dtype = jnp.dtype(kv)
-    stored = [quant.store_kv(jnp.asarray(_rand(rng, b, kh, chunk + 1, hd)),
-                             jnp.asarray(_rand(rng, b, kh, chunk + 1, hd)), dtype)
-              for _ in range(n_live)]  # fmt: skip
-    layer = {"k": [e[0].transpose(0, 1, 3, 2) for e in stored], "v": [e[1] for e in stored]}
-    if dtype == jnp.int8:
-        layer["k_scale"], layer["v_scale"] = [e[2] for e in stored], [e[3] for e in stored]
-    q, k, v = _rand(rng, rows, kh * groups, hd), _rand(rng, rows, kh, hd), _rand(rng, rows, kh, hd)
-    positions = jnp.asarray(np.array([0, chunk - 1, 2 * chunk + 3, 5], np.int32))
-    want, want_layer = model._chunk_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
-                                              positions, layer, n_live)  # fmt: skip
-    got, got_layer = model.native_decode_attention(
-        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), positions, layer, n_live
-    )
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want)[:rows], rtol=1e-4, atol=1e-5)
-    assert set(got_layer) == set(layer)
-    # the same cache entries, past XLA's writes to the spare row (3) and the scratch column C
-    live = {"k": np.s_[:rows, ..., :chunk], "v": np.s_[:rows, :, :chunk],
-            "k_scale": np.s_[:rows, :, :chunk], "v_scale": np.s_[:rows, :, :chunk]}  # fmt: skip
-    for name in layer:
-        for g, w in zip(got_layer[name], want_layer[name], strict=True):
-            np.testing.assert_array_equal(np.asarray(g)[live[name]], np.asarray(w)[live[name]])
+    kh, hd, size, pages = 2, 16, 16, 4
+    q, pos, table = _rand(rng, 2, 4, hd), np.zeros(2, np.int32), np.ones((2, 3), np.int32)
+    step = _paged_step(rng, "float32", 2, kh, hd)
+    pool = {"k": _rand(rng, pages, kh, hd, size), "v": _rand(rng, pages, kh, size, hd)}
+    fn = jax.jit(native.decode_attention)
+    with pytest.raises(ValueError, match="pool's bfloat16"):  # an f32 step into a bf16 pool
+        fn(q, step, pos, table, {n: a.astype(ml_dtypes.bfloat16) for n, a in pool.items()})
+    with pytest.raises(ValueError, match="k_scale"):  # an int8 pool without its scales
+        fn(q, step, pos, table, {n: a.astype(np.int8) for n, a in pool.items()})
+    with pytest.raises(ValueError, match="ranks"):  # a flat page table
+        fn(q, step, pos, table[0], pool)
+    i8 = _paged_pool(rng, "int8", pages, kh, hd, size, fill=1.0)
+    i8_step = _paged_step(rng, "int8", 2, kh, hd)
+    wide = {"k": _rand(rng, pages, kh, 32, size), "v": _rand(rng, pages, kh, size, 32)}
+    empty = {"k": _rand(rng, pages, kh, hd, 0), "v": _rand(rng, pages, kh, 0, hd)}  # S = 0
+    q24, step24 = _rand(rng, 2, 4, 24), (_rand(rng, 2, kh, 24),) * 2
+    pool24 = {"k": _rand(rng, pages, kh, 24, size), "v": _rand(rng, pages, kh, size, 24)}
+    cases = [  # (q, step, positions, page_table, pool, what the kernel says)
+        (q, step, pos, table[:1], pool, "page_table must be"),  # fewer table rows than R
+        (q, step, pos, np.ones((2, 0), np.int32), pool, "page_table must be"),  # W = 0
+        (q, step, pos[:1], table, pool, "positions"),  # fewer positions than R
+        (q, step, pos, table, {**pool, "v": _rand(rng, pages, kh, size + 1, hd)}, "pool shapes"),
+        (q, step, pos, table, {**pool, "k": _rand(rng, pages + 1, kh, hd, size)}, "pool shapes"),
+        (q, step, pos, table, wide, "pool shapes"),  # head_dim 32 in the pool, 16 in q
+        (q, step, pos, table, empty, "S >= 1"),
+        (q24, step24, pos, table, pool24, "multiple of 16"),
+        (_rand(rng, 2, 18, hd), step, pos, table, pool, "<= 8"),  # 9 query heads per KV head
+        (q, i8_step, pos, table, {**i8, "v_scale": i8["v_scale"][:, :, :-1]}, "k_scale and"),
+        (q, (*i8_step[:2], i8_step[2][:, :1], i8_step[3]), pos, table, i8, "scales must be"),
+    ]
+    for args in cases:
+        with pytest.raises(Exception, match="decode_attention: .*" + args[-1]):
+            jax.block_until_ready(fn(*args[:-1]))
 
 
 @needs_kernels

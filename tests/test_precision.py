@@ -144,7 +144,7 @@ def test_footprint_counts_storage_bytes_and_scales() -> None:
     assert f32.host_bytes == f32.weight_bytes
     assert int8.host_bytes == f32.weight_bytes + int8.weight_bytes
     per_token = 2 * m.n_layers * m.n_kv_heads * (m.head_dim + 4)  # int8 values + f32 scales
-    assert int8.kv_row_bytes == per_token * 1024
+    assert int8.kv_page_bytes == per_token * 64  # a page of 64 positions
     assert f32.describe(c).startswith("small: 41.6 M parameters, f32, weights 158.5 MiB")
 
 
@@ -245,18 +245,19 @@ def last_logits(
     else:
         ops = model.xla_ops(compute=quant.JNP[p.compute], panel=True)
     q = jax.device_put(q)
-    bucket = 64
-    chunk, n_chunks = kv_cache.chunking(bucket)
+    bucket, page = 64, 16  # each slot: 4 pages of 16 positions, the slots' pages interleaved
+    table = 1 + np.arange(4)[None] * len(prompts) + np.arange(len(prompts))[:, None]
     prefill = jax.jit(lambda w, t, n: model.prefill(w, t, n, m, ops=ops, kv_dtype=kv)[1])
     insert = jax.jit(kv_cache.insert)
-    state = kv_cache.empty_state(m, len(prompts), chunk, n_chunks, kv)
+    state = kv_cache.empty_state(m, len(prompts), 1 + table.size, page, kv)
     for slot, prompt in enumerate(prompts):
         padded = np.zeros(bucket, np.int32)
         padded[: len(prompt) - 1] = prompt[:-1]
         entry = prefill(q, padded, jnp.int32(len(prompt) - 1))
         ints, floats = kv_cache.pack_insert_args(slot, len(prompt) - 1, 0, True, SamplingParams())
-        state = insert(state, entry, ints, floats)
-    decode = jax.jit(lambda w, c, t, pos: model.decode(w, c, t, pos, n_chunks, m, ops=ops)[0])
+        state = insert(state, entry, ints, floats, jnp.asarray(table[slot], jnp.int32))
+    pages = jnp.asarray(table, jnp.int32)
+    decode = jax.jit(lambda w, c, t, pos: model.decode(w, c, t, pos, pages, m, ops=ops)[0])
     last = jnp.asarray([pr[-1] for pr in prompts], jnp.int32)
     pos = jnp.asarray([len(pr) - 1 for pr in prompts], jnp.int32)
     return np.asarray(decode(q, state.cache, last, pos), np.float32)
@@ -398,8 +399,8 @@ def test_kv_bytes_follow_the_cache_precision() -> None:
         cfg = tiny(kv_dtype=kv)
         eng, _ = build_engines(cfg, jax.devices()[:1])
         sizes[kv] = eng.kv_cache_bytes_per_device
-    chunk, n = kv_cache.chunking(64)
-    values = 2 * TINY.n_layers * 2 * n * TINY.n_kv_heads * (chunk + 1)  # K+V, rows, positions
+    pages = 2 * 1 + 1  # 2 slots x one page of 64 positions, and the scratch page
+    values = 2 * TINY.n_layers * pages * TINY.n_kv_heads * 64  # K+V, pages, positions
     assert sizes["f32"] == values * TINY.head_dim * 4
     assert sizes["bf16"] == values * TINY.head_dim * 2
     assert sizes["int8"] == values * (TINY.head_dim + 4)

@@ -147,7 +147,7 @@ async def test_waiting_bounds_by_requests_and_tokens() -> None:
 
 async def test_dead_worker_fails_pending_requests() -> None:
     class Broken(FakeEngine):
-        def generate(self, state, steps):
+        def generate(self, state, steps, pages):
             raise RuntimeError("device lost")
 
     config = ServeConfig(load_model("tiny"), max_seq_len=128, slots=2)
@@ -169,10 +169,10 @@ async def test_reconfigure_from_failed_rebuilds_and_serves() -> None:
     broken = {"on": True}
 
     class Flaky(FakeEngine):
-        def generate(self, state, steps):
+        def generate(self, state, steps, pages):
             if broken["on"]:
                 raise RuntimeError("device lost")
-            return super().generate(state, steps)
+            return super().generate(state, steps, pages)
 
     config = ServeConfig(load_model("tiny"), max_seq_len=128, slots=2)
     sched = Scheduler(config, FakeEngineFactory(259, EOS, 0.0, 0.0, engine=Flaky))

@@ -99,22 +99,32 @@ async def test_admin_values_are_bounded_by_range_and_memory() -> None:
         err = (await r.json())["error"]
         assert r.status == 400 and err["param"] == "slots", err
         assert "1.00 GiB of host RAM is free" in err["message"]
-        assert "use slots <= 22 or a smaller max_seq_len" in err["message"], err
+        assert "use slots <= 22, a smaller max_seq_len" in err["message"], err
         assert sched.state == "serving" and sched.config.slots == 2
 
 
 def test_memory_check_counts_weights_copies_and_kv_per_device() -> None:
     small = load_model("small")
-    c = ServeConfig(small, slots=8, max_seq_len=1024)
+    c = ServeConfig(small, slots=8, max_seq_len=1024)  # 8 x 16 pages of 64, and the scratch page
     fp = footprint(c)
-    assert fp.weight_bytes == fp.params * 4 and fp.kv_bytes == 8 * fp.kv_row_bytes
-    assert fp.kv_row_bytes == 2 * small.n_layers * small.n_kv_heads * small.head_dim * 4 * 1024
+    assert c.pages == 129 and fp.weight_bytes == fp.params * 4
+    assert fp.kv_page_bytes == 2 * small.n_layers * small.n_kv_heads * small.head_dim * 4 * 64
+    assert fp.kv_bytes == 129 * fp.kv_page_bytes
     check_fits(c, 1, Capacity(2 * fp.weight_bytes + fp.kv_bytes, False, "x"))  # just fits
     with pytest.raises(ConfigError, match="use slots <= 7") as e:
         check_fits(c, 1, Capacity(2 * fp.weight_bytes + fp.kv_bytes - 1, False, "x"))
-    assert e.value.flag_line().startswith("--slots 8: slots=8 with max_seq_len=1024 needs")
-    # per device: a tp=2 shard of the weights, dp=2 halves the slots on each device
+    assert e.value.flag_line().startswith("--slots 8: 129 KV pages of 64 tokens (slots=8, "
+                                          "max_seq_len=1024) need")  # fmt: skip
+    # an explicit pool: the error names kv_pages and the most that fit
+    with pytest.raises(ConfigError, match="use kv_pages <= 99") as e:
+        c100 = ServeConfig(small, slots=8, max_seq_len=1024, kv_pages=100)
+        check_fits(c100, 1, Capacity(2 * fp.weight_bytes + 99 * fp.kv_page_bytes, False, "x"))
+    assert e.value.key == "kv_pages"
+    # per device: a tp=2 shard of the weights and of each page (KV heads), dp=2: a replica's
+    # pages (4 slots x 16 + 1) on each device
     c = ServeConfig(small, slots=8, max_seq_len=1024, tp=2, dp=2)
+    fp = footprint(c)
+    assert c.pages == 65 and fp.kv_bytes == 2 * 65 * fp.kv_page_bytes
     check_fits(c, 2, Capacity(fp.weight_bytes // 2 + fp.kv_bytes // 4, True, "x"))
     with pytest.raises(ConfigError, match="the weights alone do not fit") as e:
         check_fits(c, 2, Capacity(fp.weight_bytes // 4, True, "x"))

@@ -72,7 +72,7 @@ def test_startup_prints_the_model_footprint_and_compile_progress() -> None:
         info = proc.stdout.readline()
         assert info.startswith("scaletui serve: tiny: 0.2 M parameters, f32, weights 0.6 MiB, "
                                "KV cache "), info  # fmt: skip
-        assert "(2 slots x 64 tokens)" in info
+        assert "2 sequences of up to 64 tokens" in info
         base = url.split()[2].removesuffix("/v1")
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:

@@ -59,7 +59,8 @@ def test_buckets_match_the_servers():
         want = ServeConfig(model, max_seq_len=seq, max_prefill_bucket=top).prefill_buckets
         got = ServerShape(max_seq_len=seq, max_prefill_bucket=top).prefill_buckets
         assert got == tuple(b for b in want if b <= seq)
-    assert ServerShape(max_seq_len=1024).decode_buckets == (128, 256, 512, 1024)
+    assert ServerShape(max_seq_len=1024).decode_buckets == (64, 128, 256, 512, 1024)
+    assert ServerShape(max_seq_len=1000, page_size=128).decode_buckets == (128, 256, 512, 1024)
 
 
 def test_one_slot_slow_constant_arrivals_give_exact_latencies():

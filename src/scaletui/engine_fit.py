@@ -90,7 +90,8 @@ def grid_for(config: ServeConfig, decode_buckets: Sequence[int], prefill_buckets
     """The default grid for a server configuration: batches dp, ~slots/4, slots (multiples of
     dp: the slot counts a user turns to around this one), three KV buckets (first, middle, last),
     steps {1, decode_steps}, and the prompt buckets that those contexts' prompts fill (so the
-    prefill compiles serve both). `quick` times 2 calls in 2 passes."""
+    prefill compiles serve both), and the smallest when that makes one. `quick` times 2 calls in
+    2 passes."""
     s, dp = config.slots, config.dp
     quarter = max(dp, round(s / 4 / dp) * dp)
     batches = sorted({dp, quarter, s})
@@ -102,6 +103,8 @@ def grid_for(config: ServeConfig, decode_buckets: Sequence[int], prefill_buckets
         prev = max((b for b in decode_buckets if b < c), default=0)
         n = min(prompt_len_for(c, prev, max(steps), how["calls"]), config.max_seq_len - 2)
         prefill.add(next((b for b in prefill_buckets if b >= n), prefill_buckets[-1]))
+    if len(prefill) < 2:  # one KV bucket (a short max_seq_len): the fit needs two lengths
+        prefill.add(prefill_buckets[0])
     return Grid.product(batches, contexts, steps, sorted(prefill), **how)
 
 
@@ -148,6 +151,7 @@ def measure(
     samples (one per prompt length, on the largest engine)."""
     from scaletui.serve import quant, weights
     from scaletui.serve.build import build_engines
+    from scaletui.serve.paging import fixed_table
 
     m, p = config.model, config.precision
     if host_params is None:
@@ -168,12 +172,12 @@ def measure(
     for r in range(grid.rounds):
         for p in grid.decode:
             eng, prefix = engines[p.batch], prefixes[p.context]
-            state = [eng.init_decode_state()]
+            state, table = [eng.init_decode_state()], fixed_table(eng)
             for slot in range(eng.slots):
-                state[0] = eng.insert(state[0], prefix, slot)
+                state[0] = eng.insert(state[0], prefix, slot, table[slot])
 
-            def call(eng=eng, state=state, steps=p.steps) -> None:
-                state[0], _ = eng.generate(state[0], steps)
+            def call(eng=eng, state=state, steps=p.steps, table=table) -> None:
+                state[0], _ = eng.generate(state[0], steps, table)
 
             timer.run(p, call, grid.calls)
         for n in grid.prefill:  # a prompt fills its bucket, leaving one position to generate

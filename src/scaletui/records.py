@@ -58,6 +58,7 @@ class StatsSnapshot:
     step_per_token_ms: float | None = None  # generate step / decode_steps
     weight_bytes_per_device: float | None = None
     kv_bytes_per_device: float | None = None
+    kv_pages: dict = field(default_factory=dict)  # pages used / free / cached, prefix hits
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -80,6 +81,7 @@ class StatsSnapshot:
             step_per_token_ms=number(obj, "step_times_ms", "generate", "per_token_mean"),
             weight_bytes_per_device=number(obj, "memory", "weight_bytes_per_device"),
             kv_bytes_per_device=number(obj, "memory", "kv_cache_bytes_per_device"),
+            kv_pages=_dict(obj, "kv_pages"),
             raw=obj,
         )
 

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prefill-devices", type=int, default=0, help="disaggregated (0 = as many "
                    "as generate has)")  # fmt: skip
     s.add_argument("--max-seq-len", type=int, help="default: min(1024, the model's)")
+    s.add_argument("--page-size", type=int, default=64, help="KV positions per page (the decode "
+                   "step is compiled for 2^i pages)")  # fmt: skip
     s.add_argument("--dtype", choices=COMPUTE_DTYPES, help="compute; default: f32 on CPU, "
                    "else bf16")  # fmt: skip
     s.add_argument("--weight-dtype", choices=tuple(DTYPE_BYTES), help="weight storage "
@@ -171,6 +173,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         slots=args.slots, max_seq_len=args.max_seq_len or min(1024, model.max_seq_len),
         decode_steps=args.decode_steps, mode=args.mode, max_waiting=args.max_waiting,
         max_waiting_tokens=args.max_waiting_tokens, max_prefill_bucket=args.max_prefill_bucket,
+        page_size=args.page_size,
     )  # fmt: skip
     decode, prefill, words = cost_models(args, model, shape)
     workload = workload_from(args)

@@ -57,6 +57,7 @@ class ServerShape:
     max_prefill_bucket: int = 0  # 0 = max_seq_len; longer prompts are chunked
     max_waiting: int = 256  # waiting requests beyond which 429
     max_waiting_tokens: int = 262144  # waiting prompt tokens beyond which 429
+    page_size: int = 64  # KV positions per page: decode buckets are 2^i pages
     padded_decode: bool = True  # a step costs slots rows x KV bucket (the JAX engine's shapes)
 
     def __post_init__(self) -> None:
@@ -77,10 +78,9 @@ class ServerShape:
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:
-        """KV lengths the generate step is compiled for (serve.kv_cache.chunking)."""
-        s = self.max_seq_len
-        chunk = min(128, max(8, 1 << (max(s // 4, 1).bit_length() - 1)))
-        return tuple(b * chunk for b in pow2_buckets(1, -(-s // chunk)))
+        """KV lengths the generate step is compiled for: 2^i pages (serve.engine)."""
+        pages = -(-self.max_seq_len // self.page_size)
+        return tuple(b * self.page_size for b in pow2_buckets(1, pages))
 
 
 @dataclass(frozen=True, eq=False)

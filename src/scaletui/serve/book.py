@@ -12,6 +12,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from scaletui.serve.engine_api import Prefix, StepOutput
 from scaletui.serve.events import ErrorKind, Event, Failed, Overloaded, Request, Tokens
@@ -74,11 +75,17 @@ class RequestBook:
 
     # -- the workers' side ---------------------------------------------------------------------
 
-    def next_waiting(self, block: bool, stop: threading.Event) -> Request | None:
+    def next_waiting(
+        self, block: bool, stop: threading.Event, admit: Callable[[Request], bool] | None = None
+    ) -> Request | None:
+        """The head of the waiting queue (FCFS), or None; `admit` (called under the lock) may
+        hold the head back, e.g. until KV pages free up."""
         with self.cv:
             while not self.waiting and block and not stop.is_set():
                 self.cv.wait(0.1)
             if not self.waiting or stop.is_set():
+                return None
+            if admit is not None and not admit(self.waiting[0]):
                 return None
             req = self.waiting.popleft()
             self.waiting_tokens -= len(req.prompt)
@@ -103,15 +110,43 @@ class RequestBook:
             self.emit(req, [prefix.first_token], reason, now)
             return None if prefix.done else prefix
 
-    def place(self, req: Request, length: int) -> int | None:
-        """A free slot for `req` (None when it ended meanwhile); the caller checked one is free."""
+    def place(self, req: Request, length: int, slot: int) -> bool:
+        """Put `req` in the free `slot`; False when it ended meanwhile."""
         with self.cv:
             if req.cancel_reason or req.finished:
                 self.finish(req, req.cancel_reason or "abort")
-                return None
-            slot = self.slots.index(None)
+                return False
+            assert self.slots[slot] is None, f"slot {slot} is taken"
             self.slots[slot], self.kv_lengths[slot] = req, length
-            return slot
+            return True
+
+    def vacate(self, slot: int, req: Request) -> None:
+        """`req` (done at its first token, or ended while prefilling) leaves `slot`."""
+        with self.cv:
+            if self.slots[slot] is req:
+                self.slots[slot], self.kv_lengths[slot] = None, 0
+
+    def free_slots(self) -> list[int]:
+        with self.cv:
+            return [b for b, r in enumerate(self.slots) if r is None]
+
+    def preempt(self, req: Request, slot: int | None, max_seq_len: int) -> None:
+        """`req` lost its KV pages (from `slot`, or before it got one): back to the head of the
+        waiting queue, to resume by prefilling its prompt and what it produced
+        (`events.resume_input`). One that could not resume (its prompt and output fill
+        max_seq_len) ends with "length", as the next step would have ended it."""
+        with self.cv:
+            if slot is not None:
+                self.slots[slot], self.kv_lengths[slot] = None, 0
+            req.preempted += 1
+            if req.cancel_reason or req.finished:
+                self.finish(req, req.cancel_reason or "abort")
+            elif len(req.prompt) + len(req.outputs) >= max_seq_len:
+                self.finish(req, "length")
+            else:
+                self.waiting.appendleft(req)
+                self.waiting_tokens += len(req.prompt)
+            self.cv.notify_all()
 
     def take_cancelled(self) -> list[int]:
         """Free the slots of cancelled requests; the engine releases them next."""
@@ -120,6 +155,7 @@ class RequestBook:
             for b in gone:
                 req = self.slots[b]
                 self.slots[b], self.kv_lengths[b] = None, 0
+                self.prefilling.discard(req)  # cancelled while prefilling into its slot
                 self.finish(req, req.cancel_reason)
             return gone
 
@@ -131,7 +167,8 @@ class RequestBook:
                     continue
                 ids = [int(t) for t in out.tokens[out.valid[:, b], b]]
                 done = bool(out.done[:, b].any())
-                self.kv_lengths[b] = int(out.lengths[b])
+                if ids:  # not a slot still prefilling (its engine row is idle)
+                    self.kv_lengths[b] = int(out.lengths[b])
                 if done:
                     self.slots[b], self.kv_lengths[b] = None, 0
                 if req.cancel_reason:  # cancelled during the call: drop its tokens
@@ -163,6 +200,7 @@ class RequestBook:
             req.t_last = now
             req.generated += len(ids)
             req.last_token = ids[-1]
+            req.outputs += ids
         if finish:  # counted before the client can see the last event
             self.finish(req, finish, notify=False)
         self.post(req, Tokens(tuple(ids), finish))
@@ -231,15 +269,14 @@ class RequestBook:
 
     # -- views -----------------------------------------------------------------------------------
 
-    def counts_now(self, max_seq_len: int, configured_slots: int) -> dict:
-        """waiting / running / slots used and total, and the KV fill fraction."""
+    def counts_now(self, configured_slots: int) -> dict:
+        """waiting / running / slots used and total."""
         with self.cv:
-            used = sum(r is not None for r in self.slots)
-            total = max(1, len(self.slots))
+            placed = {r for r in self.slots if r is not None}
+            used = len(placed)
             return {
                 "waiting": len(self.waiting),
-                "running": used + len(self.prefilling),
+                "running": len(placed | self.prefilling),
                 "slots_used": used,
                 "slots_total": len(self.slots) or configured_slots,
-                "kv_cache_usage_perc": sum(self.kv_lengths) / (total * max_seq_len),
             }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -23,7 +24,15 @@ from aiohttp import web
 
 from scaletui.serve import memory
 from scaletui.serve.api import SCHEDULER, WATCHDOG, ApiSettings, create_app
-from scaletui.serve.config import DTYPES, KERNELS, MODES, STORAGE_DTYPES, ConfigError, ServeConfig
+from scaletui.serve.config import (
+    DTYPES,
+    KERNELS,
+    MODES,
+    PAGE_SIZES,
+    STORAGE_DTYPES,
+    ConfigError,
+    ServeConfig,
+)
 from scaletui.serve.connections import quiet_accept_errors, raise_fd_limit, start_site
 from scaletui.serve.engine_api import EngineFactory
 from scaletui.serve.scheduler import Scheduler
@@ -39,8 +48,20 @@ def parser() -> argparse.ArgumentParser:
     a("--model", required=True, help="model spec: a name (tiny, small, llama3-8b) or a YAML path")
     a("--weights", help="HF safetensors dir/file (default: seeded dummy weights)")
     a("--tokenizer", help="HF tokenizer.json (default: the byte tokenizer)")
-    a("--slots", type=int, default=8, help="concurrent sequences in the decode batch")
-    a("--max-seq-len", type=int, help="KV length per slot (default: min(1024, model's))")
+    a("--slots", "--max-running", dest="slots", type=int, default=8,
+      help="running sequences at most: the decode batch's rows")  # fmt: skip
+    a("--max-seq-len", type=int, help="longest sequence, prompt + output (default: min(1024, "
+      "model's))")  # fmt: skip
+    a("--page-size", type=int, default=64, choices=PAGE_SIZES, help="KV positions per page")
+    a("--no-prefix-cache", dest="prefix_cache", action="store_false", help="prefill every "
+      "prompt whole (interleaved mode reuses the KV pages of a cached prefix)")  # fmt: skip
+    a("--max-batched-tokens", type=int, default=0, help="interleaved: prompt tokens run "
+      "between two generate calls, long prompts split in chunks (0: whole prompts)")  # fmt: skip
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--kv-pages", type=int, default=0, help="KV pages per data-parallel replica "
+                    "(default: enough for every slot at max_seq_len)")  # fmt: skip
+    kv.add_argument("--kv-memory-fraction", type=float, help="size the KV pages to this "
+                    "fraction (0-1] of the memory the weights leave")  # fmt: skip
     a("--decode-steps", type=int, default=4, help="decode steps per host sync")
     a("--tp", type=int, default=1, help="tensor parallelism (the 'model' mesh axis)")
     a("--dp", type=int, default=1, help="data parallelism over slots (the 'data' mesh axis)")
@@ -166,6 +187,24 @@ async def _until_started(sched: Scheduler, stop: asyncio.Event) -> None:
         stop.set()
 
 
+def _pages_from_fraction(config: ServeConfig, fraction: float, fake: bool) -> ServeConfig:
+    """`--kv-memory-fraction`: kv_pages from the memory the devices have and the weights
+    leave (the fake engine holds nothing: the default pages)."""
+    if not 0 < fraction <= 1:
+        raise ConfigError("kv_memory_fraction", fraction, f"kv_memory_fraction must be in (0, "
+                          f"1], got {fraction}")  # fmt: skip
+    if fake:
+        return config
+    import jax  # after main() set XLA's host-device flags
+
+    cap = memory.capacity(jax.devices())
+    if cap is None:
+        return config
+    pages = memory.pages_that_fit(config, cap, fraction, config.dp)
+    log.info("--kv-memory-fraction %g: %d KV pages per replica", fraction, pages)
+    return dataclasses.replace(config, kv_pages=pages)
+
+
 def _error(message: str) -> int:
     print(f"scaletui serve: error: {message}", file=sys.stderr)
     return 2
@@ -202,7 +241,13 @@ def main(argv: list[str]) -> int:
             seed=args.seed,
             max_waiting=args.max_waiting,
             max_waiting_tokens=args.max_waiting_tokens,
+            page_size=args.page_size,
+            kv_pages=args.kv_pages,
+            prefix_cache=args.prefix_cache,
+            max_batched_tokens=args.max_batched_tokens,
         )
+        if args.kv_memory_fraction is not None:
+            config = _pages_from_fraction(config, args.kv_memory_fraction, args.fake)
         tok = load_tokenizer(args.tokenizer, model.vocab_size)
         factory = engine_factory(args, tok)
         factory.check(config)  # the plan on these devices and its memory, before binding

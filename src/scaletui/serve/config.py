@@ -13,11 +13,13 @@ BITS = {"f32": 32, "bf16": 16, "int8": 8}
 KERNELS = ("auto", "native", "xla")
 # Keys POST /admin/config may change (live reconfiguration); anything else is rejected.
 RECONFIGURABLE = ("slots", "tp", "dp", "mode", "prefill_devices", "decode_steps", "dtype",
-                  "weight_dtype", "kv_dtype", "kernels")  # fmt: skip
+                  "weight_dtype", "kv_dtype", "kernels", "page_size", "kv_pages",
+                  "max_batched_tokens", "prefix_cache")  # fmt: skip
 # Sane ranges, whatever the memory: a decode batch past MAX_SLOTS or more decode steps per host
 # sync than MAX_DECODE_STEPS only adds latency (every request waits for the whole k-step call).
 MAX_SLOTS = 1024
 MAX_DECODE_STEPS = 64
+PAGE_SIZES = (16, 32, 64, 128)  # KV positions per page
 
 
 class ConfigError(ValueError):
@@ -74,8 +76,12 @@ class ServeConfig:
     """One server's shape. Variants are made with `dataclasses.replace` (or `updated`)."""
 
     model: ModelSpec
-    slots: int = 8  # concurrent sequences in the decode batch (KV cache slots)
-    max_seq_len: int = 1024  # KV length per slot: prompt + generated tokens
+    slots: int = 8  # running sequences at most: the decode batch's rows (--max-running)
+    max_seq_len: int = 1024  # longest sequence: prompt + generated tokens
+    page_size: int = 64  # KV positions per page of the paged cache
+    kv_pages: int = 0  # KV pages per data-parallel replica; 0 = slots x max_seq_len's worth
+    prefix_cache: bool = True  # interleaved: reuse the pages of a prompt's cached prefix
+    max_batched_tokens: int = 0  # interleaved: prompt tokens per generate call (0 = no bound)
     decode_steps: int = 4  # decode steps per host sync (tokens per slot per generate call)
     tp: int = 1  # tensor parallelism: the 'model' mesh axis (heads, d_ff)
     dp: int = 1  # data parallelism: the 'data' mesh axis (slots)
@@ -122,6 +128,14 @@ class ServeConfig:
                 raise bad(key, f"{key}={stored} is wider than dtype={p.compute}: the {what} "
                           f"would be read in {stored} and rounded to {p.compute} at every step",
                           f"use {key} {p.compute} (or int8), or dtype {stored}")  # fmt: skip
+        if self.page_size not in PAGE_SIZES:
+            raise bad("page_size", f"page_size must be one of {PAGE_SIZES}, got {self.page_size}")
+        if self.kv_pages < 0 or 0 < self.kv_pages < 2:
+            raise bad("kv_pages", f"kv_pages must be 0 (sized from slots x max_seq_len) or >= 2 "
+                      f"(one is the engine's scratch page), got {self.kv_pages}")  # fmt: skip
+        if self.max_batched_tokens < 0:
+            raise bad("max_batched_tokens", f"max_batched_tokens must be >= 0 (0: no bound), got "
+                      f"{self.max_batched_tokens}")  # fmt: skip
         if self.prefill_devices < 0:
             raise bad(
                 "prefill_devices", f"prefill_devices must be >= 0, got {self.prefill_devices}"
@@ -147,6 +161,17 @@ class ServeConfig:
         return Precision(self.dtype, self.weight_dtype or self.dtype, self.kv_dtype or self.dtype)
 
     @property
+    def pages_per_seq(self) -> int:
+        """Pages one sequence of max_seq_len tokens holds: a page table row's width."""
+        return -(-self.max_seq_len // self.page_size)
+
+    @property
+    def pages(self) -> int:
+        """KV pages per data-parallel replica, page 0 (scratch: inactive rows write there)
+        included: kv_pages, or as many as every slot at max_seq_len needs."""
+        return self.kv_pages or (self.slots // self.dp) * self.pages_per_seq + 1
+
+    @property
     def prefill_buckets(self) -> tuple[int, ...]:
         """Power-of-two prompt lengths compiled at start-up, smallest first."""
         top = self.max_prefill_bucket or self.max_seq_len
@@ -167,6 +192,10 @@ class ServeConfig:
             "model": self.model.name,
             "slots": self.slots,
             "max_seq_len": self.max_seq_len,
+            "page_size": self.page_size,
+            "kv_pages": self.pages,
+            "prefix_cache": self.prefix_cache,
+            "max_batched_tokens": self.max_batched_tokens,
             "decode_steps": self.decode_steps,
             "tp": self.tp,
             "dp": self.dp,

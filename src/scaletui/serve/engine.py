@@ -2,10 +2,13 @@
 
 Each hot verb is one ahead-of-time compiled executable per shape: prefill per power-of-two
 prompt bucket (plus one chunk shape for prompts past the largest bucket), insert per prefix
-length, generate per KV-length bucket. `warmup()` compiles them all; afterwards a request can
-only reuse them (a new shape would show in `compile_count()`). `generate` runs k decode steps in
+length, generate per KV-length bucket (a power-of-two number of pages). `warmup()` compiles
+them all; afterwards a request can only reuse them (a new shape would show in
+`compile_count()`). `generate` runs k decode steps in
 one `fori_loop`, donates the decode state and copies one packed int32 array to the host. The
-bucket is picked on the host from a mirror of the slot lengths, so no device sync picks it.
+bucket is picked on the host from a mirror of the slot lengths, so no device sync picks it. The
+KV cache is paged (kv_cache.py): the scheduler owns the page tables (pages.py) and hands each
+insert its pages and each generate call every row's table.
 An engine built with `native=True` (build.py decides: unsharded f32 on CPU, `--kernels`) holds
 its weights in the native layout and runs the native C++ kernels for matmuls and decode
 attention (`serve/native`); others run XLA ops, over weights stored as the config's precision
@@ -16,7 +19,7 @@ scale per position and KV head). The jitted bodies live in steps.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cached_property, partial
 
@@ -64,6 +67,9 @@ class JaxEngine:
         # device rows: one spare, never-active row when slots == 1, because XLA drops a size-1
         # slot axis and then copies every cache chunk per step instead of updating in place
         self.rows = max(self.slots, 2)
+        self.replicas = dp  # each data-parallel replica has its own rows and its own pages
+        self.page_size, self.pages = config.page_size, config.pages  # pages: per replica
+        self.pages_per_seq = config.pages_per_seq  # a page table row's width
         self.vocab_size = vocab_size or m.vocab_size  # sampling never goes beyond
         self.eos_id = eos_id
         self.devices = list(devices)
@@ -80,18 +86,18 @@ class JaxEngine:
             self.params = jax.device_put(packed, self.mesh.devices.flat[0])
         else:  # on CPU unsharded, int8 / cast weights are converted a panel at a time
             panel = self.devices[0].platform == "cpu" and tp == 1
-            self.ops = model.xla_ops(compute=self.dtype, panel=panel)
+            self.ops = model.xla_ops(compute=self.dtype, panel=panel, replicas=dp)
             self.params = weights.place(host_params, m, self.mesh)
         buckets = tuple(b for b in config.prefill_buckets if b <= self.max_seq_len)
         self.prefill_buckets = buckets or (self.max_seq_len,)
         self.chunk = self.prefill_buckets[-1]
         n_chunks = -(-self.max_seq_len // self.chunk)
         self.chunked_len = n_chunks * self.chunk if self.chunk < self.max_seq_len else 0
-        self.kv_chunk, self.n_chunks = kv_cache.chunking(self.max_seq_len)  # bucket: 2^i chunks
-        self.decode_buckets = tuple(b * self.kv_chunk for b in pow2_buckets(1, self.n_chunks))
+        # decode buckets: KV lengths of 2^i pages (a row's table is sliced to the bucket)
+        self.decode_buckets = tuple(b * self.page_size for b in pow2_buckets(1, self.pages_per_seq))
         self._rep = sharding.replicated(self.mesh)
         self._state_sh = kv_cache.state_shardings(
-            m, self.mesh, self.rows, self.kv_chunk, self.n_chunks, self.kv_dtype
+            m, self.mesh, self.rows, dp * self.pages, self.page_size, self.kv_dtype
         )
         self._exes: dict[tuple, object] = {}
         # (steps, vocab_size, eos_id) -> their device copies, placed once instead of every step
@@ -117,7 +123,7 @@ class JaxEngine:
 
     @cached_property
     def kv_cache_bytes_per_device(self) -> int:
-        """K/V chunks (and int8 scales) on the busiest device, in their storage dtypes."""
+        """K/V pages (and int8 scales) on the busiest device, in their storage dtypes."""
         spec = jax.tree.leaves(self._state_spec().cache)
         return sum(int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize for a in spec)
 
@@ -141,6 +147,8 @@ class JaxEngine:
             weight_dtype=self.precision.weights,
             kv_dtype=self.precision.kv,
             kernels_note=self.kernels_note,
+            page_size=self.page_size,
+            kv_pages=self.pages,
         )
 
     def compile_count(self) -> int:
@@ -192,6 +200,10 @@ class JaxEngine:
         step = self._exe(("chunk", self.chunk), fn, args, (sh, self._rep), donate=(3,))
         return zeros, step
 
+    def _table_sh(self, shape: tuple[int, int]) -> object:
+        """Page tables [rows, W]: each replica's rows beside its pages."""
+        return sharding.named(self.mesh, ("slots", None), shape)
+
     def _prefix_sh(self, t: int) -> list:
         return kv_cache.prefix_shardings(self.model, self.mesh, t, self.kv_dtype)
 
@@ -217,16 +229,16 @@ class JaxEngine:
         )
 
     def _empty_state(self) -> DecodeState:
-        return kv_cache.empty_state(
-            self.model, self.rows, self.kv_chunk, self.n_chunks, self.kv_dtype
-        )
+        pages = self.replicas * self.pages
+        return kv_cache.empty_state(self.model, self.rows, pages, self.page_size, self.kv_dtype)
 
     def _insert_exe(self, t: int) -> object:
         if ("insert", t) in self._exes:
             return self._exes[("insert", t)]
         ints = self._small((len(kv_cache.INT_FIELDS),), jnp.int32)
         floats = self._small((len(kv_cache.FLOAT_FIELDS),), jnp.float32)
-        args = (self._state_spec(), self._kv_spec(t), ints, floats)
+        pages = self._small((-(-t // self.page_size),), jnp.int32)
+        args = (self._state_spec(), self._kv_spec(t), ints, floats, pages)
         return self._exe(("insert", t), kv_cache.insert, args, self._state_sh, donate=(0,))
 
     def _generate_exe(self, bucket: int) -> object:
@@ -236,14 +248,34 @@ class JaxEngine:
             steps.generate,
             m=self.model,
             ops=self.ops,
-            n_live=bucket // self.kv_chunk,
             max_steps=self.config.decode_steps,
             max_len=self.max_seq_len,
             slots=self.slots,
         )
         i32 = self._small((), jnp.int32)
-        args = (self.params, self._state_spec(), StepConsts(i32, i32, i32))
+        shape = (self.rows, bucket // self.page_size)
+        table = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self._table_sh(shape))
+        args = (self.params, self._state_spec(), StepConsts(i32, i32, i32), table)
         return self._exe(("generate", bucket), fn, args, (self._state_sh, self._rep), donate=(1,))
+
+    def _paged_prefill_exe(self, t: int) -> object:
+        if ("prefill_paged", t) in self._exes:
+            return self._exes[("prefill_paged", t)]
+        fn = partial(steps.prefill_paged, m=self.model, ops=self.ops)
+        i32 = self._small((), jnp.int32)
+        pages = self._small((self.pages_per_seq,), jnp.int32)
+        args = (self.params, self._state_spec(), self._small((t,), jnp.int32),
+                self._args_spec(), pages, i32)  # fmt: skip
+        out = (self._state_sh, self._rep)
+        return self._exe(("prefill_paged", t), fn, args, out, donate=(1,))
+
+    def _activate_exe(self) -> object:
+        if ("activate",) in self._exes:
+            return self._exes[("activate",)]
+        ints = self._small((len(kv_cache.INT_FIELDS),), jnp.int32)
+        floats = self._small((len(kv_cache.FLOAT_FIELDS),), jnp.float32)
+        args = (self._state_spec(), ints, floats)
+        return self._exe(("activate",), kv_cache.activate, args, self._state_sh, donate=(0,))
 
     def _misc_exes(self) -> tuple[object, object]:
         if ("release",) in self._exes:
@@ -256,10 +288,14 @@ class JaxEngine:
     def _warmup_jobs(self) -> list[Callable[[], object]]:
         """One call per shape (or pair of shapes) this engine's role serves, in compile order."""
         jobs: list[Callable[[], object]] = []
-        if self.role in ("both", "prefill"):
+        if self.role == "both":  # prefill writes into the pages (prefill_pages), then activate
+            jobs += [partial(self._paged_prefill_exe, t) for t in self.prefill_buckets]
+            jobs += [self._misc_exes, self._activate_exe]
+            return jobs + [partial(self._generate_exe, b) for b in self.decode_buckets]
+        if self.role == "prefill":
             jobs += [partial(self._prefill_exe, t) for t in self.prefill_buckets]
             jobs += [self._chunk_exes] if self.chunked_len else []
-        if self.role in ("both", "generate"):
+        if self.role == "generate":
             jobs.append(self._misc_exes)
             inserts = self.prefill_buckets + ((self.chunked_len,) if self.chunked_len else ())
             jobs += [partial(self._insert_exe, t) for t in inserts]
@@ -304,6 +340,47 @@ class JaxEngine:
         eos = first == self.eos_id and params.min_tokens == 0 and not params.ignore_eos
         return Prefix(kv, n, first, params, done=eos or params.max_tokens <= 1)
 
+    def prefill_pages(
+        self,
+        state: SlotState,
+        tokens: list[int],
+        params: SamplingParams,
+        slot: int,
+        pages: Sequence[int],
+        start: int = 0,
+        stop: int | None = None,
+    ) -> tuple[SlotState, Prefix | None]:
+        """Prefill tokens[start:stop] of a prompt straight into `slot`'s pages (ids in its
+        replica, covering the prompt; positions before `start`, earlier chunks or a cached
+        prefix, are already there), in chunks of the largest bucket. -> (state, the Prefix to
+        `insert` (kv None: it is in the pages) once `stop` reaches the prompt's end, else
+        None)."""
+        check_request(tokens, params, self.max_seq_len, self.model.vocab_size)
+        n, stop = len(tokens), len(tokens) if stop is None else stop
+        if not 0 <= start < stop <= n or len(pages) > self.pages_per_seq:
+            raise ValueError(f"prefill_pages: need 0 <= start < stop <= {n} and at most "
+                             f"{self.pages_per_seq} pages, got start={start} stop={stop} "
+                             f"and {len(pages)} pages")  # fmt: skip
+        base = slot // (self.rows // self.replicas) * self.pages  # the replica's scratch page
+        row = np.full(self.pages_per_seq, base, np.int32)
+        row[: len(pages)] += np.asarray(pages, np.int32)
+        row, scratch, arrays = self._put(row), self._put(np.int32(base)), state.arrays
+        tok = None
+        for cur in range(start, stop, self.chunk):
+            c = min(stop - cur, self.chunk)
+            t = next(b for b in self.prefill_buckets if b >= c)
+            padded = np.zeros(t, np.int32)
+            padded[:c] = tokens[cur : cur + c]
+            args = self._put(PrefillArgs.of(cur + c, params, self.vocab_size, cur))
+            exe = self._paged_prefill_exe(t)
+            arrays, tok = exe(self.params, arrays, self._put(padded), args, row, scratch)
+        state = SlotState(arrays, state.lengths, state.active)
+        if stop < n:
+            return state, None
+        first = int(tok)
+        eos = first == self.eos_id and params.min_tokens == 0 and not params.ignore_eos
+        return state, Prefix(None, n, first, params, done=eos or params.max_tokens <= 1)
+
     def transfer(self, prefix: Prefix, to: JaxEngine) -> Prefix:
         if to is self:
             return prefix
@@ -311,17 +388,33 @@ class JaxEngine:
         kv = jax.device_put(prefix.kv, to._prefix_sh(t))
         return replace(prefix, kv=kv)
 
-    def insert(self, state: SlotState, prefix: Prefix, slot: int) -> SlotState:
+    def insert(
+        self, state: SlotState, prefix: Prefix, slot: int, pages: Sequence[int]
+    ) -> SlotState:
         if not 0 <= slot < self.slots:
             raise ValueError(f"slot must be in [0, {self.slots}), got {slot}")
         if prefix.length >= self.max_seq_len:
             raise ValueError(f"prefix length {prefix.length} >= max_seq_len {self.max_seq_len}")
+        need = -(-prefix.length // self.page_size)
+        if len(pages) < need or not all(0 < p < self.pages for p in pages):
+            raise ValueError(f"a {prefix.length}-token prefix needs {need} pages in [1, "
+                             f"{self.pages}), got {list(pages)}")  # fmt: skip
+        # global page ids in the slot's replica; the bucket's padding past the prefix's pages
+        # goes to the replica's scratch page
         active = not prefix.done
         ints, floats = kv_cache.pack_insert_args(
             slot, prefix.length, prefix.first_token, active, prefix.params
         )
-        exe = self._insert_exe(prefix.kv[0][0].shape[0])
-        arrays = exe(state.arrays, prefix.kv, self._put(ints), self._put(floats))
+        ints, floats = self._put(ints), self._put(floats)
+        if prefix.kv is None:  # prefill_pages wrote its K/V into the pages already
+            arrays = self._activate_exe()(state.arrays, ints, floats)
+        else:
+            t = prefix.kv[0][0].shape[0]
+            base = slot // (self.rows // self.replicas) * self.pages
+            ids = np.full(-(-t // self.page_size), base, np.int32)
+            n = min(len(pages), ids.size)
+            ids[:n] += np.asarray(pages[:n], np.int32)
+            arrays = self._insert_exe(t)(state.arrays, prefix.kv, ints, floats, self._put(ids))
         lengths, act = state.lengths.copy(), state.active.copy()
         lengths[slot], act[slot] = prefix.length, active
         return SlotState(arrays, lengths, act)
@@ -338,16 +431,24 @@ class JaxEngine:
         need = int(lengths[active].max(initial=0)) + steps
         return next((b for b in self.decode_buckets if b >= need), self.decode_buckets[-1])
 
-    def generate(self, state: SlotState, steps: int) -> tuple[SlotState, StepOutput]:
+    def generate(
+        self, state: SlotState, steps: int, pages: np.ndarray
+    ) -> tuple[SlotState, StepOutput]:
+        """`pages` [slots, >= W]: each slot's page table (local ids, 0 where it holds none),
+        covering every position this call writes (lengths + steps)."""
         if not 1 <= steps <= self.config.decode_steps:
             raise ValueError(f"steps must be in [1, {self.config.decode_steps}], got {steps}")
         bucket = self.pick_bucket(state.lengths, state.active, steps)
         exe = self._generate_exe(bucket)
+        table = np.zeros((self.rows, bucket // self.page_size), np.int32)
+        w = min(table.shape[1], pages.shape[1])
+        table[: pages.shape[0], :w] = pages[:, :w]
         key = (steps, self.vocab_size, self.eos_id)
         consts = self._consts.get(key)
         if consts is None:
             consts = self._consts[key] = self._put(StepConsts(*map(np.int32, key)))
-        arrays, packed = exe(self.params, state.arrays, consts)
+        table = jax.device_put(table, self._table_sh(table.shape))
+        arrays, packed = exe(self.params, state.arrays, consts, table)
         host = np.asarray(packed)  # the one host sync
         out = host[:-1].reshape(self.config.decode_steps, 3, self.rows)[:steps]
         lengths = host[-1].copy()

@@ -8,14 +8,17 @@ An `EngineFactory` builds the (prefill, generate) pair for a config and checks a
 anything is built; an engine says what it is with `describe()` (mesh, kernels, bytes), so
 nobody probes it for attributes.
 
-Decode state holds, per slot: the KV cache row, the live length, the last token, the sampling
-parameters and the stop counters. `generate` runs `steps` decode steps and returns one packed
-host array; the scheduler reads tokens and done flags from it and never touches device arrays.
+Decode state holds the paged KV cache (each data-parallel replica's pool of `pages` pages of
+`page_size` positions, page 0 scratch) and, per slot: the live length, the last token, the
+sampling parameters and the stop counters. Which pages a sequence holds is the scheduler's
+(pages.py): `insert` takes the pages a prefix goes into, `generate` every slot's page table.
+`generate` runs `steps` decode steps and returns one packed host array; the scheduler reads
+tokens and done flags from it and never touches device arrays.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -88,6 +91,8 @@ class EngineInfo:
     weight_dtype: str = "f32"  # weight storage: f32 | bf16 | int8 (+ f32 per-channel scales)
     kv_dtype: str = "f32"  # KV-cache storage: f32 | bf16 | int8 (+ f32 scales)
     kernels_note: str | None = None  # why XLA's ops run where native could, or a native fallback
+    page_size: int = 0  # KV positions per page (0: no paged cache, the fake engine)
+    kv_pages: int = 0  # KV pages per data-parallel replica, the scratch page included
 
     def mesh(self) -> dict:
         """The /stats `mesh.prefill` / `mesh.generate` object."""
@@ -126,8 +131,12 @@ class DecodeState(Protocol):
 class Engine(Protocol):
     """The verbs the scheduler drives. One instance per device set."""
 
-    slots: int  # decode batch size (KV cache slots)
-    max_seq_len: int  # KV length per slot
+    slots: int  # decode batch size: running sequences at most
+    max_seq_len: int  # longest sequence (prompt + generated)
+    replicas: int  # data-parallel replicas: slot b belongs to replica b // (slots / replicas)
+    page_size: int  # KV positions per page
+    pages: int  # KV pages per replica, page 0 (scratch) included
+    pages_per_seq: int  # pages a max_seq_len sequence holds: a page table row's width
     eos_id: int
     vocab_size: int  # ids the tokenizer can decode; sampling never goes beyond
 
@@ -148,20 +157,42 @@ class Engine(Protocol):
         """Run the prompt (padded to a bucket, chunked past the largest) and sample token 1."""
         ...
 
+    def prefill_pages(
+        self,
+        state: DecodeState,
+        tokens: list[int],
+        params: SamplingParams,
+        slot: int,
+        pages: Sequence[int],
+        start: int = 0,
+        stop: int | None = None,
+    ) -> tuple[DecodeState, Prefix | None]:
+        """Interleaved engines: prefill tokens[start:stop] straight into `slot`'s `pages`
+        (positions before `start` are there already: earlier chunks or a cached prefix). At
+        the prompt's end, the Prefix to `insert` (kv None), else None."""
+        ...
+
     def transfer(self, prefix: Prefix, to: Engine) -> Prefix:
         """Move a prefix to another engine's devices and sharding (disaggregation)."""
         ...
 
-    def insert(self, state: DecodeState, prefix: Prefix, slot: int) -> DecodeState:
-        """Place a prefix in a free slot; the slot becomes active with its params."""
+    def insert(
+        self, state: DecodeState, prefix: Prefix, slot: int, pages: Sequence[int]
+    ) -> DecodeState:
+        """Place a prefix in a free slot, its K/V in `pages` (ids in the slot's replica, at
+        least ceil(length / page_size) of them); the slot becomes active with its params."""
         ...
 
     def release(self, state: DecodeState, slot: int) -> DecodeState:
         """Deactivate a slot (cancel, stop string); its row is free for the next insert."""
         ...
 
-    def generate(self, state: DecodeState, steps: int) -> tuple[DecodeState, StepOutput]:
-        """Run `steps` decode steps over all slots with one host sync at the end."""
+    def generate(
+        self, state: DecodeState, steps: int, pages: np.ndarray
+    ) -> tuple[DecodeState, StepOutput]:
+        """Run `steps` decode steps over all slots with one host sync at the end. `pages`
+        [slots, W]: every slot's page table (0 where it holds none), covering the positions
+        the call writes: each active slot's length + steps."""
         ...
 
     def compile_count(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from scaletui.serve.engine_api import SamplingParams
@@ -74,6 +74,12 @@ class Busy(ServeError):
     kind = ErrorKind.BUSY
 
 
+class TooLong(ServeError):
+    """The request needs more KV pages than one replica's whole pool (400)."""
+
+    kind = ErrorKind.INVALID_REQUEST
+
+
 @dataclass(eq=False)
 class Request:
     """One generation, from `submit` to its last `Tokens` (or `Failed`) event."""
@@ -89,5 +95,18 @@ class Request:
     t_last: float = 0.0
     generated: int = 0
     last_token: int = -1
+    outputs: list[int] = field(default_factory=list)  # every token streamed so far
+    preempted: int = 0  # times its pages were taken back (it resumes by prefilling again)
     cancel_reason: str | None = None  # "abort" (disconnect) | "stop" (stop string)
     finished: bool = False
+
+
+def resume_input(req: Request) -> tuple[list[int], SamplingParams]:
+    """What prefill runs for `req`: its prompt, or after a preemption the prompt and every token
+    it produced, with the token limits less what it already has. The sampling key of a token is
+    (seed, position), so a resumed request draws the tokens it would have drawn."""
+    if not req.outputs:
+        return req.prompt, req.params
+    p, n = req.params, len(req.outputs)
+    left = replace(p, max_tokens=p.max_tokens - n, min_tokens=max(0, p.min_tokens - n))
+    return req.prompt + req.outputs, left

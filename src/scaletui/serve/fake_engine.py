@@ -10,7 +10,7 @@ mimic compute, so timing behaviour (continuous batching, disconnects) is observa
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,8 +49,13 @@ class FakeEngine:
         devices: tuple[int, ...] = (0,),  # ids it pretends to run on (for /stats)
         dp: int = 1,
         tp: int = 1,
+        page_size: int = 16,
+        pages: int = 0,  # per replica, scratch included; 0: every slot at max_seq_len
     ) -> None:
         self.slots, self.max_seq_len = slots, max_seq_len
+        self.replicas, self.page_size = dp, page_size
+        self.pages_per_seq = -(-max_seq_len // page_size)
+        self.pages = pages or slots // dp * self.pages_per_seq + 1
         self.vocab_size, self.eos_id = vocab_size, eos_id
         self.step_s, self.prefill_s, self.warmup_s = step_s, prefill_s, warmup_s
         self.name, self.devices, self.dp, self.tp = name, devices, dp, tp
@@ -58,7 +63,8 @@ class FakeEngine:
 
     def describe(self) -> EngineInfo:
         """No kernels, no device memory; the mesh the config asked for."""
-        return EngineInfo(self.dp, self.tp, self.devices, "none", 0, 0, 0, 0, WARMUP_UNITS)
+        return EngineInfo(self.dp, self.tp, self.devices, "none", 0, 0, 0, 0, WARMUP_UNITS,
+                          page_size=self.page_size, kv_pages=self.pages)  # fmt: skip
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> float:
         t0 = time.perf_counter()
@@ -89,12 +95,41 @@ class FakeEngine:
         done = params.max_tokens <= 1 or self._is_eos(first, 1, params)
         return Prefix(list(tokens), len(tokens), first, params, done)
 
+    def prefill_pages(
+        self,
+        state: FakeState,
+        tokens: list[int],
+        params: SamplingParams,
+        slot: int,
+        pages: Sequence[int],
+        start: int = 0,
+        stop: int | None = None,
+    ) -> tuple[FakeState, Prefix | None]:
+        """prefill's outputs; sleeps prefill_s for the share of the prompt it runs."""
+        n, stop = len(tokens), len(tokens) if stop is None else stop
+        assert 0 <= start < stop <= n, (start, stop, n)
+        if len(pages) < -(-stop // self.page_size) or not all(0 < p < self.pages for p in pages):
+            raise ValueError(f"positions up to {stop} need {-(-stop // self.page_size)} pages "
+                             f"in [1, {self.pages}), got {list(pages)}")  # fmt: skip
+        time.sleep(self.prefill_s * (stop - start) / n)
+        if stop < n:
+            return state, None
+        first = (tokens[-1] + 1) % self.vocab_size
+        done = params.max_tokens <= 1 or self._is_eos(first, 1, params)
+        return state, Prefix(None, n, first, params, done)
+
     def transfer(self, prefix: Prefix, to: object) -> Prefix:
         p = prefix
         return Prefix(list(p.kv), p.length, p.first_token, p.params, p.done)
 
-    def insert(self, state: FakeState, prefix: Prefix, slot: int) -> FakeState:
+    def insert(
+        self, state: FakeState, prefix: Prefix, slot: int, pages: Sequence[int]
+    ) -> FakeState:
         assert not state.active[slot], f"slot {slot} is busy"
+        need = -(-prefix.length // self.page_size)
+        if len(pages) < need or not all(0 < p < self.pages for p in pages):
+            raise ValueError(f"a {prefix.length}-token prefix needs {need} pages in [1, "
+                             f"{self.pages}), got {list(pages)}")  # fmt: skip
         state.active[slot] = True
         state.last[slot] = prefix.first_token
         state.lengths[slot] = prefix.length
@@ -107,7 +142,10 @@ class FakeEngine:
         state.params[slot] = None
         return state
 
-    def generate(self, state: FakeState, steps: int) -> tuple[FakeState, StepOutput]:
+    def generate(
+        self, state: FakeState, steps: int, pages: np.ndarray
+    ) -> tuple[FakeState, StepOutput]:
+        self._check_pages(state, steps, pages)
         time.sleep(self.step_s * steps)
         b = self.slots
         tokens = np.zeros((steps, b), np.int32)
@@ -130,6 +168,26 @@ class FakeEngine:
                 if finished:
                     state.active[slot] = False
         return state, StepOutput(tokens, valid, done, state.lengths.copy())
+
+    def _check_pages(self, state: FakeState, steps: int, pages: np.ndarray) -> None:
+        """What the real engine needs and cannot check on the device: every active slot holds
+        pages for each position the call writes, and no two slots write into the same page."""
+        written: dict[int, int] = {}
+        for slot in np.flatnonzero(state.active):
+            length, left = int(state.lengths[slot]), self._left(state, slot)
+            last = min(length + min(steps, left), self.max_seq_len) - 1  # the last one written
+            held = pages[slot, : last // self.page_size + 1]
+            if not (held > 0).all():
+                raise ValueError(f"slot {slot} at length {length} writes up to position {last} "
+                                 f"but holds pages {pages[slot].tolist()}")  # fmt: skip
+            for page in held[length // self.page_size :]:
+                other = written.setdefault(int(page), int(slot))
+                if other != slot:
+                    raise ValueError(f"slots {other} and {slot} both write page {page}")
+
+    def _left(self, state: FakeState, slot: int) -> int:
+        """Tokens slot `slot` may still produce (its max_tokens less what it has)."""
+        return state.params[slot].max_tokens - int(state.generated[slot])
 
     def _is_eos(self, token: int, generated: int, params: SamplingParams) -> bool:
         return token == self.eos_id and not params.ignore_eos and generated >= params.min_tokens
@@ -155,7 +213,7 @@ class FakeEngineFactory:
             return self.engine(
                 config.slots, config.max_seq_len, vocab, self.eos_id, self.step_s,
                 self.prefill_s, self.warmup_s, name, devices=tuple(range(first, first + n)),
-                dp=config.dp, tp=config.tp,
+                dp=config.dp, tp=config.tp, page_size=config.page_size, pages=config.pages,
             )  # fmt: skip
 
         if config.mode == "interleaved":

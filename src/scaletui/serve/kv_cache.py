@@ -1,15 +1,18 @@
-"""The per-slot KV cache and the slot vectors that ride with it (the engine's decode state).
+"""The paged KV cache and the slot vectors that ride with it (the engine's decode state).
 
-Layout: the issue's [L, slots, S_max, K, H], split by layer and into chunks of C positions, each
-chunk its own buffer: per layer {"k": [slots, K, H, C+1] x n, "v": [slots, K, C+1, H] x n}
-(column C is a scratch slot for decode's unconditional in-place writes); an int8 cache adds
-"k_scale" and "v_scale" chunks [slots, K, C+1] (f32, one per position and KV head). A decode
-bucket is a number of leading chunks, so attention reads them in place (a slice of one big
-buffer would be copied on CPU), and K is stored transposed so q.k is a plain matmul. Sharded
-slots over 'data' and K over 'model' when tp divides K. Beside it, per slot: `lengths` (tokens
+Layout: per layer a pool of pages, {"k": [dp * P, K, H, S], "v": [dp * P, K, S, H]} (S positions
+per page, K stored transposed so q.k is a plain matmul); an int8 cache adds "k_scale" and
+"v_scale" [dp * P, K, S] (f32, one per position and KV head). Each data-parallel replica owns P
+pages (the page axis is sharded over 'data', K over 'model' when tp divides K); page 0 of each
+replica is scratch: it is never given to a sequence, and rows without a page there (inactive
+rows, positions past what the scheduler allocated) write into it, so every write is in bounds
+and unconditional. Which pages hold a sequence is the host's business (pages.py, the
+scheduler's page table): the device state only holds the pages, and every generate call takes
+the page table rows [B, W] of local page ids. Beside the pool, per slot row: `lengths` (tokens
 in the cache), `tokens` (the next input token), `active`, `generated` (tokens produced, the
-prefill one included) and the request's sampling/stop parameters. `insert` writes a prefix's
-K/V (per layer (k, v) [T, K, H], int8 ones with (k_scale, v_scale) [T, K]) into one slot's row.
+prefill one included) and the request's sampling/stop parameters. `insert` writes a prefix's K/V
+(per layer (k, v) [T, K, H], int8 ones with (k_scale, v_scale) [T, K]) into the pages it is
+given.
 """
 
 from __future__ import annotations
@@ -20,15 +23,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.sharding import Mesh
 
 from scaletui.serve import sharding
 from scaletui.specs import ModelSpec
 
-K_AXES = ("slots", "kv_heads", "head_dim", "seq")  # [B, K, H, C]
-V_AXES = ("slots", "kv_heads", "seq", "head_dim")  # [B, K, C, H]
-S_AXES = ("slots", "kv_heads", "seq")  # int8 scales [B, K, C]
+K_AXES = ("slots", "kv_heads", "head_dim", "seq")  # [dp * P, K, H, S]: pages share the slots'
+V_AXES = ("slots", "kv_heads", "seq", "head_dim")  # [dp * P, K, S, H]  'data' sharding
+S_AXES = ("slots", "kv_heads", "seq")  # int8 scales [dp * P, K, S]
 PREFIX_AXES = ("seq", "kv_heads", "head_dim")
 PREFIX_S_AXES = ("seq", "kv_heads")
 # slot vectors: name -> dtype
@@ -50,9 +52,9 @@ SLOT_FIELDS = {
 class DecodeState(NamedTuple):
     """The engine's device-side decode state (a pytree; donated into every call).
 
-    `cache`: per layer {"k": [B, K, H, C+1] x n_chunks, "v": [B, K, C+1, H] x n_chunks} (int8:
-    also "k_scale", "v_scale": [B, K, C+1] x n_chunks); every other field is a [B] vector
-    (B = slot rows) with the dtype SLOT_FIELDS gives.
+    `cache`: per layer {"k": [dp * P, K, H, S], "v": [dp * P, K, S, H]} (int8: also "k_scale",
+    "v_scale": [dp * P, K, S]); every other field is a [B] vector (B = slot rows) with the
+    dtype SLOT_FIELDS gives.
     """
 
     cache: list
@@ -98,24 +100,25 @@ def _scaled(dtype: jnp.dtype) -> bool:
     return jnp.dtype(dtype) == jnp.int8
 
 
-def chunking(max_seq_len: int) -> tuple[int, int]:
-    """(positions per chunk, chunks): 128-position chunks, or a quarter of a short cache."""
-    chunk = min(128, max(8, 1 << (max(max_seq_len // 4, 1).bit_length() - 1)))
-    return chunk, -(-max_seq_len // chunk)
+def pool_shapes(m: ModelSpec, pages: int, page_size: int, dtype) -> dict:
+    """One layer's pool: name -> (shape, dtype) for `pages` pages (all replicas together)."""
+    k, h, s = m.n_kv_heads, m.head_dim, page_size
+    out = {"k": ((pages, k, h, s), jnp.dtype(dtype)), "v": ((pages, k, s, h), jnp.dtype(dtype))}
+    if _scaled(dtype):
+        sc = ((pages, k, s), jnp.dtype(jnp.float32))
+        out.update(k_scale=sc, v_scale=sc)
+    return out
 
 
 def state_shardings(
-    m: ModelSpec, mesh: Mesh, slots: int, chunk: int, n_chunks: int, dtype=jnp.float32
+    m: ModelSpec, mesh: Mesh, slots: int, pages: int, page_size: int, dtype=jnp.float32
 ) -> DecodeState:
-    """The decode state's shardings for a cache stored in `dtype` (int8: with scales)."""
-    k, h = m.n_kv_heads, m.head_dim
-    ks = sharding.named(mesh, K_AXES, (slots, k, h, chunk + 1))
-    vs = sharding.named(mesh, V_AXES, (slots, k, chunk + 1, h))
-    ss = sharding.named(mesh, S_AXES, (slots, k, chunk + 1))
-    names = {"k": ks, "v": vs, **({"k_scale": ss, "v_scale": ss} if _scaled(dtype) else {})}
+    """The decode state's shardings for `pages` pages (all replicas) stored in `dtype`."""
+    axes = {"k": K_AXES, "v": V_AXES, "k_scale": S_AXES, "v_scale": S_AXES}
+    layer = {name: sharding.named(mesh, axes[name], shape)
+             for name, (shape, _) in pool_shapes(m, pages, page_size, dtype).items()}  # fmt: skip
     vec = sharding.named(mesh, ("slots",), (slots,))
-    cache = [{name: [sh] * n_chunks for name, sh in names.items()} for _ in range(m.n_layers)]
-    return DecodeState(cache, **{name: vec for name in SLOT_FIELDS})
+    return DecodeState([dict(layer) for _ in range(m.n_layers)], **{n: vec for n in SLOT_FIELDS})
 
 
 def prefix_shardings(m: ModelSpec, mesh: Mesh, length: int, dtype=jnp.float32) -> list:
@@ -140,58 +143,56 @@ def zeros_prefix(m: ModelSpec, length: int, dtype) -> list:
             for layer in prefix_spec(m, length, dtype)]  # fmt: skip
 
 
-def empty_state(
-    m: ModelSpec, slots: int, chunk: int, n_chunks: int, dtype: jnp.dtype
-) -> DecodeState:
-    """Zero cache in `dtype` (int8: zero scales beside it), every slot inactive (a pure
+def empty_state(m: ModelSpec, slots: int, pages: int, page_size: int, dtype) -> DecodeState:
+    """Zero pages in `dtype` (int8: zero scales beside them), every slot inactive (a pure
     function: jit it with out_shardings)."""
-    k, h = m.n_kv_heads, m.head_dim
-    shapes = {"k": (slots, k, h, chunk + 1), "v": (slots, k, chunk + 1, h)}
-    dtypes = {"k": dtype, "v": dtype}
-    if _scaled(dtype):
-        shapes.update(k_scale=(slots, k, chunk + 1), v_scale=(slots, k, chunk + 1))
-        dtypes.update(k_scale=jnp.float32, v_scale=jnp.float32)
-    cache = [
-        {
-            name: [jnp.zeros(shape, dtypes[name]) for _ in range(n_chunks)]
-            for name, shape in shapes.items()
-        }  # fmt: skip
-        for _ in range(m.n_layers)
-    ]
+    shapes = pool_shapes(m, pages, page_size, dtype)
+    cache = [{name: jnp.zeros(shape, dt) for name, (shape, dt) in shapes.items()}
+             for _ in range(m.n_layers)]  # fmt: skip
     vectors = {name: jnp.zeros((slots,), dt) for name, dt in SLOT_FIELDS.items()}
     vectors["top_p"] = jnp.ones((slots,), jnp.float32)
     return DecodeState(cache, **vectors)
 
 
-def insert(state: DecodeState, kv: list, ints: jax.Array, floats: jax.Array) -> DecodeState:
+def write_pages(pool: dict, entry: tuple, pages: jax.Array) -> dict:
+    """Write a prefix's K/V into one layer's pool: entry (k, v) [T, K, H] (int8: and k_scale,
+    v_scale [T, K]) in pages `pages` [ceil(T / S)] (global page ids), a page's worth of
+    positions each; the positions past T in the last page are written as zeros (its sequence
+    writes them before it reads them)."""
+    s = pool["v"].shape[2]
+    n = pages.shape[0]
+    parts = dict(zip(("k", "v", "k_scale", "v_scale"), entry, strict=False))
+    assert parts.keys() == pool.keys(), (parts.keys(), pool.keys())
+    # prefix axes -> page axes: [T, K, H] -> [n, S, K, H] -> k [n, K, H, S], v [n, K, S, H]
+    perm = {"k": (0, 2, 3, 1), "v": (0, 2, 1, 3), "k_scale": (0, 2, 1), "v_scale": (0, 2, 1)}
+    out = {}
+    for name, x in parts.items():
+        x = jnp.pad(x, [(0, n * s - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+        x = jnp.transpose(x.reshape(n, s, *x.shape[1:]), perm[name])
+        out[name] = pool[name].at[pages].set(x.astype(pool[name].dtype), mode="promise_in_bounds")
+    return out
+
+
+def insert(
+    state: DecodeState, kv: list, ints: jax.Array, floats: jax.Array, pages: jax.Array
+) -> DecodeState:
     """Write a prefix (per layer (k, v) [T, K, H], int8: (k, v, k_scale, v_scale), scales
-    [T, K]) into row `ints[0]`; set its fields."""
+    [T, K]) into `pages` [ceil(T / S)] (global page ids; the scratch page where the sequence
+    holds none) and set row `ints[0]`'s fields."""
+    cache = [write_pages(layer, entry, pages) for layer, entry in zip(state.cache, kv, strict=True)]
+    return activate(state._replace(cache=cache), ints, floats)
+
+
+def activate(state: DecodeState, ints: jax.Array, floats: jax.Array) -> DecodeState:
+    """Set row `ints[0]`'s fields (its K/V are in its pages already: prefill wrote them)."""
     fields = dict(zip(INT_FIELDS, ints, strict=True))
     fields.update(zip(FLOAT_FIELDS, floats, strict=True))
     slot = fields.pop("slot")
-    # prefix axes -> chunk axes: k [T,K,H] -> [K,H,T]; v [T,K,H] -> [K,T,H]; scales -> [K,T]
-    perm = {"k": (1, 2, 0), "v": (1, 0, 2), "k_scale": (1, 0), "v_scale": (1, 0)}
-    cache = []
-    for layer, entry in zip(state.cache, kv, strict=True):
-        new = {name: list(chunks) for name, chunks in layer.items()}
-        parts = dict(zip(("k", "v", "k_scale", "v_scale"), entry, strict=False))
-        assert parts.keys() == layer.keys(), (parts.keys(), layer.keys())
-        c = layer["v"][0].shape[2] - 1  # the last column of a chunk is decode's scratch
-        t = entry[0].shape[0]
-        for i in range(len(layer["k"])):
-            lo, hi = i * c, min((i + 1) * c, t)
-            if lo >= hi:
-                break
-            for name, x in parts.items():
-                buf = new[name][i]
-                part = jnp.transpose(x[lo:hi], perm[name])[None].astype(buf.dtype)
-                new[name][i] = lax.dynamic_update_slice(buf, part, (slot,) + (0,) * (buf.ndim - 1))
-        cache.append(new)
     now = state._asdict()
     new = {name: now[name].at[slot].set(value.astype(now[name].dtype))
            for name, value in fields.items()}  # fmt: skip
     new["generated"] = state.generated.at[slot].set(1)
-    return state._replace(cache=cache, **new)
+    return state._replace(**new)
 
 
 def release(state: DecodeState, slot: jax.Array) -> DecodeState:

@@ -34,16 +34,17 @@ class Footprint:
 
     params: int
     weight_bytes: int
-    kv_bytes: int  # max(slots, 2) rows (the engine keeps a spare row at 1) x max_seq_len
-    kv_row_bytes: int  # one slot's row
+    kv_bytes: int  # the page pools of every data-parallel replica
+    kv_page_bytes: int  # one page: page_size positions of K and V in every layer
     host_bytes: int = 0  # the host params at load: as made (f32 for int8) and, if any, converted
 
     def describe(self, config: ServeConfig) -> str:
         return (
             f"{config.model.name}: {_count(self.params)} parameters, "
             f"{config.precision.describe()}, weights "
-            f"{gib(self.weight_bytes)}, KV cache {gib(self.kv_bytes)} ({config.slots} slots x "
-            f"{config.max_seq_len} tokens)"
+            f"{gib(self.weight_bytes)}, KV cache {gib(self.kv_bytes)} ({config.dp} x "
+            f"{config.pages} pages of {config.page_size} tokens; {config.slots} sequences of up "
+            f"to {config.max_seq_len} tokens)"
         )
 
 
@@ -76,10 +77,10 @@ def kv_token_bytes(m: ModelSpec, kv: str) -> int:
 
 def footprint(config: ServeConfig) -> Footprint:
     m, p = config.model, config.precision
-    row = kv_token_bytes(m, p.kv) * config.max_seq_len
+    page = kv_token_bytes(m, p.kv) * config.page_size
     stored = weight_bytes(m, p)
     made = stored if p.weights != "int8" else param_count(m) * ITEMSIZE["f32"] + stored
-    return Footprint(param_count(m), stored, row * max(config.slots, 2), row, made)
+    return Footprint(param_count(m), stored, page * config.pages * config.dp, page, made)
 
 
 def gib(n: float) -> str:
@@ -90,31 +91,48 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
-def check_fits(config: ServeConfig, replicas: int, capacity: Capacity) -> None:
-    """ConfigError naming `slots` (and the most that fit) when `config` needs more memory than
-    `capacity`; `replicas`: weight copies the plan places (one per data-parallel mesh row)."""
-    fp, tp, dp = footprint(config), config.tp, config.dp
+def _split(config: ServeConfig, capacity: Capacity, replicas: int) -> tuple[float, float]:
+    """(fixed bytes, bytes per KV page of one replica) where `capacity` counts: the busiest
+    device (a tp shard of the weights, its replica's pages) or the host's RAM (every device's
+    copy, and the host copies the weights are placed from)."""
+    fp, tp = footprint(config), config.tp
     kv_split = tp if config.model.n_kv_heads % tp == 0 else 1  # else KV heads are replicated
-    if capacity.per_device:  # the busiest device: a tp shard of the weights, its slots' KV
-        fixed = fp.weight_bytes // tp
-        per_slot = fp.kv_row_bytes / (dp * kv_split)
-    else:  # every device's copy in one RAM, and the host copies the weights are placed from
-        fixed = fp.weight_bytes * replicas + fp.host_bytes
-        per_slot = fp.kv_row_bytes * tp / kv_split
-    rows = max(config.slots, 2)
-    need = fixed + per_slot * rows
+    if capacity.per_device:
+        return fp.weight_bytes // tp, fp.kv_page_bytes / kv_split
+    fixed = fp.weight_bytes * replicas + fp.host_bytes
+    return fixed, fp.kv_page_bytes * config.dp * tp / kv_split
+
+
+def pages_that_fit(config: ServeConfig, capacity: Capacity, fraction: float, replicas: int) -> int:
+    """KV pages per replica in `fraction` of what `capacity` leaves after the weights
+    (`--kv-memory-fraction`); at least 2 (a scratch page and one more)."""
+    fixed, per_page = _split(config, capacity, replicas)
+    return max(2, int(max(0, capacity.bytes - fixed) * fraction // per_page))
+
+
+def check_fits(config: ServeConfig, replicas: int, capacity: Capacity) -> None:
+    """ConfigError naming `kv_pages` or `slots` (and the most that fit) when `config` needs more
+    memory than `capacity`; `replicas`: weight copies the plan places (one per data-parallel
+    mesh row)."""
+    fixed, per_page = _split(config, capacity, replicas)
+    kv = per_page * config.pages
+    need = fixed + kv
     if need <= capacity.bytes:
         return
     where = " per device" if capacity.per_device else ""
     message = (
-        f"slots={config.slots} with max_seq_len={config.max_seq_len} needs {gib(need)}{where} "
-        f"({gib(fixed)} weights + {gib(per_slot * rows)} KV cache), but {gib(capacity.bytes)} "
-        f"{capacity.what}"
+        f"{config.pages} KV pages of {config.page_size} tokens (slots={config.slots}, "
+        f"max_seq_len={config.max_seq_len}) need {gib(need)}{where} ({gib(fixed)} weights + "
+        f"{gib(kv)} KV cache), but {gib(capacity.bytes)} {capacity.what}"
     )
-    most = int((capacity.bytes - fixed) // per_slot) // dp * dp if capacity.bytes > fixed else 0
+    pages = int((capacity.bytes - fixed) // per_page) if capacity.bytes > fixed else 0
+    if pages >= 2 and config.kv_pages:
+        raise ConfigError("kv_pages", config.kv_pages, message, f"use kv_pages <= {pages}")
+    most = (pages - 1) // config.pages_per_seq * config.dp  # slots whose full rows fit
     if most >= 1:
-        raise ConfigError("slots", config.slots, message, f"use slots <= {most} or a smaller "
-                          "max_seq_len")  # fmt: skip
+        raise ConfigError("slots", config.slots, message, f"use slots <= {most}, a smaller "
+                          f"max_seq_len, or kv_pages <= {pages} (sequences share the pages "
+                          "they use)")  # fmt: skip
     raise ConfigError("model", config.model.name, message, "the weights alone do not fit: use "
                       "weight_dtype bf16 or int8, a larger tp or a smaller model")  # fmt: skip
 

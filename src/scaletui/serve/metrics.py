@@ -34,8 +34,14 @@ class ServerMetrics:
             P + "transfer_backlog_size", "Prefilled requests waiting for a slot.", registry=r
         )
         self.kv_usage = Gauge(
-            P + "kv_cache_usage_perc", "KV tokens held / (slots * max_seq_len), 0-1.", registry=r
+            P + "kv_cache_usage_perc", "KV pages held by sequences / usable pages, 0-1.", registry=r
         )
+        self.prefix_queries = Counter(P + "prefix_cache_queries", "Prompt tokens looked up in the "
+                                      "prefix cache.", registry=r)  # fmt: skip
+        self.prefix_hits = Counter(P + "prefix_cache_hits", "Prompt tokens found in the prefix "
+                                   "cache (their prefill skipped).", registry=r)  # fmt: skip
+        self.preemptions = Counter(P + "num_preemptions", "Sequences preempted for KV pages (they "
+                                   "resume by prefilling again).", registry=r)  # fmt: skip
         self.slots_used = Gauge(P + "slots_used", "Decode slots in use.", registry=r)
         self.slots_total = Gauge(P + "slots_total", "Decode slots configured.", registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prefilled prompt tokens.", registry=r)

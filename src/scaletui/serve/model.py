@@ -5,7 +5,7 @@ Params (see `weights.param_axes`): `embed` [V, D], optional `lm_head` [V, D] (un
 `wo` [N, H, D], `mlp_norm` [D], `w_gate`/`w_up` [D, F], `w_down` [F, D]. RoPE uses the
 rotate-half convention of HF checkpoints. Three entry points: `forward` (full causal sequence,
 the reference), `prefill` (one prompt chunk, returning its K/V) and `decode` (one token per
-slot against a slot cache, attending over a static bucket of the cache only).
+slot row against a paged cache, attending over a static bucket of each row's pages only).
 
 The op set is an argument, picked once when the engine is built: `xla_ops(...)` (`XLA` is the
 default, over the layout above, with any weight precision of `quant.py`: plain, cast or int8
@@ -144,13 +144,12 @@ def native_out(p: dict, o: jax.Array, m: ModelSpec) -> jax.Array:
     return native_ops.dense(flat, p["wo"], m.d_model).astype(o.dtype)
 
 
-def native_decode_attention(q, k, v, positions, layer: dict, n_live: int) -> tuple:
-    """The native kernel over an f32, bf16 or int8 cache: writes and attends exactly each slot's
-    live positions."""
-    step = quant.store_kv(k, v, layer["k"][0].dtype)
-    live = {name: list(chunks[:n_live]) for name, chunks in layer.items()}
-    o, live = native_ops.decode_attention(q.astype(jnp.float32), step, positions, live)
-    return o.astype(q.dtype), {name: live[name] + list(layer[name][n_live:]) for name in layer}
+def native_decode_attention(q, k, v, positions, pages, layer: dict) -> tuple:
+    """The native kernel over an f32, bf16 or int8 pool (unsharded: page ids are global):
+    writes and attends exactly each row's live positions, reading its pages in place."""
+    step = quant.store_kv(k, v, layer["k"].dtype)
+    o, layer = native_ops.decode_attention(q.astype(jnp.float32), step, positions, pages, layer)
+    return o.astype(q.dtype), layer
 
 
 class Ops(NamedTuple):
@@ -161,8 +160,9 @@ class Ops(NamedTuple):
     out: Callable  # (layer, o [..., N, H], m) -> [..., D]
     mlp: Callable  # (layer, h [..., D], m) -> [..., D]
     logits: Callable  # (params, x [..., D], m) -> f32 [..., V]
-    # (q [R, N, H], k/v [R, K, H], positions [B], one layer's cache (kv_cache.DecodeState),
-    # n_live) -> (o [R, N, H], the layer's cache with the step's K/V at each slot's position)
+    # (q [R, N, H], k/v [R, K, H], positions [B], page table [B, W], one layer's pool
+    # (kv_cache.DecodeState)) -> (o [R, N, H], the pool with the step's K/V at each row's
+    # position)
     decode_attention: Callable
 
 
@@ -237,25 +237,58 @@ def prefill(
     return ops.logits(params, h, m), kv_out
 
 
-def _write_chunk(chunk: dict, step: dict, local: jax.Array) -> dict:
-    """Write one step's entries (k, v [B, K, H], int8 ones with k_scale, v_scale [B, K]) at
-    per-slot `local` index of one chunk ({"k": [B, K, H, C+1], "v": [B, K, C+1, H], scales
-    [B, K, C+1]}).
-
-    A slot whose index falls outside this chunk writes to the scratch column C, which attention
-    masks, so the scatter is always in bounds and unconditional: XLA does it in place (with an
-    out-of-bounds "drop" it added a select that copied the whole chunk every step).
-    """
-    c = chunk["v"].shape[2] - 1
-    idx = jnp.where((local >= 0) & (local < c), local, c)
-    rows = jnp.arange(step["k"].shape[0])
-    kw = {"mode": "promise_in_bounds", "unique_indices": True}
-    at = (rows, slice(None), idx)  # v [B, K, C+1, H] and scales [B, K, C+1]: the position axis
-    out = {name: buf.at[at].set(step[name].astype(buf.dtype), **kw)
-           for name, buf in chunk.items() if name != "k"}  # fmt: skip
-    k = chunk["k"]  # [B, K, H, C+1]: K is stored transposed
-    out["k"] = k.at[rows, :, :, idx].set(step["k"].astype(k.dtype), **kw)
-    return out
+def prefill_paged(
+    params: dict,
+    tokens: jax.Array,
+    true_len: jax.Array,
+    m: ModelSpec,
+    start: jax.Array,
+    pages: jax.Array,
+    scratch: jax.Array,
+    cache: list[dict],
+    ops: Ops | None = None,
+) -> tuple[jax.Array, list[dict]]:
+    """One prompt chunk of a sequence that keeps its K/V in pages (kv_cache's pool): tokens
+    [T] at positions start..start+T-1; positions before `start` (earlier chunks, or a cached
+    prefix) are already in the sequence's pages `pages` [W] (global page ids, W * S covering
+    the sequence). Writes the chunk's K/V into those pages (positions at or past `true_len`,
+    the padding, into the `scratch` page) and attends over positions 0..pos through the pages.
+    Returns (logits [V] at position true_len - 1, the updated cache)."""
+    ops = ops or XLA
+    t = tokens.shape[0]
+    pos = start + jnp.arange(t)
+    s = cache[0]["v"].shape[2]
+    w = pages.shape[0]
+    page = jnp.where(pos < true_len, pages[jnp.minimum(pos // s, w - 1)], scratch)
+    col = pos % s
+    kpos = jnp.arange(w * s)
+    mask = (kpos[None, :] <= pos[:, None])[None]  # [1, T, W * S]
+    x = ops.embed(params, tokens, m)[None]  # [1, T, D]
+    cos, sin = rope(pos, m.head_dim, m.rope_theta)
+    out = []
+    for layer, p in zip(cache, params["layers"], strict=True):
+        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        entry = quant.store_kv(k[0], v[0], layer["k"].dtype)  # [T, K, H] (+ scales [T, K])
+        step = dict(zip(("k", "v", "k_scale", "v_scale"), entry, strict=False))
+        kw = {"mode": "promise_in_bounds"}
+        new = {"k": layer["k"].at[page, :, :, col].set(step["k"], **kw)}
+        for name in layer.keys() - {"k"}:  # v [P, K, S, H], scales [P, K, S]: (page, :, col)
+            new[name] = layer[name].at[page, :, col].set(step[name], **kw)
+        out.append(new)
+        # the sequence's positions in order: k [W, K, H, S] -> [W * S, K, H], v [W, K, S, H] ->
+        # [W * S, K, H], scales [W, K, S] -> [W * S, K]
+        seq = {"k": jnp.transpose(new["k"][pages], (0, 3, 1, 2)),
+               "v": jnp.transpose(new["v"][pages], (0, 2, 1, 3))}  # fmt: skip
+        for name in layer.keys() - {"k", "v"}:
+            seq[name] = jnp.transpose(new[name][pages], (0, 2, 1))
+        flat = tuple(seq[n].reshape(w * s, *seq[n].shape[2:]) for n in ("k", "v", "k_scale",
+                     "v_scale") if n in seq)  # fmt: skip
+        keys, vals = quant.load_kv(flat, q.dtype)
+        x = x + ops.out(p, _attend(q, keys[None], vals[None], mask), m)
+        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+    last = jnp.clip(true_len - 1 - start, 0, t - 1)
+    h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
+    return ops.logits(params, h, m), out
 
 
 def decode(
@@ -263,19 +296,19 @@ def decode(
     cache: list[dict],
     tokens: jax.Array,
     positions: jax.Array,
-    n_live: int,
+    pages: jax.Array,
     m: ModelSpec,
     n_rows: int | None = None,
     ops: Ops | None = None,
 ) -> tuple[jax.Array, list[dict]]:
-    """One token per slot. tokens, positions [B]; returns (logits [R, V], updated cache).
+    """One token per slot row. tokens, positions [B]; pages [B, W] (each row's page table, local
+    page ids); returns (logits [R, V], updated cache).
 
-    cache: per layer {"k": chunks [B, K, H, C+1], "v": chunks [B, K, C+1, H]}, an int8 cache's
-    with "k_scale"/"v_scale" chunks [B, K, C+1] (kv_cache). The token's K/V are written at its
-    position, then attention reads only the first `n_live` chunks (the bucket), each as its own
-    buffer: no slice copies, no work past the bucket.
-    Needs positions < n_live * C. Only the first R = n_rows slots run the matmuls (the cache
-    may carry spare rows: XLA CPU's batch-1 GEMV is far faster than a batch-2 matmul).
+    cache: per layer a pool of pages (kv_cache: {"k": [dp * P, K, H, S], "v": [dp * P, K, S,
+    H]}, int8 with "k_scale"/"v_scale" [dp * P, K, S]). The token's K/V are written at its
+    position, then attention reads the row's first W pages only (the bucket). Needs positions
+    < W * S. Only the first R = n_rows rows run the matmuls (the state may carry a spare row:
+    XLA CPU's batch-1 GEMV is far faster than a batch-2 matmul).
     """
     ops = ops or XLA
     b = tokens.shape[0]
@@ -285,58 +318,76 @@ def decode(
     out = []
     for layer, p in zip(cache, params["layers"], strict=True):
         q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
-        o, layer = ops.decode_attention(q, k, v, positions, layer, n_live)
+        o, layer = ops.decode_attention(q, k, v, positions, pages, layer)
         out.append(layer)
         x = x + ops.out(p, o[:r], m)
         x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
     return ops.logits(params, x, m), out
 
 
-def _chunk_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, layer: dict, n_live: int
-) -> tuple[jax.Array, dict]:
-    """XLA decode attention: q [R, N, H], k/v [R, K, H]; writes the step's K/V into the layer's
-    chunks (in place) and returns (o [B, N, H], the layer's chunks)."""
+def _replica_attention(q: jax.Array, step: dict, positions, pages, pool: dict) -> tuple:
+    """One replica's rows: q [b, N, H], step {k, v: [b, K, H] (, scales [b, K])} in the pool's
+    storage, positions [b], pages [b, W] (page ids in this replica's pool [P, ...]) ->
+    (o [b, N, H], the pool with each row's K/V written at its position)."""
+    b, n, hd = q.shape
+    s = pool["v"].shape[2]
+    rows = jnp.arange(b)
+    page = pages[rows, jnp.minimum(positions // s, pages.shape[1] - 1)]
+    col = positions % s
+    kw = {"mode": "promise_in_bounds"}  # rows without a page write to page 0 (scratch)
+    new = {"k": pool["k"].at[page, :, :, col].set(step["k"].astype(pool["k"].dtype), **kw)}
+    for name in pool.keys() - {"k"}:  # v [P, K, S, H] and scales [P, K, S]: (page, :, col)
+        new[name] = pool[name].at[page, :, col].set(step[name].astype(pool[name].dtype), **kw)
+    kh = pool["k"].shape[1]
+    kp = new["k"][pages].astype(q.dtype)  # [b, W, K, H, S]
+    vp = new["v"][pages].astype(q.dtype)  # [b, W, K, S, H]
+    qg = q.reshape(b, kh, n // kh, hd)
+    sc = jnp.einsum("bKGH,bWKHS->bKGWS", qg, kp, preferred_element_type=jnp.float32)
+    if "k_scale" in new:  # int8: [b, W, K, S] -> [b, K, 1, W, S]
+        sc = sc * jnp.transpose(new["k_scale"][pages], (0, 2, 1, 3))[:, :, None]
+    w = pages.shape[1]
+    kpos = jnp.arange(w * s).reshape(w, s)
+    mask = (kpos[None] <= positions[:, None, None])[:, None, None]  # [b, 1, 1, W, S]
+    sc = jnp.where(mask, sc * hd**-0.5, NEG).reshape(b, kh, n // kh, w * s)
+    pr = jax.nn.softmax(sc, axis=-1).reshape(b, kh, n // kh, w, s)
+    if "v_scale" in new:
+        pr = pr * jnp.transpose(new["v_scale"][pages], (0, 2, 1, 3))[:, :, None]
+    o = jnp.einsum("bKGWS,bWKSH->bKGH", pr.astype(q.dtype), vp)
+    return o.reshape(b, n, hd), new
+
+
+def _paged_attention(q, k, v, positions, pages, layer: dict, replicas: int = 1) -> tuple:
+    """XLA decode attention over pages: q [R, N, H], k/v [R, K, H], positions [B], pages [B, W]
+    (local page ids: row block i of B / replicas rows owns pages [i P, (i + 1) P) of the pool).
+    Each replica's rows gather their own pages (vmapped over replicas, so a sharded pool stays
+    local); returns (o [B, N, H], the layer's pool)."""
     b = positions.shape[0]
     pad = lambda a: jnp.pad(a, [(0, b - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
     q, k, v = pad(q), pad(k), pad(v)
     scaled = "k_scale" in layer  # an int8 cache
     step = dict(zip(("k", "v", "k_scale", "v_scale"),
-                    quant.store_kv(k, v, jnp.int8 if scaled else None), strict=False))  # fmt: skip
-    chunks = [{name: layer[name][i] for name in layer} for i in range(len(layer["k"]))]
-    c = layer["v"][0].shape[2] - 1  # positions per chunk; column c is scratch
-    col = jnp.arange(n_live * (c + 1))
-    kpos = (col // (c + 1)) * c + col % (c + 1)  # position held by each column read
-    mask = ((col % (c + 1) < c)[None] & (kpos[None] <= positions[:, None]))[:, None, None]
-    for i in range(n_live):  # each slot's K/V go to the chunk holding its position
-        chunks[i] = _write_chunk(chunks[i], step, positions - i * c)
-    n, kh, hd = q.shape[1], k.shape[1], q.shape[2]
-    qg = q.reshape(b, kh, n // kh, hd)  # [B, K, G, H]
-    scores = []
-    for ch in chunks[:n_live]:
-        s = jnp.einsum("BKGH,BKHS->BKGS", qg, ch["k"].astype(q.dtype),
-                       preferred_element_type=jnp.float32)  # fmt: skip
-        scores.append(s * ch["k_scale"][:, :, None] if scaled else s)
-    s = jnp.concatenate(scores, axis=-1)  # [B, K, G, S]
-    pr = jax.nn.softmax(jnp.where(mask, s * hd**-0.5, NEG), axis=-1)
-    w = c + 1
-    o = 0
-    for i, ch in enumerate(chunks[:n_live]):
-        pi = pr[..., i * w : (i + 1) * w]
-        pi = (pi * ch["v_scale"][:, :, None] if scaled else pi).astype(q.dtype)
-        o = o + jnp.einsum("BKGS,BKSH->BKGH", pi, ch["v"].astype(q.dtype))
-    out = {name: [ch[name] for ch in chunks] for name in layer}
-    return o.reshape(b, n, hd), out
+                    quant.store_kv(k, v, jnp.int8 if scaled else layer["k"].dtype),
+                    strict=False))  # fmt: skip
+    if replicas == 1:
+        return _replica_attention(q, step, positions, pages, layer)
+    split = lambda a: a.reshape(replicas, a.shape[0] // replicas, *a.shape[1:])
+    o, pool = jax.vmap(_replica_attention)(
+        split(q), jax.tree.map(split, step), split(positions), split(pages),
+        jax.tree.map(split, layer),
+    )  # fmt: skip
+    merge = lambda a: a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
+    return merge(o), jax.tree.map(merge, pool)
 
 
-def xla_ops(compute: jnp.dtype | None = None, panel: bool = False) -> Ops:
+def xla_ops(compute: jnp.dtype | None = None, panel: bool = False, replicas: int = 1) -> Ops:
     """XLA's ops over weights.py's layout. `compute`: the activations' dtype (None: the
     embedding table's); `panel`: int8 / cast weights converted a column panel at a time
-    (CPU, unsharded; see quant.dense)."""
+    (CPU, unsharded; see quant.dense); `replicas`: data-parallel replicas, each with its own
+    share of the KV pages."""
     kw = {"panel": panel}
     return Ops(partial(embed_tokens, compute=compute), partial(qkv_proj, **kw),
                partial(out_proj, **kw), partial(mlp, **kw), partial(logits_of, **kw),
-               _chunk_attention)  # fmt: skip
+               partial(_paged_attention, replicas=replicas))  # fmt: skip
 
 
 XLA = xla_ops()

@@ -73,6 +73,7 @@ def build_stats(sched: Scheduler, window_s: float = 5.0) -> dict:
         "memory": _memory(engines),
         "slots": {"total": now["slots_total"] or c.slots, "used": now["slots_used"]},
         "kv_cache_usage_perc": now["kv_cache_usage_perc"],
+        "kv_pages": sched.kv_pages(),
         "requests": {
             "waiting": now["waiting"],
             "running": now["running"],

@@ -80,28 +80,52 @@ def prefill_chunk(
     return kv, sample_one(logits, args)
 
 
+def prefill_paged(
+    params: dict,
+    state: DecodeState,
+    tokens: jax.Array,
+    args: PrefillArgs,
+    pages: jax.Array,
+    scratch: jax.Array,
+    *,
+    m: ModelSpec,
+    ops: model.Ops,
+) -> tuple[DecodeState, jax.Array]:
+    """One prompt chunk straight into its sequence's pages of the donated decode state ->
+    (state, the token sampled at true_len: the first output token on the prompt's last
+    chunk)."""
+    logits, cache = model.prefill_paged(
+        params, tokens, args.true_len, m, args.start, pages, scratch, state.cache, ops=ops
+    )
+    return state._replace(cache=cache), sample_one(logits, args)
+
+
 def generate(
     params: dict,
     state: DecodeState,
     consts: StepConsts,
+    pages: jax.Array,
     *,
     m: ModelSpec,
     ops: model.Ops,
-    n_live: int,
     max_steps: int,
     max_len: int,
     slots: int,
 ) -> tuple[DecodeState, jax.Array]:
     """Up to max_steps decode steps (consts.n_steps of them run) -> (state, packed int32 array).
 
-    packed rows: for each step s, [tokens, valid, done] (3 rows of [rows]), then lengths.
+    pages [rows, W]: each row's page table (local page ids), covering every position the call
+    writes. packed rows: for each step s, [tokens, valid, done] (3 rows of [rows]), then lengths.
     """
 
     def step(i, carry):
         st, out = carry
         active = st.active
         pos = jnp.where(active, st.lengths, 0)
-        logits, cache = model.decode(params, st.cache, st.tokens, pos, n_live, m, slots, ops=ops)
+        # an inactive row (free, or done earlier in this call) writes into the scratch page, never
+        # into pages it held: they may be another sequence's by now, or a shared prefix
+        table = jnp.where(active[:, None], pages, 0)
+        logits, cache = model.decode(params, st.cache, st.tokens, pos, table, m, slots, ops=ops)
         live = lambda a: a[:slots]
         tok = sampling.sample(
             logits,

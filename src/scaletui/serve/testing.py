@@ -94,14 +94,16 @@ def greedy_tokens(config: ServeConfig, prompts: list[list[int]], calls: int = 2)
     from scaletui.serve.engine_api import SamplingParams
 
     params = SamplingParams(max_tokens=1 + calls * config.decode_steps, ignore_eos=True)
+    from scaletui.serve.paging import fixed_table
+
     pre, gen = build_engines(config)
-    state, out = gen.init_decode_state(), {}
+    state, out, table = gen.init_decode_state(), {}, fixed_table(gen)
     for slot, p in enumerate(prompts):
         prefix = pre.transfer(pre.prefill(p, params), gen)
         out[slot] = [prefix.first_token]
-        state = gen.insert(state, prefix, slot)
+        state = gen.insert(state, prefix, slot, table[slot])
     for _ in range(calls):
-        state, step = gen.generate(state, config.decode_steps)
+        state, step = gen.generate(state, config.decode_steps, table)
         for s in range(config.decode_steps):
             for b in out:
                 if step.valid[s, b]:

@@ -49,6 +49,7 @@ class ServerConfig:
     max_prefill_bucket: int = 0  # 0 = max_seq_len
     max_waiting: int = 256
     max_waiting_tokens: int = 262144
+    page_size: int = 64  # KV positions per page
 
     @classmethod
     def from_stats(
@@ -64,6 +65,7 @@ class ServerConfig:
         return cls(
             max_seq_len=int(config.get("max_seq_len") or serve_max_seq_len(knobs, model_max)),
             decode_steps=int(config.get("decode_steps") or 4),
+            page_size=int(config.get("page_size") or 64),
             dtype=precision.compute,
             weight_dtype=precision.weights,
             kv_dtype=precision.kv,
@@ -182,6 +184,7 @@ def server_shape(knobs: Knobs, cfg: ServerConfig) -> ServerShape:
         max_prefill_bucket=cfg.max_prefill_bucket,
         max_waiting=cfg.max_waiting,
         max_waiting_tokens=cfg.max_waiting_tokens,
+        page_size=cfg.page_size,
     )
 
 

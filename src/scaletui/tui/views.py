@@ -85,6 +85,7 @@ class View:
     mem_kv: float | None
     mem_capacity: float | None
     mem_max_slots: int | None  # measured KV capacity: slots of max_seq_len that fit in capacity
+    kv_pages: dict  # /stats kv_pages: pages used / total / cached, prefix hits, preemptions
     runs: tuple[RunRow, ...]
     sweep: tuple[SweepPoint, ...]
     sweep_curve: tuple[tuple[float, float], ...]  # expected (tok/s, TPOT p50 ms) on a finer grid
@@ -222,6 +223,7 @@ def build_view(m: SessionState) -> View:
         mem_kv=kv_dev,
         mem_capacity=capacity,
         mem_max_slots=max_slots,
+        kv_pages=stats.kv_pages,
         runs=tuple(m.runs),
         sweep=tuple(m.sweep),
         sweep_curve=m.sweep_curve(),

@@ -1,4 +1,4 @@
-"""Native CPU kernels (`kernels.cc`): packed-panel dense, and decode attention over the slot
+"""Native CPU kernels (`kernels.cc`): packed-panel dense, and decode attention over the paged KV
 cache in f32, bf16 or int8.
 
 The C++ source ships with the package and is compiled with the host's C++ compiler against the
@@ -286,34 +286,55 @@ def dense(x: jax.Array, w: PackedWeight, n: int) -> jax.Array:
 
 
 def decode_attention(
-    q: jax.Array, step: tuple, positions: jax.Array, chunks: dict[str, list[jax.Array]]
-) -> tuple[jax.Array, dict[str, list[jax.Array]]]:
-    """One decode step for rows R = q.shape[0] over one layer's cache in f32, bf16 or int8.
+    q: jax.Array,
+    step: tuple,
+    positions: jax.Array,
+    page_table: jax.Array,
+    pool: dict[str, jax.Array],
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """One decode step for rows R = q.shape[0] over one layer's paged KV cache in f32, bf16 or
+    int8.
 
-    q [R, N, H] f32; `step` the step's K/V in the cache's storage (`quant.store_kv`): (k, v)
-    [R, K, H], int8 with (k_scale, v_scale) [R, K]; positions [>= R]; `chunks` the live chunks,
-    {"k": [B, K, H, C+1] ..., "v": [B, K, C+1, H] ...}, int8 with "k_scale"/"v_scale" [B, K,
-    C+1] ..., B >= R. Writes row r's K/V (and scales) at positions[r], in place, and attends
-    over positions 0..positions[r]. Returns (out [R, N, H] f32, the chunks).
+    q [R, N, H] f32; `step` the step's K/V in the pool's storage (`quant.store_kv`): (k, v)
+    [R, K, H], int8 with (k_scale, v_scale) [R, K] f32; positions int32 [>= R]; page_table int32
+    [>= R, W]; `pool` {"k": [P, K, H, S], "v": [P, K, S, H]} (S positions per page, K stored
+    transposed), int8 with "k_scale"/"v_scale" [P, K, S] f32. H is a multiple of 16 up to 256,
+    N / K at most 8.
+
+    Row r (pos = positions[r], a negative one taken as 0) writes its K/V (and scales) at page
+    page_table[r, pos // S], column pos % S, in place, then attends its query heads over
+    positions 0..pos, reading pages page_table[r, 0 .. pos // S]. A row with pos // S >= W
+    writes nothing and attends over the W * S positions its table reaches. Page ids are clamped
+    into [0, P): the engine keeps page 0 as a trash page that no sequence reads, so inactive rows
+    (page table all 0) write there, concurrently (a benign race). Rows may share pages for
+    reading (a shared prefix), not the page they write. Returns (out [R, N, H] f32, the pool,
+    aliased in place: donate it, or XLA copies it first).
     """
     _require()
-    dtype = chunks["k"][0].dtype if chunks.get("k") else None
+    dtype = pool["k"].dtype if "k" in pool else None
     names = CACHE_PARTS if dtype == jnp.int8 else CACHE_PARTS[:2]
-    n = len(chunks.get("k", ()))
-    if (set(chunks) != set(names) or n == 0 or any(len(chunks[p]) != n for p in names)
-            or dtype is None or dtype.name not in ATTENTION):  # fmt: skip
+    if set(pool) != set(names) or dtype is None or dtype.name not in ATTENTION:
         raise ValueError(
-            "decode_attention needs n >= 1 chunks of each of k, v (f32 or bf16) or k, v, "
-            f"k_scale, v_scale (int8), got {sorted(chunks)} in {dtype}"
+            "decode_attention needs a pool of k, v (f32 or bf16) or k, v, k_scale, v_scale "
+            f"(int8), got {sorted(pool)} in {dtype}"
         )
-    if len(step) != len(names) or step[0].dtype != dtype:
-        raise ValueError(f"decode_attention: the step's K/V must be in the cache's {dtype}")
-    flat = [c for p in names for c in chunks[p]]
+    if len(step) != len(names) or step[0].dtype != dtype or step[1].dtype != dtype:
+        raise ValueError(f"decode_attention: the step's K/V must be in the pool's {dtype}")
+    ranks = [q.ndim, *(a.ndim for a in step), positions.ndim, page_table.ndim]
+    ranks += [pool[p].ndim for p in names]
+    scales = [2, 2] if dtype == jnp.int8 else []  # the step's scales; the pool's are rank 3
+    if ranks != [3, 3, 3, *scales, 1, 2, 4, 4, *(r + 1 for r in scales)]:
+        raise ValueError(
+            "decode_attention: need q [R, N, H], step [R, K, H] (scales [R, K]), positions "
+            "[>= R], page_table [>= R, W], pool k [P, K, H, S] and v [P, K, S, H] (scales "
+            f"[P, K, S]); got ranks {ranks}"
+        )
+    flat = [pool[p] for p in names]
     shapes = [jax.ShapeDtypeStruct(q.shape, jnp.float32)]
-    shapes += [jax.ShapeDtypeStruct(c.shape, c.dtype) for c in flat]
-    first = 2 + len(step)  # q, the step's arrays, positions, then the chunks
+    shapes += [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in flat]
+    first = 3 + len(step)  # q, the step's arrays, positions, page_table, then the pool
     aliases = {first + i: 1 + i for i in range(len(flat))}
     res = jax.ffi.ffi_call(ATTENTION[dtype.name], shapes, input_output_aliases=aliases)(
-        q, *step, positions.astype(jnp.int32), *flat
+        q, *step, positions.astype(jnp.int32), page_table.astype(jnp.int32), *flat
     )
-    return res[0], {p: list(res[1 + i * n : 1 + (i + 1) * n]) for i, p in enumerate(names)}
+    return res[0], dict(zip(names, res[1:], strict=True))

@@ -20,12 +20,13 @@
 //                        the same for int8 panels from native.I8_DOT_ROWS rows (prompts, batches):
 //                        each k block converted to bf16 pairs once (exact), scales at the end.
 //   scaletui_decode_attention_{f32,bf16,i8}
-//                        one decode step of attention for every slot: writes the step's K/V
-//                        into the chunked slot cache (in place: the chunk buffers are aliased
-//                        inputs/outputs) and attends over exactly each slot's live positions.
-//                        The cache stays as stored (bf16, or int8 with an f32 scale per
-//                        position and KV head, applied to the scores and the probabilities)
-//                        and widens to f32 in registers, like the weights.
+//                        one decode step of attention for every row: writes the step's K/V
+//                        into the paged KV cache (in place: the pool buffers are aliased
+//                        inputs/outputs) at the page its page table names for the position,
+//                        and attends over exactly its positions 0..pos, page by page. The
+//                        pool stays as stored (bf16, or int8 with an f32 scale per position
+//                        and KV head, applied to the scores and the probabilities) and widens
+//                        to f32 in registers, like the weights.
 //
 // Work is split over XLA's intra-op thread pool. Written with GCC vector extensions and
 // compiled with -march=native: with AVX-512 a vector is 16 floats and a dense panel 64 columns
@@ -562,7 +563,7 @@ ffi::Error DenseBF16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
 }
 
 // ---------------------------------------------------------------------------------------------
-// decode attention over the chunked slot cache
+// decode attention over the paged KV cache
 
 // exp for x <= 0 (softmax after subtracting the max): 2^n * p(f), |rel err| < 2e-7
 inline vf vexp(vf x) {
@@ -582,16 +583,20 @@ inline vf vexp(vf x) {
 }
 
 struct AttnShape {
-  int64_t rows, kv_heads, groups, head_dim, chunk;  // chunk: positions per chunk (C)
-  int64_t n_chunks;                                 // live chunks passed in
+  int64_t rows, kv_heads, groups, head_dim;
+  int64_t page;   // positions per page (S)
+  int64_t pages;  // pages in the pool (P)
+  int64_t width;  // page-table columns (W): a row reaches at most W * S positions
 };
 
-// One layer's chunked slot cache, stored as T (float, bf16 as uint16_t, or int8). An int8 cache
-// carries an f32 scale per (slot, KV head, position): chunks [B, K, C+1] beside K and V.
+// One layer's page pool, stored as T (float, bf16 as uint16_t, or int8). Page p holds S
+// positions of every KV head: the block of (p, KV head kh) sits at (p K + kh) H S in k (K^T,
+// [H, S]) and in v ([S, H]); an int8 pool carries an f32 scale per position there too, at
+// (p K + kh) S in k_scale / v_scale.
 template <typename T>
-struct Cache {
-  std::vector<T*> k, v;               // n chunks each: k [B, K, H, C+1], v [B, K, C+1, H]
-  std::vector<float*> k_scale, v_scale;  // int8 only, else empty
+struct PagePool {
+  T *k, *v;                    // [P, K, H, S], [P, K, S, H]
+  float *k_scale, *v_scale;    // [P, K, S], int8 only, else null
 };
 
 inline float to_f32(float x) { return x; }
@@ -603,27 +608,33 @@ inline float to_f32(uint16_t x) {
 }
 inline float to_f32(int8_t x) { return static_cast<float>(x); }
 
-// Prefetches (into L2) the first 8 KiB of the block read after this one, `i` of `n` steps
-// through the current block: each chunk is its own buffer, so nothing else runs ahead into it.
-inline void prefetch_next(const void* next, int64_t i, int64_t n) {
-  if (next == nullptr) return;
-  const char* bytes = static_cast<const char*>(next);
-  for (int64_t line = i * 128 / n; line < (i + 1) * 128 / n; ++line)
+// Where to prefetch ahead to while reading a page block: the block read after this one (pages
+// lie anywhere in the pool, so the hardware prefetcher cannot run ahead into it) and how many
+// of its cache lines (its first 8 KiB at most).
+struct Ahead {
+  const void* next;
+  int64_t lines;
+};
+
+// Prefetches (into L2) step `i` of `n` of the next block's lines, spread over the current block.
+inline void prefetch_next(const Ahead& ahead, int64_t i, int64_t n) {
+  if (ahead.next == nullptr) return;
+  const char* bytes = static_cast<const char*>(ahead.next);
+  for (int64_t line = i * ahead.lines / n; line < (i + 1) * ahead.lines / n; ++line)
     __builtin_prefetch(bytes + line * 64, 0, 2);
 }
 
-// scores[g, p] = q[g] . K[:, p] (* scale[p], int8) for p < len of one chunk, K^T stored [H, w]
-// (row stride w). PB vectors of positions per pass keep G * PB independent accumulators in
-// flight; the tail is scalar so no load reads past position len - 1 of a row.
-template <int G, typename T>
-void chunk_scores(const T* kt, int64_t w, int64_t hd, int64_t len, const float* q,
-                  const float* scale, float* scores, int64_t stride, const void* next) {
-  constexpr int PB = G <= 2 ? kAccs / 2 : G <= 4 ? kAccs / 4 : kAccs / 8;  // per pass
-  int64_t p0 = 0;
+// scores[g, p0 + p] = q[g] . K[:, p0 + p] for whole passes of PB vectors of positions from p0
+// while they fit in len, K^T stored [H, w] (row stride w): G * PB independent accumulators in
+// flight. Then passes of PB / 2 vectors, and so on down to one, so a page of 64 keeps 4 or
+// more in flight whatever G. Returns the first position no pass covered.
+template <int G, int PB, typename T>
+int64_t score_passes(const T* kt, int64_t w, int64_t hd, int64_t p0, int64_t len, const float* q,
+                     float* scores, int64_t stride, const Ahead& ahead) {
   for (; p0 + PB * kLanes <= len; p0 += PB * kLanes) {
     vf acc[G][PB] = {};
     for (int64_t h = 0; h < hd; ++h) {
-      if (p0 == 0) prefetch_next(next, h, hd);
+      if (p0 == 0) prefetch_next(ahead, h, hd);
       const T* row = kt + h * w + p0;
       vf kv[PB];
       for (int j = 0; j < PB; ++j) {
@@ -638,15 +649,19 @@ void chunk_scores(const T* kt, int64_t w, int64_t hd, int64_t len, const float* 
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < PB; ++j) store(scores + g * stride + p0 + j * kLanes, acc[g][j]);
   }
-  for (; p0 + kLanes <= len; p0 += kLanes) {
-    vf acc[G] = {};
-    for (int64_t h = 0; h < hd; ++h) {
-      vf k0 = widen(kt + h * w + p0);
-      for (int g = 0; g < G; ++g) acc[g] += splat(q[g * hd + h]) * k0;
-    }
-    for (int g = 0; g < G; ++g) store(scores + g * stride + p0, acc[g]);
-  }
-  for (; p0 < len; ++p0) {
+  if constexpr (PB > 1)
+    return score_passes<G, PB / 2>(kt, w, hd, p0, len, q, scores, stride, ahead);
+  return p0;
+}
+
+// scores[g, p] = q[g] . K[:, p] (* scale[p], int8) for p < len of one page, K^T stored [H, w].
+// The tail past the last whole vector is scalar, so no load reads past position len - 1.
+template <int G, typename T>
+void page_scores(const T* kt, int64_t w, int64_t hd, int64_t len, const float* q,
+                 const float* scale, float* scores, int64_t stride, const Ahead& ahead) {
+  constexpr int PB = G <= 2 ? kAccs / 2 : G <= 4 ? kAccs / 4 : kAccs / 8;  // vectors per pass
+  for (int64_t p0 = score_passes<G, PB>(kt, w, hd, 0, len, q, scores, stride, ahead); p0 < len;
+       ++p0) {
     for (int g = 0; g < G; ++g) {
       float acc = 0.0f;
       for (int64_t h = 0; h < hd; ++h) acc += q[g * hd + h] * to_f32(kt[h * w + p0]);
@@ -658,14 +673,14 @@ void chunk_scores(const T* kt, int64_t w, int64_t hd, int64_t len, const float* 
     for (int64_t p = 0; p < len; ++p) scores[g * stride + p] *= scale[p];
 }
 
-// out[g] += sum_p probs[g, p] (* scale[p], int8) * V[p] over one chunk's len rows, V stored
-// [w, H].
+// out[g] += sum_p probs[g, p] (* scale[p], int8) * V[p] over one page's len rows, V stored
+// [S, H].
 template <int G, typename T>
-void chunk_values(const T* vp, int64_t hd, int64_t len, const float* probs, int64_t stride,
-                  const float* scale, vf (*acc)[kMaxHeadDim / kLanes], const void* next) {
+void page_values(const T* vp, int64_t hd, int64_t len, const float* probs, int64_t stride,
+                 const float* scale, vf (*acc)[kMaxHeadDim / kLanes], const Ahead& ahead) {
   const int64_t nv = hd / kLanes;
   for (int64_t p = 0; p < len; ++p) {
-    prefetch_next(next, p, len);
+    prefetch_next(ahead, p, len);
     const float s = scale == nullptr ? 1.0f : scale[p];
     vf pr[G];
     for (int g = 0; g < G; ++g) pr[g] = splat(probs[g * stride + p] * s);
@@ -677,36 +692,40 @@ void chunk_values(const T* vp, int64_t hd, int64_t len, const float* probs, int6
   }
 }
 
-// The step's K/V for every (row, KV head), already in the cache's storage (int8: with scales).
+// The step's K/V for every (row, KV head), already in the pool's storage (int8: with scales).
 template <typename T>
 struct StepKV {
   const T *k, *v;                    // [R, K, H]
   const float *k_scale, *v_scale;    // [R, K], int8 only
 };
 
-// One (slot, kv head): write the new K/V at `pos`, then attend its G query heads over
-// positions 0..pos.
+// One (row, KV head): write the new K/V at `pos` (page table[pos / S], column pos % S), then
+// attend its G query heads over positions 0..pos, read from pages table[0 .. pos / S].
 template <int G, typename T>
-void attend_one(const AttnShape& s, int64_t b, int64_t kh, int32_t pos, const float* q,
-                const StepKV<T>& step, const Cache<T>& cache, float* out,
+void attend_one(const AttnShape& s, int64_t r, int64_t kh, int32_t pos, const int32_t* table,
+                const float* q, const StepKV<T>& step, const PagePool<T>& pool, float* out,
                 std::vector<float>& scores) {
-  const int64_t hd = s.head_dim, c = s.chunk, w = c + 1;
-  const int64_t head = b * s.kv_heads + kh;
-  const int64_t head_k = head * hd * w;  // offset of this head's block in a k / v chunk
-  const int64_t head_s = head * w;       // ... in a scale chunk
-  const bool scaled = !cache.k_scale.empty();
-  // a position past the live chunks (the engine's bucket rules this out) writes nothing and
-  // attends over every live position, as the XLA path's scratch-column write does
-  const int64_t p = std::max<int32_t>(pos, 0), capacity = s.n_chunks * c;
+  const int64_t hd = s.head_dim, ps = s.page, block = hd * ps;  // block: one K or V page block
+  const int64_t head = r * s.kv_heads + kh;  // this row's KV head in k_new / v_new / q / out
+  const bool scaled = pool.k_scale != nullptr;
+  // page i's (page, KV head) block index; ids outside the pool are clamped into it rather than
+  // read or written out of bounds (the engine never hands them out)
+  auto at = [&](int64_t i) {
+    return std::clamp<int64_t>(table[i], 0, s.pages - 1) * s.kv_heads + kh;
+  };
+  // a position past the page table (the engine sizes tables to rule it out) writes nothing
+  // and attends over every position the table reaches; a negative one counts as 0
+  const int64_t p = std::max<int32_t>(pos, 0), capacity = s.width * ps;
   const int64_t n_pos = std::min(p + 1, capacity);
-  if (p < capacity) {  // the step's K/V into the chunk holding `pos`
-    const int64_t i = p / c, col = p % c;
+  if (p < capacity) {  // the step's K/V into the page holding `pos`
+    const int64_t b = at(p / ps), col = p % ps;
+    T* kt = pool.k + b * block;
     const T* kn = step.k + head * hd;
-    for (int64_t h = 0; h < hd; ++h) cache.k[i][head_k + h * w + col] = kn[h];
-    std::memcpy(cache.v[i] + head_k + col * hd, step.v + head * hd, hd * sizeof(T));
+    for (int64_t h = 0; h < hd; ++h) kt[h * ps + col] = kn[h];
+    std::memcpy(pool.v + b * block + col * hd, step.v + head * hd, hd * sizeof(T));
     if (scaled) {
-      cache.k_scale[i][head_s + col] = step.k_scale[head];
-      cache.v_scale[i][head_s + col] = step.v_scale[head];
+      pool.k_scale[b * ps + col] = step.k_scale[head];
+      pool.v_scale[b * ps + col] = step.v_scale[head];
     }
   }
   const int64_t stride = (n_pos + kLanes - 1) / kLanes * kLanes;
@@ -715,11 +734,16 @@ void attend_one(const AttnShape& s, int64_t b, int64_t kh, int32_t pos, const fl
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* qh = q + head * G * hd;  // [G, H]
   for (int64_t i = 0; i < G * hd; ++i) qs[i] = qh[i] * scale;
-  const int64_t n_read = (n_pos + c - 1) / c;  // chunks holding live positions
-  for (int64_t i = 0; i < n_read; ++i)
-    chunk_scores<G>(cache.k[i] + head_k, w, hd, std::min<int64_t>(c, n_pos - i * c), qs,
-                    scaled ? cache.k_scale[i] + head_s : nullptr, scores.data() + i * c, stride,
-                    i + 1 < n_read ? cache.k[i + 1] + head_k : cache.v[0] + head_k);
+  const int64_t n_read = (n_pos + ps - 1) / ps;  // pages holding positions 0..pos
+  const int64_t lines = std::min<int64_t>(128, (block * sizeof(T) + 63) / 64);
+  for (int64_t i = 0; i < n_read; ++i) {  // after the last K page, the first V page is next
+    const int64_t b = at(i);
+    const Ahead ahead{i + 1 < n_read ? pool.k + at(i + 1) * block : pool.v + at(0) * block,
+                      lines};
+    page_scores<G>(pool.k + b * block, ps, hd, std::min<int64_t>(ps, n_pos - i * ps), qs,
+                   scaled ? pool.k_scale + b * ps : nullptr, scores.data() + i * ps, stride,
+                   ahead);
+  }
   float inv[G];
   for (int g = 0; g < G; ++g) {  // softmax numerators in place; 1 / denominator in inv
     float* sg = scores.data() + g * stride;
@@ -742,10 +766,13 @@ void attend_one(const AttnShape& s, int64_t b, int64_t kh, int32_t pos, const fl
     inv[g] = 1.0f / total;
   }
   vf acc[G][kMaxHeadDim / kLanes] = {};
-  for (int64_t i = 0; i < n_read; ++i)
-    chunk_values<G>(cache.v[i] + head_k, hd, std::min<int64_t>(c, n_pos - i * c),
-                    scores.data() + i * c, stride, scaled ? cache.v_scale[i] + head_s : nullptr,
-                    acc, i + 1 < n_read ? cache.v[i + 1] + head_k : nullptr);
+  for (int64_t i = 0; i < n_read; ++i) {
+    const int64_t b = at(i);
+    const Ahead ahead{i + 1 < n_read ? pool.v + at(i + 1) * block : nullptr, lines};
+    page_values<G>(pool.v + b * block, hd, std::min<int64_t>(ps, n_pos - i * ps),
+                   scores.data() + i * ps, stride, scaled ? pool.v_scale + b * ps : nullptr, acc,
+                   ahead);
+  }
   for (int g = 0; g < G; ++g) {
     float* og = out + (head * G + g) * hd;
     for (int64_t j = 0; j < hd / kLanes; ++j) store(og + j * kLanes, acc[g][j] * splat(inv[g]));
@@ -753,8 +780,9 @@ void attend_one(const AttnShape& s, int64_t b, int64_t kh, int32_t pos, const fl
 }
 
 template <typename T>
-using AttendFn = void (*)(const AttnShape&, int64_t, int64_t, int32_t, const float*,
-                          const StepKV<T>&, const Cache<T>&, float*, std::vector<float>&);
+using AttendFn = void (*)(const AttnShape&, int64_t, int64_t, int32_t, const int32_t*,
+                          const float*, const StepKV<T>&, const PagePool<T>&, float*,
+                          std::vector<float>&);
 
 template <typename T>
 AttendFn<T> attend_for(int64_t groups) {
@@ -774,106 +802,113 @@ AttendFn<T> attend_for(int64_t groups) {
 template <ffi::DataType D>
 using Native = ffi::NativeType<D>;
 
-// Args: q [R, N, H] f32, k_new/v_new [R, K, H] in the cache's storage type, (int8: their scales
-// [R, K] f32,) positions [>= R] int32, then the cache's chunks: n k, n v (int8: then n k_scale,
-// n v_scale). Rets: out [R, N, H], then the chunks (aliased to the inputs: updated in place).
+// Args: q [R, N, H] f32, k_new/v_new [R, K, H] in the pool's storage type, (int8: their scales
+// [R, K] f32,) positions [>= R] int32, page_table [>= R, W] int32, then the pool: k [P, K, H,
+// S], v [P, K, S, H] (int8: then k_scale, v_scale [P, K, S] f32). Rets: out [R, N, H], then the
+// pool (aliased to the inputs: updated in place).
+//
+// Work is split over (row, KV head). Rows may share pages for reading (a shared prefix); the
+// engine gives each live row's write a page no other row reads. Rows it parks (inactive: page
+// table all 0) all write page 0, column 0, at once: a benign race on a trash page that no live
+// row reads.
 template <ffi::DataType D>
-ffi::Error DecodeAttentionAny(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32, 3>& q,
+ffi::Error DecodeAttentionAny(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32, 3>& q,
                               ffi::Buffer<D, 3>& k_new, ffi::Buffer<D, 3>& v_new,
                               const float* k_scale_new, const float* v_scale_new,
-                              ffi::Buffer<ffi::S32, 1>& positions, ffi::RemainingArgs& chunks,
-                              ffi::ResultBuffer<ffi::F32, 3>& out,
-                              ffi::RemainingRets& chunks_out) {
+                              ffi::Buffer<ffi::S32, 1>& positions,
+                              ffi::Buffer<ffi::S32, 2>& page_table, ffi::RemainingArgs& pool_in,
+                              ffi::ResultBuffer<ffi::F32, 3>& out, ffi::RemainingRets& pool_out) {
   using T = std::conditional_t<D == ffi::DataType::BF16, uint16_t, Native<D>>;
   constexpr bool kScaled = D == ffi::DataType::S8;
-  constexpr int kinds = kScaled ? 4 : 2;  // k, v (, k_scale, v_scale)
+  constexpr int64_t kParts = kScaled ? 4 : 2;  // k, v (, k_scale, v_scale)
   auto qd = q.dimensions();
   auto kd = k_new.dimensions();
   auto vd = v_new.dimensions();
-  const int64_t total = static_cast<int64_t>(chunks_out.size());
+  auto td = page_table.dimensions();
   auto bad = [](const std::string& what) {
     return ffi::Error::InvalidArgument("decode_attention: " + what);
   };
-  if (total == 0 || total % kinds || static_cast<int64_t>(chunks.size()) != total)
-    return bad(kScaled ? "need n k, n v, n k_scale and n v_scale chunks"
-                       : "need n k chunks then n v chunks");
-  if (kd[0] != qd[0] || qd[1] % kd[1] || kd[2] != qd[2] || vd[0] != kd[0] || vd[1] != kd[1] ||
-      vd[2] != kd[2] || static_cast<int64_t>(positions.element_count()) < qd[0])
+  if (static_cast<int64_t>(pool_out.size()) != kParts ||
+      static_cast<int64_t>(pool_in.size()) != kParts)
+    return bad(kScaled ? "need the pool as k, v, k_scale and v_scale" : "need the pool as k, v");
+  if (kd[1] < 1 || qd[1] < kd[1] || qd[1] % kd[1] || kd[0] != qd[0] || kd[2] != qd[2] ||
+      vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] ||
+      static_cast<int64_t>(positions.element_count()) < qd[0])
     return bad("q [R, N, H], k/v [R, K, H] and positions [>= R] disagree");
-  if (qd[2] % kLanes || qd[2] > kMaxHeadDim)
-    return bad("head_dim must be a multiple of 16, <= 256");
-  const int64_t n = total / kinds;
-  Cache<T> cache;
-  int64_t chunk = -1, rows = -1;
-  for (int64_t i = 0; i < total; ++i) {
-    auto r = chunks_out.get<ffi::AnyBuffer>(i);
+  if (td[0] < qd[0] || td[1] < 1) return bad("page_table must be [>= R, W >= 1]");
+  if (qd[2] % 16 || qd[2] > kMaxHeadDim) return bad("head_dim must be a multiple of 16, <= 256");
+  PagePool<T> pool{};
+  int64_t pages = -1, page = -1;  // P and S, from the k buffer
+  for (int64_t i = 0; i < kParts; ++i) {
+    auto r = pool_out.get<ffi::AnyBuffer>(i);
     if (!r.has_value()) return r.error();
     auto dims = (*r)->dimensions();
-    const int kind = static_cast<int>(i / n);  // 0 k, 1 v, 2 k_scale, 3 v_scale
-    if (kind < 2) {  // k [B, K, H, C+1] / v [B, K, C+1, H] in the cache's type
+    if (i < 2) {  // k [P, K, H, S] / v [P, K, S, H] in the step's type
       if ((*r)->element_type() != D || dims.size() != 4)
-        return bad("k/v chunks must be rank-4 buffers of k_new's type");
-      const int64_t width = kind == 0 ? dims[3] : dims[2], head = kind == 0 ? dims[2] : dims[3];
-      if (chunk < 0) chunk = width - 1, rows = dims[0];
-      if (width != chunk + 1 || dims[0] != rows || dims[0] < qd[0] || dims[1] != kd[1] ||
-          head != qd[2] || chunk < 1)
-        return bad("chunk shapes disagree with each other or with q/k/v");
-      (kind == 0 ? cache.k : cache.v).push_back(static_cast<T*>((*r)->untyped_data()));
-    } else {  // scales [B, K, C+1] f32
-      if ((*r)->element_type() != ffi::DataType::F32 || dims.size() != 3 || dims[0] != rows ||
-          dims[1] != kd[1] || dims[2] != chunk + 1)
-        return bad("scale chunks must be f32 [B, K, C+1] beside the k/v chunks");
-      (kind == 2 ? cache.k_scale : cache.v_scale)
-          .push_back(static_cast<float*>((*r)->untyped_data()));
+        return bad("the pool's k and v must be rank-4 buffers of k_new's type");
+      const int64_t size = i == 0 ? dims[3] : dims[2], head = i == 0 ? dims[2] : dims[3];
+      if (i == 0) pages = dims[0], page = size;
+      if (dims[0] != pages || size != page || dims[1] != kd[1] || head != qd[2] || page < 1 ||
+          pages < 1)
+        return bad("pool shapes disagree with each other or with q/k/v: need k [P, K, H, S], "
+                   "v [P, K, S, H], P >= 1, S >= 1");
+      (i == 0 ? pool.k : pool.v) = static_cast<T*>((*r)->untyped_data());
+    } else {  // scales [P, K, S] f32
+      if ((*r)->element_type() != ffi::DataType::F32 || dims.size() != 3 || dims[0] != pages ||
+          dims[1] != kd[1] || dims[2] != page)
+        return bad("the pool's k_scale and v_scale must be f32 [P, K, S] beside k and v");
+      (i == 2 ? pool.k_scale : pool.v_scale) = static_cast<float*>((*r)->untyped_data());
     }
   }
-  AttnShape s{qd[0], kd[1], qd[1] / kd[1], qd[2], chunk, n};
+  AttnShape s{qd[0], kd[1], qd[1] / kd[1], qd[2], page, pages, td[1]};
   AttendFn<T> attend = attend_for<T>(s.groups);
   if (attend == nullptr) return bad("query heads per KV head must be <= 8");
   const StepKV<T> step{reinterpret_cast<const T*>(k_new.typed_data()),
                        reinterpret_cast<const T*>(v_new.typed_data()), k_scale_new, v_scale_new};
   const float* qp = q.typed_data();
   const int32_t* pos = positions.typed_data();
+  const int32_t* table = page_table.typed_data();
   float* op = out->typed_data();
-  parallel_for(pool, s.rows * s.kv_heads, 1, [&](int64_t i) {
+  parallel_for(threads, s.rows * s.kv_heads, 1, [&](int64_t i) {
     thread_local std::vector<float> scores;
-    const int64_t b = i / s.kv_heads, kh = i % s.kv_heads;
-    attend(s, b, kh, pos[b], qp, step, cache, op, scores);
+    const int64_t r = i / s.kv_heads, kh = i % s.kv_heads;
+    attend(s, r, kh, pos[r], table + r * s.width, qp, step, pool, op, scores);
   });
   return ffi::Error::Success();
 }
 
-ffi::Error DecodeAttentionF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
+ffi::Error DecodeAttentionF32(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
                               ffi::Buffer<ffi::F32, 3> k_new, ffi::Buffer<ffi::F32, 3> v_new,
-                              ffi::Buffer<ffi::S32, 1> positions, ffi::RemainingArgs chunks,
-                              ffi::ResultBuffer<ffi::F32, 3> out,
-                              ffi::RemainingRets chunks_out) {
-  return DecodeAttentionAny(pool, q, k_new, v_new, nullptr, nullptr, positions, chunks, out,
-                            chunks_out);
+                              ffi::Buffer<ffi::S32, 1> positions,
+                              ffi::Buffer<ffi::S32, 2> page_table, ffi::RemainingArgs pool,
+                              ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets pool_out) {
+  return DecodeAttentionAny(threads, q, k_new, v_new, nullptr, nullptr, positions, page_table,
+                            pool, out, pool_out);
 }
 
-ffi::Error DecodeAttentionBF16(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
+ffi::Error DecodeAttentionBF16(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
                                ffi::Buffer<ffi::BF16, 3> k_new, ffi::Buffer<ffi::BF16, 3> v_new,
-                               ffi::Buffer<ffi::S32, 1> positions, ffi::RemainingArgs chunks,
-                               ffi::ResultBuffer<ffi::F32, 3> out,
-                               ffi::RemainingRets chunks_out) {
-  return DecodeAttentionAny(pool, q, k_new, v_new, nullptr, nullptr, positions, chunks, out,
-                            chunks_out);
+                               ffi::Buffer<ffi::S32, 1> positions,
+                               ffi::Buffer<ffi::S32, 2> page_table, ffi::RemainingArgs pool,
+                               ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets pool_out) {
+  return DecodeAttentionAny(threads, q, k_new, v_new, nullptr, nullptr, positions, page_table,
+                            pool, out, pool_out);
 }
 
-ffi::Error DecodeAttentionI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
+ffi::Error DecodeAttentionI8(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
                              ffi::Buffer<ffi::S8, 3> k_new, ffi::Buffer<ffi::S8, 3> v_new,
                              ffi::Buffer<ffi::F32, 2> k_scale_new,
                              ffi::Buffer<ffi::F32, 2> v_scale_new,
-                             ffi::Buffer<ffi::S32, 1> positions, ffi::RemainingArgs chunks,
-                             ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets chunks_out) {
+                             ffi::Buffer<ffi::S32, 1> positions,
+                             ffi::Buffer<ffi::S32, 2> page_table, ffi::RemainingArgs pool,
+                             ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets pool_out) {
   auto kd = k_new.dimensions();
   auto sk = k_scale_new.dimensions();
   auto sv = v_scale_new.dimensions();
   if (sk[0] != kd[0] || sk[1] != kd[1] || sv[0] != kd[0] || sv[1] != kd[1])
     return ffi::Error::InvalidArgument("decode_attention: k/v scales must be [R, K]");
-  return DecodeAttentionAny(pool, q, k_new, v_new, k_scale_new.typed_data(),
-                            v_scale_new.typed_data(), positions, chunks, out, chunks_out);
+  return DecodeAttentionAny(threads, q, k_new, v_new, k_scale_new.typed_data(),
+                            v_scale_new.typed_data(), positions, page_table, pool, out, pool_out);
 }
 
 }  // namespace
@@ -881,6 +916,7 @@ ffi::Error DecodeAttentionI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 3> q,
 // the registration macro splits its arguments on commas: name the 2-parameter templates
 using F32x3 = ffi::Buffer<ffi::F32, 3>;
 using S32x1 = ffi::Buffer<ffi::S32, 1>;
+using S32x2 = ffi::Buffer<ffi::S32, 2>;
 using F32x1 = ffi::Buffer<ffi::F32, 1>;
 using F32x2 = ffi::Buffer<ffi::F32, 2>;
 using BF16x3 = ffi::Buffer<ffi::BF16, 3>;
@@ -933,6 +969,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionF32, DecodeAttentionF32,
                                   .Arg<F32x3>()
                                   .Arg<F32x3>()
                                   .Arg<S32x1>()
+                                  .Arg<S32x2>()
                                   .RemainingArgs()
                                   .Ret<F32x3>()
                                   .RemainingRets());
@@ -944,6 +981,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionBF16, DecodeAttentionBF16,
                                   .Arg<BF16x3>()
                                   .Arg<BF16x3>()
                                   .Arg<S32x1>()
+                                  .Arg<S32x2>()
                                   .RemainingArgs()
                                   .Ret<F32x3>()
                                   .RemainingRets());
@@ -957,6 +995,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionI8, DecodeAttentionI8,
                                   .Arg<F32x2>()
                                   .Arg<F32x2>()
                                   .Arg<S32x1>()
+                                  .Arg<S32x2>()
                                   .RemainingArgs()
                                   .Ret<F32x3>()
                                   .RemainingRets());

@@ -1,7 +1,8 @@
 """Memory per chip: a bar of weights, KV cache and free (measured), then the measured and the
 predicted bytes side by side in fixed-width columns (the panel is 28 cells wide at its narrowest,
 so nothing wraps), and the KV capacity: how many slots of max_seq_len tokens fit beside the
-weights (it grows as the weights or the KV cache are stored narrower, `w`/`k`)."""
+weights (it grows as the weights or the KV cache are stored narrower, `w`/`k`); then the paged
+cache as the server counts it: pages held of all, pages cached, prefix hit rate, preemptions."""
 
 from __future__ import annotations
 
@@ -44,4 +45,10 @@ class MemoryBar(Static):
                 text.append(f" {'—' if slots is None else num(slots):>8}")
         if p is not None and not p.fits:
             text.append("  DOES NOT FIT", "bold red")
+        pages = v.kv_pages
+        if pages.get("pages_total"):
+            text.append(f"\n{'pages':9} {pages.get('pages_used', 0):>6}/{pages['pages_total']}")
+            text.append(f" cached {pages.get('pages_cached', 0)}", "dim")
+            hit = pages.get("prefix_cache_hit_rate") or 0.0
+            text.append(f"\n{'prefix':9} {100 * hit:>7.0f}%  preempt {pages.get('preemptions', 0)}")
         self.update(text)
