@@ -20,8 +20,10 @@ it with loadgen; nothing is timed against a constant, every result is a ratio of
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import random
 import sys
 import tempfile
 import threading
@@ -59,6 +61,8 @@ def log(msg: str) -> None:
 def server(model: str, dtype: str, **config):
     """An in-process server on a free port: (url, scheduler)."""
     m = load_model(model)
+    if config.get("max_seq_len", 0) > m.max_seq_len:  # dummy weights: any RoPE length works
+        m = dataclasses.replace(m, max_seq_len=config["max_seq_len"])
     tok = load_tokenizer(None, m.vocab_size)
     cfg = ServeConfig(m, dtype=dtype, **config)
     sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, tok.eos_id))
@@ -117,10 +121,13 @@ def prefix(args: argparse.Namespace) -> dict:
 
 def _long_prompts(url: str, model: str, length: int, every: float, stop: threading.Event,
                   ttfts: list[float]) -> None:  # fmt: skip
-    """A `length`-token prompt (1 output token) every `every` seconds until `stop`."""
-    body = json.dumps({"model": model, "prompt": [7] * length, "max_tokens": 1,
-                       "ignore_eos": True}).encode()  # fmt: skip
+    """A `length`-token prompt (1 output token) every `every` seconds until `stop`; each its
+    own random tokens, so the prefix cache cannot skip it."""
+    rng = random.Random(3)
     while not stop.wait(every):
+        prompt = [rng.randrange(1, 30000) for _ in range(length)]
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1,
+                           "ignore_eos": True}).encode()  # fmt: skip
         req = urllib.request.Request(url + "/v1/completions", body,
                                      {"Content-Type": "application/json"})  # fmt: skip
         t0 = time.perf_counter()
@@ -176,7 +183,7 @@ def memory_(args: argparse.Namespace) -> dict:
     want = 5 * slot_cache_slots
     n_in, n_out = 96, 32
     with server(args.model, args.dtype, slots=want, max_seq_len=seq, page_size=page,
-                kv_pages=pages, decode_steps=4) as (url, _):  # fmt: skip
+                kv_pages=pages, decode_steps=4, max_waiting=2 * want) as (url, _):  # fmt: skip
         stop, seen = threading.Event(), []
         watch = threading.Thread(target=_watch, args=(url, stop, seen), daemon=True)
         watch.start()
@@ -202,19 +209,23 @@ SCENARIOS = {"prefix": prefix, "budget": budget, "memory": memory_}
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("scenarios", nargs="*", choices=[*SCENARIOS, []], default=list(SCENARIOS))
+    p.add_argument("scenarios", nargs="*", metavar="SCENARIO",
+                   help=f"any of {', '.join(SCENARIOS)} (default: all)")  # fmt: skip
     p.add_argument("--model", default="small")
     p.add_argument("--dtype", default="bf16", choices=("f32", "bf16"))
     p.add_argument("--prefix-len", type=int, default=512)
     p.add_argument("--prefix-groups", type=int, default=4)
     p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--requests", type=int, default=40, help="prefix: loadgen requests")
+    p.add_argument("--requests", type=int, default=200, help="prefix: loadgen requests")
     p.add_argument("--seconds", type=float, default=30.0, help="budget: the 8 streams' run")
     p.add_argument("--every", type=float, default=3.0, help="budget: s between long prompts")
     p.add_argument("--max-batched-tokens", type=int, default=256)
     p.add_argument("--pool-gib", type=float, default=1.0, help="memory: the KV pool")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    unknown = [s for s in args.scenarios if s not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
     results = []
     for name in args.scenarios or SCENARIOS:
         log(f"scenario {name}")

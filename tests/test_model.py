@@ -65,7 +65,7 @@ def test_chunked_prefill_equals_full_forward(tiny):
 
 @pytest.mark.parametrize("kv", ["f32", "int8"])
 def test_paged_prefill_in_chunks_and_over_a_shared_prefix_equals_full_forward(tiny, kv):
-    """Prefill straight into pages, in chunks that start mid-page, then a second sequence that
+    """Prefill straight into pages, in chunks that end mid-page, then a second sequence that
     shares the first two pages (a cached prefix) and prefills only its own tokens; both then
     decode. Logits equal the full forward's (int8: close to it)."""
     m, params = tiny
@@ -82,10 +82,12 @@ def test_paged_prefill_in_chunks_and_over_a_shared_prefix_equals_full_forward(ti
     def run(seq, pages, start, stop, bucket=16):
         padded = np.zeros(bucket, np.int32)
         padded[: stop - start] = seq[start:stop]
+        prior = model.gather_pages(cache, pages)  # as the engine does, before the call
         return model.prefill_paged(params, jnp.asarray(padded), jnp.int32(stop), m,
-                                   jnp.int32(start), pages, jnp.int32(0), cache)  # fmt: skip
+                                   jnp.int32(start), pages, jnp.int32(0), cache,
+                                   prior)  # fmt: skip
 
-    for start, stop in ((0, 13), (13, 29), (29, 36)):  # chunks that start and end mid-page
+    for start, stop in ((0, 8), (8, 24), (24, 36)):  # chunks from page boundaries, ending mid-page
         last, cache = run(a, pages_a, start, stop)
     full_a = np.asarray(model.forward(params, jnp.asarray(a)[None], m))[0]
     np.testing.assert_allclose(last, full_a[35], **tol)

@@ -251,3 +251,20 @@ def test_simulate_cli_takes_the_precision_flags_and_finds_the_fit_for_that_preci
     assert "assumed" in capsys.readouterr().out
     assert simulate_main([*argv, "--fit", str(stored), "--kv-dtype", "int8"]) == 0
     assert "the fit is for bf16 compute, int8 weights, bf16 KV" in capsys.readouterr().err
+
+
+def test_prefix_cache_prefills_a_groups_shared_pages_once():
+    """One slot, constant arrivals far apart: the first request of each prefix group prefills
+    its whole prompt; later ones only what follows the prefix's full pages (64-token pages:
+    a 200-token prefix caches 192)."""
+    cost = flat()
+    n = 6
+    load = Load(np.arange(n) * 10.0, np.full(n, 264), np.full(n, 2), prefix_len=200,
+                prefix_groups=2)  # fmt: skip
+    on = simulate(ServerShape(slots=1, max_seq_len=512, prefix_cache=True), cost, load)
+    off = simulate(ServerShape(slots=1, max_seq_len=512), cost, load)
+    ttft = lambda r: r.t_first - r.t_send
+    whole = cost.prefill_s(512)  # 264 tokens run in the 512 bucket
+    rest = cost.prefill_s(128, 192)  # 72 tokens after 192 cached ones: the 128 bucket
+    np.testing.assert_allclose(ttft(off), whole)
+    np.testing.assert_allclose(ttft(on), [whole, whole, rest, rest, rest, rest])

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-seq-len", type=int, help="default: min(1024, the model's)")
     s.add_argument("--page-size", type=int, default=64, help="KV positions per page (the decode "
                    "step is compiled for 2^i pages)")  # fmt: skip
+    s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="interleaved: prefill shared prefixes every time (the server's "
+                   "--no-prefix-cache)")  # fmt: skip
     s.add_argument("--dtype", choices=COMPUTE_DTYPES, help="compute; default: f32 on CPU, "
                    "else bf16")  # fmt: skip
     s.add_argument("--weight-dtype", choices=tuple(DTYPE_BYTES), help="weight storage "
@@ -173,7 +176,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         slots=args.slots, max_seq_len=args.max_seq_len or min(1024, model.max_seq_len),
         decode_steps=args.decode_steps, mode=args.mode, max_waiting=args.max_waiting,
         max_waiting_tokens=args.max_waiting_tokens, max_prefill_bucket=args.max_prefill_bucket,
-        page_size=args.page_size,
+        page_size=args.page_size, prefix_cache=args.prefix_cache,
     )  # fmt: skip
     decode, prefill, words = cost_models(args, model, shape)
     workload = workload_from(args)
@@ -185,7 +188,8 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         offsets, inp, out = draw(workload, take, args.duration)
         load = Load(offsets, inp, out, concurrency=args.concurrency,
                     closed_loop=workload.closed_loop, duration=args.duration,
-                    requested_rate=args.qps)  # fmt: skip
+                    requested_rate=args.qps, prefix_len=args.prefix_len,
+                    prefix_groups=args.prefix_groups)  # fmt: skip
         result = simulate(shape, decode, load, prefill)
         if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
             break

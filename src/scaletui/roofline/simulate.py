@@ -58,6 +58,7 @@ class ServerShape:
     max_waiting: int = 256  # waiting requests beyond which 429
     max_waiting_tokens: int = 262144  # waiting prompt tokens beyond which 429
     page_size: int = 64  # KV positions per page: decode buckets are 2^i pages
+    prefix_cache: bool = False  # interleaved: a shared prefix's full pages prefill once
     padded_decode: bool = True  # a step costs slots rows x KV bucket (the JAX engine's shapes)
 
     def __post_init__(self) -> None:
@@ -94,6 +95,8 @@ class Load:
     closed_loop: bool = False  # send at a permit, not at an offset
     duration: float | None = None  # stop sending at this many seconds
     requested_rate: float | None = None  # the offered rate, for the summary
+    prefix_len: int = 0  # shared-prefix tokens at the start of every prompt (loadgen's)
+    prefix_groups: int = 1  # distinct shared prefixes: request i has prefix i % groups
 
     def __post_init__(self) -> None:
         n = len(self.offsets)
@@ -144,7 +147,8 @@ class _Sim:
         self.call_batch_s = 0.0  # running requests x call time
         self.occupied_s = 0.0  # slots in use x time, all the time
         self.calls = 0
-        self._prefill_memo: dict[int, float] = {}
+        self._prefill_memo: dict[tuple[int, int], float] = {}
+        self._cached_groups: set[int] = set()  # shared prefixes prefilled once already
         self._call_memo: dict[tuple[int, int, int], float] = {}
         buckets = shape.prefill_buckets
         self._pbuckets, self._chunk = buckets, buckets[-1]
@@ -196,16 +200,31 @@ class _Sim:
 
     # -- the server's verbs -----------------------------------------------------------------
 
-    def prefill_s(self, n: int) -> float:
-        s = self._prefill_memo.get(n)
+    def prefill_s(self, n: int, cached: int = 0) -> float:
+        """Prefill of an n-token prompt whose first `cached` tokens are in cached pages."""
+        s = self._prefill_memo.get((n, cached))
         if s is None:
-            cost, chunk = self.prefill_cost, self._chunk
-            if n <= chunk:
-                s = cost.prefill_s(next(b for b in self._pbuckets if b >= n))
+            cost, chunk, left = self.prefill_cost, self._chunk, n - cached
+            if left <= chunk:
+                s = cost.prefill_s(next(b for b in self._pbuckets if b >= left), cached)
             else:
-                s = sum(cost.prefill_s(chunk, start) for start in range(0, n, chunk))
-            self._prefill_memo[n] = s
+                s = sum(cost.prefill_s(chunk, start) for start in range(cached, n, chunk))
+            self._prefill_memo[(n, cached)] = s
         return s
+
+    def cached_tokens(self, i: int) -> int:
+        """Prompt tokens of request i the prefix cache holds: the full pages of its group's
+        shared prefix once one request of the group was prefilled (the server never matches a
+        whole prompt: one token at least is prefilled). Assumes the pool keeps them."""
+        load, shape = self.load, self.shape
+        if not (shape.prefix_cache and load.prefix_len) or shape.mode != "interleaved":
+            return 0
+        group = i % load.prefix_groups
+        if group not in self._cached_groups:
+            self._cached_groups.add(group)
+            return 0
+        page = shape.page_size
+        return min(load.prefix_len // page, (self.inp[i] - 1) // page) * page
 
     def pop_prefill(self, now: float) -> tuple[int, float] | None:
         """FCFS: the next waiting request and when its prefill (and first token) ends."""
@@ -213,7 +232,7 @@ class _Sim:
             return None
         i = self.waiting.popleft()
         self.waiting_tokens -= self.inp[i]
-        t = now + self.prefill_s(self.inp[i])
+        t = now + self.prefill_s(self.inp[i], self.cached_tokens(i))
         self.first[i] = t
         if self.out[i] == 1:
             self._done(i, t, "ok")

@@ -265,9 +265,30 @@ class JaxEngine:
         i32 = self._small((), jnp.int32)
         pages = self._small((self.pages_per_seq,), jnp.int32)
         args = (self.params, self._state_spec(), self._small((t,), jnp.int32),
-                self._args_spec(), pages, i32)  # fmt: skip
+                self._args_spec(), pages, i32, self._prior_spec())  # fmt: skip
         out = (self._state_sh, self._rep)
         return self._exe(("prefill_paged", t), fn, args, out, donate=(1,))
+
+    def _prior_spec(self) -> list:
+        """A sequence's pages of every layer (model.gather_pages), replicated."""
+        w = self.pages_per_seq
+        shapes = kv_cache.pool_shapes(self.model, w, self.page_size, self.kv_dtype)
+        layer = {name: self._small(shape, dt) for name, (shape, dt) in shapes.items()}
+        return [dict(layer) for _ in range(self.model.n_layers)]
+
+    def _gather_exe(self) -> object:
+        """Reads a sequence's pages out of the pool, for a chunk that starts past 0: a separate
+        call, so the prefill that writes the pool does not also read it (XLA then copied it)."""
+        if ("gather",) in self._exes:
+            return self._exes[("gather",)]
+        pages = self._small((self.pages_per_seq,), jnp.int32)
+        args = (self._state_spec().cache, pages)
+        return self._exe(("gather",), model.gather_pages, args, self._rep)
+
+    @cached_property
+    def _no_prior(self) -> list:
+        """The `prior` of a chunk at position 0 (nothing earlier to read): zeros, placed once."""
+        return jax.tree.map(lambda s: self._put(np.zeros(s.shape, s.dtype)), self._prior_spec())
 
     def _activate_exe(self) -> object:
         if ("activate",) in self._exes:
@@ -290,7 +311,7 @@ class JaxEngine:
         jobs: list[Callable[[], object]] = []
         if self.role == "both":  # prefill writes into the pages (prefill_pages), then activate
             jobs += [partial(self._paged_prefill_exe, t) for t in self.prefill_buckets]
-            jobs += [self._misc_exes, self._activate_exe]
+            jobs += [self._misc_exes, self._activate_exe, self._gather_exe]
             return jobs + [partial(self._generate_exe, b) for b in self.decode_buckets]
         if self.role == "prefill":
             jobs += [partial(self._prefill_exe, t) for t in self.prefill_buckets]
@@ -356,24 +377,25 @@ class JaxEngine:
         `insert` (kv None: it is in the pages) once `stop` reaches the prompt's end, else
         None)."""
         check_request(tokens, params, self.max_seq_len, self.model.vocab_size)
-        n, stop = len(tokens), len(tokens) if stop is None else stop
-        if not 0 <= start < stop <= n or len(pages) > self.pages_per_seq:
-            raise ValueError(f"prefill_pages: need 0 <= start < stop <= {n} and at most "
-                             f"{self.pages_per_seq} pages, got start={start} stop={stop} "
-                             f"and {len(pages)} pages")  # fmt: skip
+        n, stop, size = len(tokens), len(tokens) if stop is None else stop, self.page_size
+        if not 0 <= start < stop <= n or start % size or len(pages) > self.pages_per_seq:
+            raise ValueError(f"prefill_pages: need 0 <= start < stop <= {n}, start a multiple "
+                             f"of the page size {size} and at most {self.pages_per_seq} pages, "
+                             f"got start={start} stop={stop} and {len(pages)} pages")  # fmt: skip
         base = slot // (self.rows // self.replicas) * self.pages  # the replica's scratch page
         row = np.full(self.pages_per_seq, base, np.int32)
         row[: len(pages)] += np.asarray(pages, np.int32)
         row, scratch, arrays = self._put(row), self._put(np.int32(base)), state.arrays
-        tok = None
-        for cur in range(start, stop, self.chunk):
-            c = min(stop - cur, self.chunk)
+        tok, step = None, max(size, self.chunk // size * size)  # chunks from page boundaries
+        for cur in range(start, stop, step):
+            c = min(stop - cur, step)
             t = next(b for b in self.prefill_buckets if b >= c)
             padded = np.zeros(t, np.int32)
             padded[:c] = tokens[cur : cur + c]
             args = self._put(PrefillArgs.of(cur + c, params, self.vocab_size, cur))
+            prior = self._gather_exe()(arrays.cache, row) if cur else self._no_prior
             exe = self._paged_prefill_exe(t)
-            arrays, tok = exe(self.params, arrays, self._put(padded), args, row, scratch)
+            arrays, tok = exe(self.params, arrays, self._put(padded), args, row, scratch, prior)
         state = SlotState(arrays, state.lengths, state.active)
         if stop < n:
             return state, None

@@ -107,7 +107,9 @@ class FakeEngine:
     ) -> tuple[FakeState, Prefix | None]:
         """prefill's outputs; sleeps prefill_s for the share of the prompt it runs."""
         n, stop = len(tokens), len(tokens) if stop is None else stop
-        assert 0 <= start < stop <= n, (start, stop, n)
+        if not 0 <= start < stop <= n or start % self.page_size:
+            raise ValueError(f"prefill_pages: need 0 <= start < stop <= {n}, start a multiple "
+                             f"of {self.page_size}, got start={start} stop={stop}")  # fmt: skip
         if len(pages) < -(-stop // self.page_size) or not all(0 < p < self.pages for p in pages):
             raise ValueError(f"positions up to {stop} need {-(-stop // self.page_size)} pages "
                              f"in [1, {self.pages}), got {list(pages)}")  # fmt: skip

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import Mesh
 
 from scaletui.serve import sharding
@@ -155,10 +156,13 @@ def empty_state(m: ModelSpec, slots: int, pages: int, page_size: int, dtype) -> 
 
 
 def write_pages(pool: dict, entry: tuple, pages: jax.Array) -> dict:
-    """Write a prefix's K/V into one layer's pool: entry (k, v) [T, K, H] (int8: and k_scale,
-    v_scale [T, K]) in pages `pages` [ceil(T / S)] (global page ids), a page's worth of
-    positions each; the positions past T in the last page are written as zeros (its sequence
-    writes them before it reads them)."""
+    """Write K/V for consecutive positions from a page boundary into one layer's pool: entry
+    (k, v) [T, K, H] (int8: and k_scale, v_scale [T, K]) into pages `pages` [ceil(T / S)]
+    (global page ids), a page's worth of positions each; the positions past T in the last page
+    are written as zeros (its sequence writes them before it reads them). Whole pages, one
+    dynamic-update-slice each in a loop: XLA CPU does those in place, where a scatter, or the
+    same updates chained outside a loop, copied the whole pool per page (measured: 5 pages into
+    16 pools of 10 MB, scatter 128 ms, chained 215 ms, looped 22 ms)."""
     s = pool["v"].shape[2]
     n = pages.shape[0]
     parts = dict(zip(("k", "v", "k_scale", "v_scale"), entry, strict=False))
@@ -168,8 +172,13 @@ def write_pages(pool: dict, entry: tuple, pages: jax.Array) -> dict:
     out = {}
     for name, x in parts.items():
         x = jnp.pad(x, [(0, n * s - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
-        x = jnp.transpose(x.reshape(n, s, *x.shape[1:]), perm[name])
-        out[name] = pool[name].at[pages].set(x.astype(pool[name].dtype), mode="promise_in_bounds")
+        x = jnp.transpose(x.reshape(n, s, *x.shape[1:]), perm[name]).astype(pool[name].dtype)
+
+        def page(j, buf, x=x):
+            at = (pages[j],) + (0,) * (x.ndim - 1)
+            return lax.dynamic_update_slice(buf, lax.dynamic_slice_in_dim(x, j, 1), at)
+
+        out[name] = lax.fori_loop(0, n, page, pool[name])
     return out
 
 

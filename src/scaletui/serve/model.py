@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from scaletui.serve import kv_cache, quant
 from scaletui.serve import native as native_ops
-from scaletui.serve import quant
 from scaletui.serve.quant import QTensor, dense
 from scaletui.specs import ModelSpec
 
@@ -237,6 +237,51 @@ def prefill(
     return ops.logits(params, h, m), kv_out
 
 
+def gather_pages(cache: list[dict], pages: jax.Array) -> list[dict]:
+    """A sequence's pages `pages` [W] of every layer: {"k": [W, K, H, S], "v": [W, K, S, H]}
+    (int8: and scales [W, K, S]), for `prefill_paged`'s `prior`."""
+    return [{name: buf[pages] for name, buf in layer.items()} for layer in cache]
+
+
+def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
+    """Attention of a prompt chunk: q [T, N, H] at positions start..start+T-1, causal over its
+    own K/V (own: k, v [T, K, H] as stored, read back in q's dtype) and over every earlier
+    position, in the sequence's pages as gathered before this chunk's write (`prior`: {"k":
+    [W, K, H, S], "v": [W, K, S, H]}, int8 with scales [W, K, S]).
+    The earlier pages run in a loop as long as `start` needs (none for a fresh prompt), merged
+    with a running max and sum (flash attention's online softmax), in f32. -> [T, N, H]."""
+    t, n, hd = q.shape
+    kh, s = prior["k"].shape[1], prior["v"].shape[2]
+    f32 = jnp.float32
+    qg = q.reshape(t, kh, n // kh, hd)
+    sc = jnp.einsum("TKGH,SKH->TKGS", qg, own[0], preferred_element_type=f32) * hd**-0.5
+    causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [T, T]
+    sc = jnp.where(causal[:, None, None, :], sc, NEG)
+    m0 = sc.max(-1)
+    pr = jnp.exp(sc - m0[..., None])
+    acc0 = jnp.einsum("TKGS,SKH->TKGH", pr.astype(q.dtype), own[1], preferred_element_type=f32)
+    q32 = qg.astype(f32)  # XLA CPU has no bf16 x bf16 -> f32 dot inside a loop
+
+    def page(i, carry):
+        m_i, l_i, acc = carry  # [T, K, G], [T, K, G], [T, K, G, H]
+        sc = jnp.einsum("TKGH,KHS->TKGS", q32, prior["k"][i].astype(f32))
+        if "k_scale" in prior:
+            sc = sc * prior["k_scale"][i][None, :, None, :]
+        sc = sc * hd**-0.5  # pages before `start` (a page boundary): every column is earlier
+        m_new = jnp.maximum(m_i, sc.max(-1))
+        fade = jnp.exp(m_i - m_new)
+        pr = jnp.exp(sc - m_new[..., None])
+        l_new = l_i * fade + pr.sum(-1)
+        if "v_scale" in prior:
+            pr = pr * prior["v_scale"][i][None, :, None, :]
+        pv = jnp.einsum("TKGS,KSH->TKGH", pr, prior["v"][i].astype(f32))
+        return m_new, l_new, acc * fade[..., None] + pv
+
+    n_prior = (start + s - 1) // s
+    _, l_sum, acc = lax.fori_loop(0, n_prior, page, (m0, pr.sum(-1), acc0))
+    return (acc / l_sum[..., None]).reshape(t, n, hd).astype(q.dtype)
+
+
 def prefill_paged(
     params: dict,
     tokens: jax.Array,
@@ -246,45 +291,34 @@ def prefill_paged(
     pages: jax.Array,
     scratch: jax.Array,
     cache: list[dict],
+    prior: list[dict],
     ops: Ops | None = None,
 ) -> tuple[jax.Array, list[dict]]:
     """One prompt chunk of a sequence that keeps its K/V in pages (kv_cache's pool): tokens
-    [T] at positions start..start+T-1; positions before `start` (earlier chunks, or a cached
-    prefix) are already in the sequence's pages `pages` [W] (global page ids, W * S covering
-    the sequence). Writes the chunk's K/V into those pages (positions at or past `true_len`,
-    the padding, into the `scratch` page) and attends over positions 0..pos through the pages.
-    Returns (logits [V] at position true_len - 1, the updated cache)."""
+    [T] at positions start..start+T-1, `start` a multiple of the page size; positions before
+    it (earlier chunks, or a cached prefix) are already in the sequence's pages `pages` [W]
+    (global page ids, W * S covering the sequence), and `prior` holds those pages per layer,
+    gathered beforehand (`gather_pages`: reading the pool here as well made XLA copy the whole
+    pool before writing it). Attends causally over its own K/V and the earlier positions'
+    pages (`_attend_chunk`), then writes its K/V as whole pages from
+    `start` on (the padding past `true_len` lands in positions the sequence writes before it
+    reads them; pages past the table go to the `scratch` page). Returns (logits [V] at
+    position true_len - 1, the updated cache)."""
     ops = ops or XLA
     t = tokens.shape[0]
     pos = start + jnp.arange(t)
-    s = cache[0]["v"].shape[2]
-    w = pages.shape[0]
-    page = jnp.where(pos < true_len, pages[jnp.minimum(pos // s, w - 1)], scratch)
-    col = pos % s
-    kpos = jnp.arange(w * s)
-    mask = (kpos[None, :] <= pos[:, None])[None]  # [1, T, W * S]
     x = ops.embed(params, tokens, m)[None]  # [1, T, D]
     cos, sin = rope(pos, m.head_dim, m.rope_theta)
     out = []
-    for layer, p in zip(cache, params["layers"], strict=True):
+    for layer, seen, p in zip(cache, prior, params["layers"], strict=True):
         q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
         entry = quant.store_kv(k[0], v[0], layer["k"].dtype)  # [T, K, H] (+ scales [T, K])
-        step = dict(zip(("k", "v", "k_scale", "v_scale"), entry, strict=False))
-        kw = {"mode": "promise_in_bounds"}
-        new = {"k": layer["k"].at[page, :, :, col].set(step["k"], **kw)}
-        for name in layer.keys() - {"k"}:  # v [P, K, S, H], scales [P, K, S]: (page, :, col)
-            new[name] = layer[name].at[page, :, col].set(step[name], **kw)
-        out.append(new)
-        # the sequence's positions in order: k [W, K, H, S] -> [W * S, K, H], v [W, K, S, H] ->
-        # [W * S, K, H], scales [W, K, S] -> [W * S, K]
-        seq = {"k": jnp.transpose(new["k"][pages], (0, 3, 1, 2)),
-               "v": jnp.transpose(new["v"][pages], (0, 2, 1, 3))}  # fmt: skip
-        for name in layer.keys() - {"k", "v"}:
-            seq[name] = jnp.transpose(new[name][pages], (0, 2, 1))
-        flat = tuple(seq[n].reshape(w * s, *seq[n].shape[2:]) for n in ("k", "v", "k_scale",
-                     "v_scale") if n in seq)  # fmt: skip
-        keys, vals = quant.load_kv(flat, q.dtype)
-        x = x + ops.out(p, _attend(q, keys[None], vals[None], mask), m)
+        o = _attend_chunk(q[0], quant.load_kv(entry, q.dtype), seen, start)
+        first = jnp.minimum(start // layer["v"].shape[2], pages.shape[0])
+        ids = lax.dynamic_slice_in_dim(jnp.append(pages, jnp.full_like(pages, scratch)), first,
+                                       -(-t // layer["v"].shape[2]))  # fmt: skip
+        out.append(kv_cache.write_pages(layer, entry, ids))
+        x = x + ops.out(p, o[None], m)
         x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
     last = jnp.clip(true_len - 1 - start, 0, t - 1)
     h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
@@ -334,10 +368,22 @@ def _replica_attention(q: jax.Array, step: dict, positions, pages, pool: dict) -
     rows = jnp.arange(b)
     page = pages[rows, jnp.minimum(positions // s, pages.shape[1] - 1)]
     col = positions % s
-    kw = {"mode": "promise_in_bounds"}  # rows without a page write to page 0 (scratch)
-    new = {"k": pool["k"].at[page, :, :, col].set(step["k"].astype(pool["k"].dtype), **kw)}
-    for name in pool.keys() - {"k"}:  # v [P, K, S, H] and scales [P, K, S]: (page, :, col)
-        new[name] = pool[name].at[page, :, col].set(step[name].astype(pool[name].dtype), **kw)
+    # one dynamic-update-slice per row in a loop (rows without a page write to page 0, the
+    # scratch): XLA CPU updates the pool in place that way, where a scatter copied it per layer
+    # per step (kv_cache.write_pages)
+    new = {}
+    for name, buf in pool.items():
+        x = step[name].astype(buf.dtype)
+
+        def row(r, buf, x=x, name=name):
+            at = [page[r], 0, 0, 0][: buf.ndim]
+            at[3 if name == "k" else 2] = col[r]  # k [P, K, H, S]; v [P, K, S, H]; scales
+            one = lax.dynamic_index_in_dim(x, r, keepdims=False)  # [K, H] or [K]
+            # v [K, H] -> [1, K, 1, H]; k [K, H] -> [1, K, H, 1]; scales [K] -> [1, K, 1]
+            one = one[None, :, None] if name == "v" else one[None, ..., None]
+            return lax.dynamic_update_slice(buf, one, at)
+
+        new[name] = lax.fori_loop(0, b, row, buf)
     kh = pool["k"].shape[1]
     kp = new["k"][pages].astype(q.dtype)  # [b, W, K, H, S]
     vp = new["v"][pages].astype(q.dtype)  # [b, W, K, S, H]

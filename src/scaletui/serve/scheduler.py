@@ -235,9 +235,12 @@ class Scheduler:
                 job = self._start_job(req)
                 if job is not None:
                     jobs.append(job)
-            budget = self.config.max_batched_tokens or sum(j.left for j in jobs)
+            budget = self._budget(jobs)
             while jobs and budget > 0:  # a long prompt runs in pieces between generate calls
-                n = min(jobs[0].left, budget)
+                left, size = jobs[0].left, self.pages.page_size
+                n = left if left <= budget else budget // size * size  # the next piece starts
+                if n == 0:  # on a page boundary: a piece ends on one, or with the prompt
+                    break
                 state = self._prefill_job(engine, state, jobs[0], n)
                 budget -= n
                 if jobs[0].left == 0:
@@ -249,6 +252,15 @@ class Scheduler:
                 with book.cv:
                     if not book.waiting and not self._stop.is_set():
                         book.cv.wait(0.1)
+
+    def _budget(self, jobs: list[PrefillJob]) -> int:
+        """Prompt tokens to run before the next generate call: --max-batched-tokens rounded
+        down to whole pages (a piece must start on a page boundary), at least one page; all
+        of them without a budget."""
+        size = self.pages.page_size
+        if not self.config.max_batched_tokens:
+            return sum(j.left for j in jobs)
+        return max(size, self.config.max_batched_tokens // size * size)
 
     def _start_job(self, req: Request) -> PrefillJob | None:
         """Give `req` a slot and pages for its prompt, reusing the longest cached prefix."""

@@ -87,15 +87,16 @@ def prefill_paged(
     args: PrefillArgs,
     pages: jax.Array,
     scratch: jax.Array,
+    prior: list,
     *,
     m: ModelSpec,
     ops: model.Ops,
 ) -> tuple[DecodeState, jax.Array]:
-    """One prompt chunk straight into its sequence's pages of the donated decode state ->
-    (state, the token sampled at true_len: the first output token on the prompt's last
-    chunk)."""
+    """One prompt chunk straight into its sequence's pages of the donated decode state, the
+    earlier positions' pages in `prior` (model.gather_pages) -> (state, the token sampled at
+    true_len: the first output token on the prompt's last chunk)."""
     logits, cache = model.prefill_paged(
-        params, tokens, args.true_len, m, args.start, pages, scratch, state.cache, ops=ops
+        params, tokens, args.true_len, m, args.start, pages, scratch, state.cache, prior, ops=ops
     )
     return state._replace(cache=cache), sample_one(logits, args)
 

@@ -50,6 +50,7 @@ class ServerConfig:
     max_waiting: int = 256
     max_waiting_tokens: int = 262144
     page_size: int = 64  # KV positions per page
+    prefix_cache: bool = True
 
     @classmethod
     def from_stats(
@@ -66,6 +67,7 @@ class ServerConfig:
             max_seq_len=int(config.get("max_seq_len") or serve_max_seq_len(knobs, model_max)),
             decode_steps=int(config.get("decode_steps") or 4),
             page_size=int(config.get("page_size") or 64),
+            prefix_cache=bool(config.get("prefix_cache", True)),
             dtype=precision.compute,
             weight_dtype=precision.weights,
             kv_dtype=precision.kv,
@@ -185,6 +187,7 @@ def server_shape(knobs: Knobs, cfg: ServerConfig) -> ServerShape:
         max_waiting=cfg.max_waiting,
         max_waiting_tokens=cfg.max_waiting_tokens,
         page_size=cfg.page_size,
+        prefix_cache=cfg.prefix_cache,
     )
 
 

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, fields, replace
 MODES = ("interleaved", "disaggregated")
 LOADS = ("concurrency", "qps")
 PRECISIONS = ("f32", "bf16", "int8")  # weight and KV-cache storage dtypes, the `w`/`k` cycle
-SERVER_KEYS = ("slots", "tp", "dp", "mode", "prefill_devices", "weight_dtype", "kv_dtype")
+SERVER_KEYS = ("slots", "tp", "dp", "mode", "prefill_devices", "weight_dtype", "kv_dtype",
+               "page_size", "max_batched_tokens")  # fmt: skip
+PAGE_SIZES = (16, 32, 64, 128)  # the server's
 MAX_SLOTS = 1024
 
 
@@ -25,6 +27,8 @@ class Knobs:
     prefill_devices: int = 0  # disaggregated: devices for prefill (0 = half)
     weight_dtype: str = ""  # weight storage: f32 | bf16 | int8; "" = the server's own (its dtype)
     kv_dtype: str = ""  # KV-cache storage: f32 | bf16 | int8; "" = the server's own
+    page_size: int = 64  # KV positions per page
+    max_batched_tokens: int = 0  # prompt tokens between two generate calls (0: whole prompts)
     load: str = "concurrency"  # concurrency (closed loop) | qps (open loop, Poisson)
     rate: float = 0.0  # concurrency or req/s; concurrency 0 = follow slots
     input_len: int = 128  # prompt tokens per request
@@ -41,6 +45,11 @@ class Knobs:
         for key in ("weight_dtype", "kv_dtype"):
             if getattr(self, key) not in ("", *PRECISIONS):
                 raise ValueError(f"{key} must be one of {PRECISIONS}, got {getattr(self, key)!r}")
+        if self.page_size not in PAGE_SIZES:
+            raise ValueError(f"page_size must be one of {PAGE_SIZES}, got {self.page_size}")
+        if self.max_batched_tokens < 0:
+            raise ValueError(f"max_batched_tokens must be >= 0 (0: no bound), got "
+                             f"{self.max_batched_tokens}")  # fmt: skip
         if self.load not in LOADS:
             raise ValueError(f"load must be one of {LOADS}, got {self.load!r}")
         if self.rate < 0:

@@ -45,6 +45,9 @@ class Prediction:
     weight_read_ms: float = 0.0  # the step's weight-load time alone (weights / tp / bandwidth)
     kv_bytes_per_token: float = 0.0  # one token's KV, all layers and heads (whole replica)
     max_slots: int = 0  # the KV capacity: slots of max_seq_len tokens that fit beside the weights
+    # the book's max batch at the workload's own context (prompt + output): sequences whose KV
+    # pages fit beside the weights, the paged cache's bound (when --max-running allows)
+    max_running: int = 0
 
     @property
     def mem_per_chip(self) -> float:
@@ -196,6 +199,7 @@ def predict(
         weight_read_ms=step["decode_weight_s"] * 1e3,
         kv_bytes_per_token=step["kv_bytes_per_token"],
         max_slots=int(memory["max_batch"]),
+        max_running=int(est(knobs.slots, knobs.input_len + knobs.output_len)["max_batch"]),
     )
 
 

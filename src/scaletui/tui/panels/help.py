@@ -49,12 +49,19 @@ Every number comes in three levels, **floor | exp | meas**, then **m/e** = measu
 - **weights / KV cache** (`w` / `k`, f32 → bf16 → int8) how the server stores them: 4, 2 or
   1 byte a value (int8 adds f32 scales). The decode step reads every weight once, so int8
   weights halve bf16's weight read; a narrower KV cache fits more slots (**max slots** in the
-  memory panel: slots of max_seq_len tokens that fit beside the weights). The status bar shows
+  memory panel: slots of max_seq_len tokens that fit beside the weights; **at ctx**: sequences
+  whose KV pages fit at the load's own prompt + output length, what the paged cache can run
+  when --max-running allows; then pages held / all, cached prefix pages, the prefix-cache hit
+  rate and preemptions, as the server counts them). The status bar shows
   what runs: `f32`, or `f32·w int8·kv bf16`; compute stays in the server's --dtype, and the
   server refuses storage wider than it (e.g. f32 weights on a bf16 server).
 - **slots** the decode batch size (KV-cache slots). **tp** tensor parallelism (shards heads and
   d_ff; weights per chip ÷ tp). **dp** data parallelism (shards slots). **mode** interleaved
   (prefill and decode share devices) or disaggregated (prefill on its own devices).
+- **page size** KV positions per page of the server's paged cache (`:page 32`); smaller pages
+  waste less at a sequence's end and share prefixes more finely. **tok budget** prompt tokens
+  the server runs between two generate calls (`:budget 256`, 0 = whole prompts): a long prompt
+  runs in pieces so the other streams keep decoding (ITL falls, its own TTFT rises).
 - **arithmetic intensity** FLOPs per byte moved from HBM. Below the **ridge point**
   (peak FLOP/s ÷ HBM bandwidth) a step is memory-bound, above it compute-bound.
 - **roofline chart** log-log: the yellow roof is min(peak, bandwidth × intensity); ○ floor

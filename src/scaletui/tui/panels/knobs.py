@@ -16,6 +16,8 @@ ROWS = (
     ("kv", "KV cache", "k"),
     ("mode", "mode", "s"),
     ("prefill_devices", "prefill dev", "s"),
+    ("page_size", "page size", ":"),
+    ("max_batched_tokens", "tok budget", ":"),
     ("load", "load", ":"),
     ("input_len", "input len", ":"),
     ("output_len", "output len", ":"),

@@ -43,6 +43,8 @@ class MemoryBar(Static):
             text.append(f"\n{'max slots':9}")
             for slots in (v.mem_max_slots, max_slots):
                 text.append(f" {'—' if slots is None else num(slots):>8}")
+        if p is not None and p.max_running:  # the pages a request holds at its own length
+            text.append(f"\n{'at ctx':9} {'':>8} {num(p.max_running):>8}", "dim")
         if p is not None and not p.fits:
             text.append("  DOES NOT FIT", "bold red")
         pages = v.kv_pages

@@ -1,6 +1,7 @@
 """Command palette provider (ctrl+p or `:`): fixed actions plus typed commands such as
 `slots 16`, `tp 2`, `qps 4`, `concurrency 8`, `input 256`, `output 64`, `hardware h100`,
-`mode disaggregated`, `prefill 2`, `weights int8`, `kv bf16`, `sweep slots 1,2,4,8`,
+`mode disaggregated`, `prefill 2`, `weights int8`, `kv bf16`, `page 32`, `budget 256`,
+`sweep slots 1,2,4,8`,
 `sweep qps 1,2,4`, `symbols block`; and the precisions by name ("Weights: int8").
 
 The provider only posts what was chosen to the App (an action name, or a `PaletteCommand`);
@@ -38,6 +39,8 @@ TYPED = {
     "input": ("input_len", int),
     "output": ("output_len", int),
     "prefill": ("prefill_devices", int),
+    "page": ("page_size", int),
+    "budget": ("max_batched_tokens", int),
 }
 PRECISION_KNOBS = {"weights": "weight_dtype", "kv": "kv_dtype"}  # typed command -> knob
 PRECISION_HITS = tuple(  # (name shown, typed command, help)
@@ -56,6 +59,8 @@ EXAMPLES = (
     "input 256",
     "output 64",
     "mode disaggregated",
+    "budget 256",
+    "page 32",
     "hardware h100",
     "sweep slots 1,2,4,8",
     "sweep qps 1,2,4",
