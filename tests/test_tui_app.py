@@ -695,7 +695,11 @@ async def test_w_and_k_stage_the_precision_and_the_prediction_follows_before_app
         await settle(app, pilot)
         assert m.pending is None and m.prediction() == f32
         assert not app.query_one("#knobs").has_class("-dirty")
-        assert line.split()[-1] not in memory_text(app)
+        after = next(x for x in memory_text(app).splitlines() if x.startswith("max slots"))
+        assert after.split()[-1] == num(f32.max_slots) != num(kv8.max_slots)
+        # at ctx: the max batch at the load's own context (the pages a request holds)
+        ctx = next(x for x in memory_text(app).splitlines() if x.startswith("at ctx"))
+        assert ctx.split()[-1] == num(f32.max_running) and f32.max_running > f32.max_slots
 
 
 async def test_apply_sends_the_precision_and_the_status_shows_it(tmp_path):
