@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from scaletui.serve.pages import NoPages, PagePool, page_table_row
+from scaletui.serve.pages import NoPages, PagePool
 
 S = 4  # page size used throughout
 
@@ -44,13 +44,9 @@ def test_validation(n_pages: int, page_size: int, word: str) -> None:
         PagePool(n_pages, page_size)
 
 
-def test_pages_for_and_table_row() -> None:
+def test_pages_for() -> None:
     pool = PagePool(8, S)
     assert [pool.pages_for(t) for t in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
-    assert page_table_row([3, 5], 4) == [3, 5, 0, 0]
-    assert page_table_row([], 2) == [0, 0]
-    with pytest.raises(ValueError):
-        page_table_row([1, 2, 3], 2)
 
 
 # ---- allocation
@@ -275,20 +271,6 @@ def test_hit_counters() -> None:
     assert pool.hit_rate() == pytest.approx(3 * S / (2 * len(tokens)))
 
 
-def test_clear_cache() -> None:
-    pool = PagePool(16, S)
-    a, b = prompt(2 * S + 1, 100), prompt(2 * S + 1, 200)
-    pool.release(run_request(pool, a))
-    held = run_request(pool, b)
-    assert pool.cached == 4
-    pool.clear_cache()
-    assert (pool.cached, pool.evictable, pool.held, pool.free) == (0, 0, 3, 12)
-    assert pool.match(a) == ([], 0) and pool.match(b) == ([], 0)
-    pool.release(held)  # unkeyed now: straight to the free list
-    assert (pool.evictable, pool.free) == (0, 15)
-    check_invariants(pool)
-
-
 def test_stats() -> None:
     pool = PagePool(16, S)
     tokens = prompt(3 * S + 2)
@@ -338,8 +320,6 @@ def test_randomized_invariants(seed: int) -> None:
         elif op < 0.95 and live:
             _, pages = live.pop(rng.randrange(len(live)))
             pool.release(pages)
-        elif op >= 0.98:
-            pool.clear_cache()
         check_invariants(pool)
     for _, pages in live:
         pool.release(pages)

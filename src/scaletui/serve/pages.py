@@ -2,8 +2,8 @@
 
 The device KV cache of one data-parallel replica is a pool of `n_pages` pages of `page_size`
 token positions each. Page 0 is the reserved "trash" page: it is never handed out (inactive decode
-rows write there, and `page_table_row` pads with it). The scheduler keeps one `PagePool` per
-replica and a page list per running sequence.
+rows write there). The scheduler keeps one `PagePool` per replica and a page list per running
+sequence (paging.py).
 
 Every usable page is in exactly one of three places:
 
@@ -21,8 +21,8 @@ prompt K/V into; `match` walks a new prompt's chain page by page and takes the l
 registered pages, leaving at least one token to prefill (it produces the first token's logits).
 A key already registered to another page keeps its first page (the newcomer stays a plain page).
 
-Every call costs O(pages touched), never a scan of the pool (it may have 100k pages), except
-`clear_cache`, an admin operation. Not thread-safe by itself: the scheduler calls it under its
+Every call costs O(pages touched), never a scan of the pool (it may have 100k pages). Not
+thread-safe by itself: the scheduler calls it under its
 lock.
 """
 
@@ -40,13 +40,6 @@ _KEY_BYTES = 16
 
 class NoPages(Exception):
     """Not enough free pages (never-used plus evictable) for an allocation."""
-
-
-def page_table_row(pages: list[int], width: int) -> list[int]:
-    """A sequence's page list padded to `width` with the trash page (0)."""
-    if len(pages) > width:
-        raise ValueError(f"{len(pages)} pages do not fit a page table row of width {width}")
-    return list(pages) + [TRASH_PAGE] * (width - len(pages))
 
 
 def _salt_bytes(salt: bytes | str) -> bytes:
@@ -219,11 +212,3 @@ class PagePool:
                 break  # this page already holds another prefix: later ones are unreachable
             registered += 1
         return registered
-
-    def clear_cache(self) -> None:
-        """Forget every registered prefix: evictable pages go back to the free list, held pages
-        lose their keys (they return to the free list when released)."""
-        self._free.extend(self._lru)
-        self._lru.clear()
-        self._page_of.clear()
-        self._key_of.clear()
