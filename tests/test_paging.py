@@ -164,31 +164,46 @@ def test_fake_engine_refuses_a_table_that_misses_a_written_position() -> None:
     assert out.valid.all()
 
 
+async def serve_real(waves: list, slots: int, **config) -> tuple[list[list[int]], dict]:
+    """The real tiny engine (pages of 16, max_seq_len 128, 4 decode steps) serving `waves` of
+    requests one wave after the other; every request's tokens (each must end at its length)
+    and the settled page counts."""
+    from scaletui.serve.build import JaxEngineFactory
+
+    cfg = ServeConfig(load_model("tiny"), slots=slots, max_seq_len=128, page_size=16,
+                      decode_steps=4, **config)  # fmt: skip
+    sched = Scheduler(cfg, JaxEngineFactory(300, 257))
+    sched.start()
+    assert sched.state == "serving", sched.error
+    try:
+        outs = []
+        for wave in waves:
+            reqs = wave()
+            for r in reqs:
+                sched.submit(r)
+            results = await asyncio.gather(*(collect(r) for r in reqs))
+            assert all(finish == "length" for _, finish in results)
+            outs += [ids for ids, _ in results]
+        return outs, await settled(sched)
+    finally:
+        sched.shutdown()
+
+
 @pytest.mark.slow  # builds JAX engines
 @pytest.mark.parametrize("kernels", ["xla", "auto"])
 async def test_preempted_sequences_resume_with_the_tokens_of_an_uninterrupted_run(kernels) -> None:
     """Greedy and seeded sampling on the real tiny engine (f32): a pool too small for every
     sequence preempts and resumes them, and each produces the tokens it does with room."""
-    from scaletui.serve.build import JaxEngineFactory
+
+    def wave() -> list:
+        reqs = [request([3 + i, 40, 41 + i] * 7, max_tokens=40, ignore_eos=True)
+                for i in range(3)]  # fmt: skip
+        sampled = SamplingParams(max_tokens=40, ignore_eos=True, temperature=1.0, seed=5)
+        return [*reqs, Request([9] * 21, sampled, asyncio.get_running_loop())]
 
     async def run(kv_pages: int) -> tuple[list[list[int]], int]:
-        config = ServeConfig(load_model("tiny"), slots=4, max_seq_len=128, page_size=16,
-                             decode_steps=4, kv_pages=kv_pages, kernels=kernels)  # fmt: skip
-        sched = Scheduler(config, JaxEngineFactory(300, 257))
-        sched.start()
-        assert sched.state == "serving", sched.error
-        try:
-            reqs = [request([3 + i, 40, 41 + i] * 7, max_tokens=40, ignore_eos=True)
-                    for i in range(3)]  # fmt: skip
-            sampled = SamplingParams(max_tokens=40, ignore_eos=True, temperature=1.0, seed=5)
-            reqs.append(Request([9] * 21, sampled, asyncio.get_running_loop()))
-            for r in reqs:
-                sched.submit(r)
-            results = await asyncio.gather(*(collect(r) for r in reqs))
-            assert all(finish == "length" for _, finish in results)
-            return [ids for ids, _ in results], sched.kv_pages()["preemptions"]
-        finally:
-            sched.shutdown()
+        outs, pages = await serve_real([wave], 4, kv_pages=kv_pages, kernels=kernels)
+        return outs, pages["preemptions"]
 
     roomy, none = await run(0)
     tight, preempted = await run(9)  # 8 usable pages: two 61-token sequences at once
@@ -268,26 +283,12 @@ async def test_prefix_cache_and_token_budget_keep_greedy_outputs() -> None:
     """On the real tiny engine: prompts sharing a 40-token prefix, served with the prefix cache
     and a 24-token budget (long prompts in pieces between decode calls), give the tokens they
     give with neither; the cache hits."""
-    from scaletui.serve.build import JaxEngineFactory
 
-    async def run(**kw) -> tuple[list[list[int]], dict]:
-        config = ServeConfig(load_model("tiny"), slots=3, max_seq_len=128, page_size=16,
-                             decode_steps=4, **kw)  # fmt: skip
-        sched = Scheduler(config, JaxEngineFactory(300, 257))
-        sched.start()
-        assert sched.state == "serving", sched.error
-        try:
-            outs = []
-            for wave in range(2):  # the second wave finds the first's pages
-                reqs = [request([11, 12, 13, 14] * 10 + [20 + i + wave] * (3 + 9 * i),
+    def wave(n: int):  # the second wave finds the first's pages
+        return lambda: [request([11, 12, 13, 14] * 10 + [20 + i + n] * (3 + 9 * i),
                                 max_tokens=12, ignore_eos=True) for i in range(3)]  # fmt: skip
-                for r in reqs:
-                    sched.submit(r)
-                outs += [ids for ids, _ in await asyncio.gather(*(collect(r) for r in reqs))]
-            return outs, await settled(sched)
-        finally:
-            sched.shutdown()
 
+    run = lambda **kw: serve_real([wave(0), wave(1)], 3, **kw)
     plain, off = await run(prefix_cache=False)
     cached, on = await run(max_batched_tokens=24)
     assert cached == plain
@@ -299,24 +300,11 @@ async def test_prefix_cache_and_token_budget_keep_greedy_outputs() -> None:
 async def test_replicas_prefill_and_decode_in_their_own_pools(dp, tp) -> None:
     """dp replicas each page their own pool (sharded over 'data'; tp shards KV heads), a tight
     one preempting: greedy tokens equal one unsharded engine's."""
-    from scaletui.serve.build import JaxEngineFactory
 
-    async def run(**kw) -> tuple[list[list[int]], dict]:
-        config = ServeConfig(load_model("tiny"), slots=4, max_seq_len=128, page_size=16,
-                             decode_steps=4, **kw)  # fmt: skip
-        sched = Scheduler(config, JaxEngineFactory(300, 257))
-        sched.start()
-        assert sched.state == "serving", sched.error
-        try:
-            reqs = [request([30 + i, 31, 32] * 7, max_tokens=36, ignore_eos=True)
-                    for i in range(5)]  # fmt: skip
-            for r in reqs:
-                sched.submit(r)
-            outs = [ids for ids, _ in await asyncio.gather(*(collect(r) for r in reqs))]
-            return outs, await settled(sched)
-        finally:
-            sched.shutdown()
+    def wave() -> list:
+        return [request([30 + i, 31, 32] * 7, max_tokens=36, ignore_eos=True) for i in range(5)]
 
+    run = lambda **kw: serve_real([wave], 4, **kw)
     want, _ = await run(kernels="xla")
     got, stats = await run(dp=dp, tp=tp, kv_pages=7)  # 6 usable pages per replica
     assert got == want and stats["preemptions"] > 0
