@@ -11,11 +11,15 @@
 #   bench/accelerator_run.sh --make-dry-env (re)create that env in .dryenv/
 #   ... --only decode,serving               run only these stages (wheels and env always run;
 #                                           decode: all three decode stages)
+#   MODEL=llama3.2-1b HARDWARE=tpu-v5e ...  another model and hardware spec (default llama3-8b,
+#                                           h200; bench/tpu_decode.sh sets both for a TPU)
 #
 # Stages: wheels (install the carried .whl/ with --no-index --target, bench/fetch_gpu_wheels.sh
 # fetches them), env (versions, nvidia-smi, every import), calibrate (`scaletui calibrate`),
 # greedy (bench/greedy_check.py), decode-f32, decode, decode-int8 (bench/decode_roofline.py vs
-# the h200 spec and the calibrated one, in three precisions so that one run records them all:
+# the h200 spec and the calibrated one, with decode attention on JAX's Pallas paged-attention
+# kernel (the engine's auto on GPU/TPU; the bf16 sweep also times XLA's attention at batch 64),
+# in three precisions so that one run records them all:
 # f32 compute and weights, then bf16 compute and weights (the full sweep), then bf16 compute
 # with int8 weights; the extra two time fewer batches, calls and prompts in less time), serving
 # (bench/accelerator_serving.py: loadgen against `scaletui serve`, which starts in the
@@ -36,12 +40,13 @@ while (($#)); do
     --plan) PLAN=1 ;;
     --make-dry-env) MODE=make-env ;;
     --only) ONLY=,$2, && shift ;;
-    -h | --help) sed -n '2,27p' "$0" | cut -c3- && exit 0 ;;
+    -h | --help) sed -n '2,31p' "$0" | cut -c3- && exit 0 ;;
     *) echo "accelerator_run: unknown argument $1 (see --help)" >&2 && exit 2 ;;
   esac
   shift
 done
 
+MODEL=${MODEL:-llama3-8b} HARDWARE=${HARDWARE:-h200}
 DRYENV=$ROOT/.dryenv
 WHL=${WHL:-$ROOT/.whl}
 # the GPU image's packages (/work/.library/device/KINDS.md) that the project or textual needs
@@ -76,12 +81,13 @@ plan() {  # $1: real | dry
     GREEDY=(--model small --dtype bf16 --new-tokens 32)
     # decode: f32 -> bf16 -> int8 weights (bf16 compute); the full sweep in bf16, the other two
     # at the ends of it (batch 1: the weight read; 64: with the KV) and one prompt length
-    local sweep=(--model llama3-8b --context 1024 --max-seq-len 2048 --steps 8)
+    local sweep=(--model "$MODEL" --context 1024 --max-seq-len 2048 --steps 8)
     local short=(--batches 1 64 --calls 3 --repeats 1 --prompt-lens 512)
     DECODE_F32=("${sweep[@]}" --dtype f32 "${short[@]}")
-    DECODE=("${sweep[@]}" --dtype bf16 --slots 64 --calls 5 --repeats 2 --prompt-lens 128 512 2048)
+    DECODE=("${sweep[@]}" --dtype bf16 --slots 64 --calls 5 --repeats 2 --prompt-lens 128 512 2048
+            --baseline-batches 64)
     DECODE_INT8=("${sweep[@]}" --dtype bf16 --weight-dtype int8 "${short[@]}")
-    SERVING=(--model llama3-8b --dtype bf16 --slots 64 --concurrency 1 8 64 --qps 20
+    SERVING=(--model "$MODEL" --dtype bf16 --slots 64 --concurrency 1 8 64 --qps 20
              --poisson-requests 200 --input-len 128 --output-len 128)
     LIMITS=(wheels=30 env=45 calibrate=45 greedy=75 decode-f32=55 decode=135 decode-int8=55
             serving=100)
@@ -91,14 +97,15 @@ plan() {  # $1: real | dry
     local sweep=(--model tiny --context 64 --max-seq-len 256 --steps 4)
     local short=(--batches 1 4 --calls 2 --repeats 1 --prompt-lens 64)
     DECODE_F32=("${sweep[@]}" --dtype f32 "${short[@]}")
-    DECODE=("${sweep[@]}" --dtype bf16 --slots 4 --calls 2 --repeats 1 --prompt-lens 16 64 128)
+    DECODE=("${sweep[@]}" --dtype bf16 --slots 4 --calls 2 --repeats 1 --prompt-lens 16 64 128
+            --baseline-batches 4)
     DECODE_INT8=("${sweep[@]}" --dtype bf16 --weight-dtype int8 "${short[@]}")
     SERVING=(--model tiny --dtype bf16 --slots 8 --concurrency 1 2 8 --requests-per-stream 2
              --qps 4 --poisson-requests 8 --input-len 32 --output-len 16)
     LIMITS=(wheels=30 env=60 calibrate=45 greedy=240 decode-f32=60 decode=120 decode-int8=60
             serving=90)
   fi
-  local compare=(--hardware h200 --compare "$OUT/calibrate.yaml" --no-floor --weights device)
+  local compare=(--hardware "$HARDWARE" --compare "$OUT/calibrate.yaml" --no-floor --weights device)
   DECODE_F32+=("${compare[@]}" --json-out "$OUT/decode-f32.json")
   DECODE+=("${compare[@]}" --json-out "$OUT/decode.json")
   DECODE_INT8+=("${compare[@]}" --json-out "$OUT/decode-int8.json")

@@ -7,9 +7,11 @@ slot at the stated context, and prints measured vs predicted step time, achieved
 FLOP/s and efficiency = predicted / measured; then prefill time vs prediction for a few prompt
 lengths. `--json` prints one JSON object instead.
 
-The engine runs with `--kernels` (default auto: the native CPU kernels of `serve/native` where
-they build, as the server does). When that is native, the same step is also timed on XLA's own
-ops in the same run (`xla`, and the speedup `x`; `--no-baseline` skips it). `--weight-dtype` and
+The engine runs with `--kernels` (default auto, as the server does: the native CPU kernels of
+`serve/native` where they build; on GPU/TPU decode attention on JAX's Pallas paged-attention
+kernels). When that is native or pallas, the same step is also timed on XLA's own ops in the
+same run (`xla`, and the speedup `x`; `--baseline-batches` only at those batches,
+`--no-baseline` never). `--weight-dtype` and
 `--kv-dtype` store weights and KV narrower than `--dtype` computes (int8: with scales), as
 `scaletui serve` does; the predictions read those bytes. `--batches` measures those batches
 instead of 1, 2, 4, ... `--slots`. `--compare SPEC`
@@ -44,7 +46,7 @@ from scaletui.roofline.costmodel import DTYPE_BYTES, kv_token_bytes
 from scaletui.serve import model as llama
 from scaletui.serve import quant
 from scaletui.serve.build import build_engines
-from scaletui.serve.config import DTYPES, STORAGE_DTYPES, ConfigError, ServeConfig
+from scaletui.serve.config import DTYPES, KERNELS, STORAGE_DTYPES, ConfigError, ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.paging import fixed_table
 from scaletui.serve.weights import dummy_params, layer_shapes
@@ -223,7 +225,8 @@ def bench_decode(args, model, hw, host_params, rows: list, save) -> list[dict]:
         if args.floor:
             floor = weights_floor(eng.params, model, batch, args.steps, args.calls, args.repeats)
         baseline = None
-        if eng.native and args.baseline:  # the same step on XLA's own ops, in the same run
+        wanted = args.baseline_batches is None or batch in args.baseline_batches
+        if eng.kernels != "xla" and args.baseline and wanted:  # XLA's ops, in the same run
             baseline, _ = time_decode_step(args, model, host_params, batch, "xla")
         ctx = args.context + args.steps * (1 + args.calls / 2)  # mean live context measured
         est = _estimate(model, hw, args, batch=batch, context=int(ctx))
@@ -233,7 +236,7 @@ def bench_decode(args, model, hw, host_params, rows: list, save) -> list[dict]:
                 "batch": batch,
                 "context": int(ctx),
                 "bucket": eng.last_step_stats["bucket"],
-                "kernels": "native" if eng.native else "xla",
+                "kernels": eng.kernels,
                 "measured_ms": step * 1e3,
                 "predicted_ms": est.decode_step_s * 1e3,
                 "bound": est.decode_bound,
@@ -371,13 +374,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "per-channel scales; default: --dtype)")  # fmt: skip
     p.add_argument("--kv-dtype", choices=STORAGE_DTYPES, help="KV-cache storage (int8: a scale "
                    "per position and KV head; default: --dtype)")  # fmt: skip
-    p.add_argument("--kernels", default="auto", choices=["auto", "native", "xla"])
+    p.add_argument("--kernels", default="auto", choices=list(KERNELS))
     p.add_argument(
         "--no-baseline",
         dest="baseline",
         action="store_false",
-        help="skip timing the XLA-ops engine beside the native one",
+        help="skip timing the XLA-ops engine beside the native or Pallas one",
     )
+    p.add_argument("--baseline-batches", type=int, nargs="*",
+                   help="time the XLA-ops baseline only at these batches")  # fmt: skip
     p.add_argument(
         "--no-floor", dest="floor", action="store_false", help="skip the weights-only floor"
     )

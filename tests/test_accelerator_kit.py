@@ -88,3 +88,20 @@ def test_only_decode_selects_the_three_decode_stages_and_h200_decode_runs_them()
     assert proc.returncode == 0, proc.stderr
     names = [line.split()[0] for line in proc.stdout.splitlines()]
     assert names == ["wheels", "env", "calibrate", "decode-f32", "decode", "decode-int8", "total"]
+
+
+def test_decode_runs_pallas_with_an_xla_baseline_and_the_tpu_variant_fits_a_v5e():
+    """The bf16 sweep times XLA's attention beside the Pallas kernel at batch 64; the TPU script
+    runs the same stages against the tpu-v5e spec with a model whose pool fits one chip."""
+    h200 = _plan("--only", "decode")["decode"][1]
+    assert "--baseline-batches 64" in h200 and "--hardware h200" in h200
+    assert "--kernels" not in h200  # auto: Pallas on GPU/TPU, as the server runs
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "tpu_decode.sh"), "--plan"],
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": "python3", "OUT": "/out"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines()}
+    assert list(rows) == ["wheels", "env", "calibrate", "decode-f32", "decode", "decode-int8",
+                          "total"]  # fmt: skip
+    for stage in ("decode-f32", "decode", "decode-int8"):
+        assert "--hardware tpu-v5e" in rows[stage] and "--model llama3.2-1b" in rows[stage]

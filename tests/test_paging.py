@@ -190,7 +190,7 @@ async def serve_real(waves: list, slots: int, **config) -> tuple[list[list[int]]
 
 
 @pytest.mark.slow  # builds JAX engines
-@pytest.mark.parametrize("kernels", ["xla", "auto"])
+@pytest.mark.parametrize("kernels", ["xla", "auto", "pallas"])
 async def test_preempted_sequences_resume_with_the_tokens_of_an_uninterrupted_run(kernels) -> None:
     """Greedy and seeded sampling on the real tiny engine (f32): a pool too small for every
     sequence preempts and resumes them, and each produces the tokens it does with room."""
@@ -279,32 +279,40 @@ async def test_a_token_budget_splits_a_long_prompt_between_generate_calls() -> N
 
 
 @pytest.mark.slow  # builds JAX engines
-async def test_prefix_cache_and_token_budget_keep_greedy_outputs() -> None:
+@pytest.mark.parametrize("kernels", ["auto", "pallas"])
+async def test_prefix_cache_and_token_budget_keep_greedy_outputs(kernels) -> None:
     """On the real tiny engine: prompts sharing a 40-token prefix, served with the prefix cache
     and a 24-token budget (long prompts in pieces between decode calls), give the tokens they
-    give with neither; the cache hits."""
+    give with neither; the cache hits. pallas: the pool is head-major, chunks gather from it."""
 
     def wave(n: int):  # the second wave finds the first's pages
         return lambda: [request([11, 12, 13, 14] * 10 + [20 + i + n] * (3 + 9 * i),
                                 max_tokens=12, ignore_eos=True) for i in range(3)]  # fmt: skip
 
-    run = lambda **kw: serve_real([wave(0), wave(1)], 3, **kw)
+    run = lambda **kw: serve_real([wave(0), wave(1)], 3, kernels=kernels, **kw)
     plain, off = await run(prefix_cache=False)
     cached, on = await run(max_batched_tokens=24)
     assert cached == plain
     assert off["prefix_cache_hits"] == 0 and on["prefix_cache_hits"] >= 3 * 32
 
 
+PALLAS_DISAGG = {"kernels": "pallas", "mode": "disaggregated"}
+
+
 @pytest.mark.slow  # builds JAX engines on 2 and 4 virtual devices
-@pytest.mark.parametrize(("dp", "tp"), [(2, 1), (2, 2)])
-async def test_replicas_prefill_and_decode_in_their_own_pools(dp, tp) -> None:
+@pytest.mark.parametrize(("dp", "tp", "more"),
+                         [(2, 1, {}), (2, 2, {}), (2, 2, {"kernels": "pallas"}),
+                          (1, 1, PALLAS_DISAGG)],
+                         ids=["dp2", "dp2-tp2", "dp2-tp2-pallas", "disagg-pallas"])  # fmt: skip
+async def test_replicas_prefill_and_decode_in_their_own_pools(dp, tp, more) -> None:
     """dp replicas each page their own pool (sharded over 'data'; tp shards KV heads), a tight
-    one preempting: greedy tokens equal one unsharded engine's."""
+    one preempting: greedy tokens equal one unsharded engine's. With the Pallas kernel too
+    (sharded through shard_map), and disaggregated (prefixes written into head-major pages)."""
 
     def wave() -> list:
         return [request([30 + i, 31, 32] * 7, max_tokens=36, ignore_eos=True) for i in range(5)]
 
     run = lambda **kw: serve_real([wave], 4, **kw)
     want, _ = await run(kernels="xla")
-    got, stats = await run(dp=dp, tp=tp, kv_pages=7)  # 6 usable pages per replica
+    got, stats = await run(dp=dp, tp=tp, kv_pages=7, **more)  # 6 usable pages per replica
     assert got == want and stats["preemptions"] > 0

@@ -30,7 +30,7 @@ import numpy as np
 
 from scaletui.roofline.costfit import fit
 from scaletui.roofline.costmodel import CostModel, DecodeSample, PrefillSample
-from scaletui.serve.config import DTYPES, STORAGE_DTYPES, ServeConfig
+from scaletui.serve.config import DTYPES, KERNELS, STORAGE_DTYPES, ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 
 __all__ = [
@@ -285,7 +285,7 @@ def build_parser():
       "scales); default: --dtype")  # fmt: skip
     a("--kv-dtype", choices=STORAGE_DTYPES, help="KV-cache storage (int8: a scale per position "
       "and KV head); default: --dtype")  # fmt: skip
-    a("--kernels", choices=("auto", "native", "xla"), default="auto")
+    a("--kernels", choices=KERNELS, default="auto")
     a("--host-devices", type=int, help="JAX CPU: virtual devices (default: tp * dp)")
     a("--quick", action="store_true", help="2 passes of 2 calls (about half the time)")
     a("--out", help="write here instead of the fit store")

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(int8: per-channel scales); default: --dtype")  # fmt: skip
     s.add_argument("--kv-dtype", choices=tuple(DTYPE_BYTES), help="KV-cache storage (int8: a "
                    "scale per position and KV head); default: --dtype")  # fmt: skip
-    s.add_argument("--kernels", choices=("auto", "native", "xla"), default="auto")
+    s.add_argument("--kernels", choices=("auto", "native", "pallas", "xla"), default="auto")
     s.add_argument("--max-waiting", type=int, default=256)
     s.add_argument("--max-waiting-tokens", type=int, default=262144)
     s.add_argument("--max-prefill-bucket", type=int, default=0, help="0 = max_seq_len; longer "

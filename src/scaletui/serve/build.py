@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import jax
 
-from scaletui.serve import memory, native, quant, sharding, weights
+from scaletui.serve import memory, native, pallas_attention, quant, sharding, weights
 from scaletui.serve.config import ConfigError, ServeConfig
 from scaletui.serve.engine import JaxEngine
 from scaletui.serve.engine_api import Engine, distinct
@@ -28,8 +28,12 @@ class EnginePlan:
     role: str  # "both" (interleaved) | "prefill" | "generate"
     devices: list
     dp: int
-    native: bool  # runs the native CPU kernels (else XLA ops)
+    kernels: str  # "native" (CPU kernels) | "pallas" (JAX's paged attention) | "xla"
     note: str | None = None  # why XLA's ops run (kernels auto|native), or a native fallback
+
+    @property
+    def native(self) -> bool:
+        return self.kernels == "native"
 
 
 def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
@@ -53,19 +57,34 @@ def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
         roles = [("prefill", pre, len(pre) // tp), ("generate", gen[: tp * dp], dp)]
     plan = []
     for role, devs, d in roles:
-        why_not = None if config.kernels == "xla" else native.unusable(config, devs, dp=d, tp=tp)
-        if config.kernels == "native" and why_not:
-            raise ConfigError("kernels", "native", f"kernels='native' is not usable here: "
-                              f"{why_not}", "use kernels auto or xla")  # fmt: skip
-        if config.kernels == "auto" and why_not is None:
-            why_not = native.slower_here()  # they run, but are not tuned for this CPU
-        use = config.kernels != "xla" and why_not is None
-        note = f"native kernels not used: {why_not}" if why_not and not use else None
-        if use and config.dtype == "bf16" and not native.bf16_dot_products():
-            note = ("native bf16 matmuls widen to f32 FMAs (this CPU has no AVX512_BF16): "
-                    "the same results at f32's multiply rate")  # fmt: skip
-        plan.append(EnginePlan(role, devs, d, use, note))
+        plan.append(EnginePlan(role, devs, d, *_kernels(config, devs, d, platform)))
     return plan
+
+
+def _kernels(config: ServeConfig, devs: list, dp: int, platform: str) -> tuple[str, str | None]:
+    """(the kernels an engine on `devs` runs, a note saying why or how) for config.kernels."""
+    pallas = pallas_attention.kernel_for(platform)
+    if config.kernels == "pallas":
+        if pallas:
+            return "pallas", f"decode attention: JAX's Pallas {pallas.upper()} paged attention"
+        return "pallas", ("decode attention: JAX's Pallas GPU paged attention in interpret mode "
+                          f"on {platform or 'this platform'} (for tests: slow)")  # fmt: skip
+    if config.kernels == "auto" and pallas:
+        return "pallas", f"decode attention: JAX's Pallas {pallas.upper()} paged attention"
+    why_not = None
+    if config.kernels != "xla":
+        why_not = native.unusable(config, devs, dp=dp, tp=config.tp)
+    if config.kernels == "native" and why_not:
+        raise ConfigError("kernels", "native", f"kernels='native' is not usable here: "
+                          f"{why_not}", "use kernels auto or xla")  # fmt: skip
+    if config.kernels == "auto" and why_not is None:
+        why_not = native.slower_here()  # they run, but are not tuned for this CPU
+    use = config.kernels != "xla" and why_not is None
+    note = f"native kernels not used: {why_not}" if why_not and not use else None
+    if use and config.dtype == "bf16" and not native.bf16_dot_products():
+        note = ("native bf16 matmuls widen to f32 FMAs (this CPU has no AVX512_BF16): "
+                "the same results at f32's multiply rate")  # fmt: skip
+    return ("native" if use else "xla"), note
 
 
 def build_engines(
@@ -102,7 +121,7 @@ def build_engines(
             role=e.role,
             vocab_size=vocab_size,
             eos_id=eos_id,
-            native=e.native,
+            kernels=e.kernels,
             kernels_note=e.note,
         )  # fmt: skip
         for e in plan

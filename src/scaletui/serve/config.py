@@ -10,7 +10,7 @@ MODES = ("interleaved", "disaggregated")
 DTYPES = ("f32", "bf16")  # compute (activations) dtypes
 STORAGE_DTYPES = ("f32", "bf16", "int8")  # weight and KV-cache storage
 BITS = {"f32": 32, "bf16": 16, "int8": 8}
-KERNELS = ("auto", "native", "xla")
+KERNELS = ("auto", "native", "pallas", "xla")
 # Keys POST /admin/config may change (live reconfiguration); anything else is rejected.
 RECONFIGURABLE = ("slots", "tp", "dp", "mode", "prefill_devices", "decode_steps", "dtype",
                   "weight_dtype", "kv_dtype", "kernels", "page_size", "kv_pages",
@@ -90,7 +90,9 @@ class ServeConfig:
     dtype: str = "f32"  # compute (activations); also weights and KV unless set below
     weight_dtype: str = ""  # f32 | bf16 | int8; "" = dtype
     kv_dtype: str = ""  # KV-cache storage: f32 | bf16 | int8; "" = dtype
-    kernels: str = "auto"  # native CPU kernels (serve/native) where usable, else XLA ops
+    # auto: native CPU kernels (serve/native) where usable, JAX's Pallas paged attention on
+    # GPU/TPU, else XLA ops; pallas on CPU runs the kernel interpreted (tests: slow)
+    kernels: str = "auto"
     min_prefill_bucket: int = 16  # smallest power-of-two prompt bucket
     max_prefill_bucket: int = 0  # largest bucket (0 = max_seq_len); longer prompts are chunked
     weights: str | None = None  # HF safetensors dir/file; None = seeded dummy weights

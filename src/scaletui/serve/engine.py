@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletui.serve import kv_cache, model, quant, sharding, steps, weights
+from scaletui.serve import kv_cache, model, pallas_attention, quant, sharding, steps, weights
 from scaletui.serve.config import ServeConfig, pow2_buckets
 from scaletui.serve.engine_api import (
     EngineInfo,
@@ -57,7 +57,7 @@ class JaxEngine:
         role: str = "both",
         vocab_size: int | None = None,
         eos_id: int = -1,
-        native: bool = False,
+        kernels: str = "xla",
         kernels_note: str | None = None,
     ) -> None:
         m = config.model
@@ -77,16 +77,25 @@ class JaxEngine:
         self.precision = p = config.precision
         self.dtype = jnp.dtype(JNP_DTYPES[p.compute])  # activations
         self.kv_dtype = jnp.dtype(JNP_DTYPES[p.kv])  # KV-cache storage (int8: with scales)
-        self.native = native  # build.plan_engines checked the native kernels can run here
+        # build.plan_engines checked the kernels can run here: "native" (CPU), "pallas" (decode
+        # attention on JAX's Pallas kernels: GPU/TPU, or interpreted on CPU) or "xla"
+        self.kernels = kernels
+        self.native = kernels == "native"
         self.kernels_note = kernels_note  # why not native (kernels != xla, XLA runs), or a fallback
         host_params = quant.convert_params(host_params, p.compute, p.weights)  # free if done
-        if native:  # fused, packed weights for the native dense kernel
+        platform = self.devices[0].platform
+        if self.native:  # fused, packed weights for the native dense kernel
             self.ops = model.native_ops_for(self.dtype)
             packed = pack_params(host_params, pairs=pairs_for(p.compute))
             self.params = jax.device_put(packed, self.mesh.devices.flat[0])
         else:  # on CPU unsharded, int8 / cast weights are converted a panel at a time
-            panel = self.devices[0].platform == "cpu" and tp == 1
-            self.ops = model.xla_ops(compute=self.dtype, panel=panel, replicas=dp)
+            panel = platform == "cpu" and tp == 1
+            if kernels == "pallas":  # on CPU the GPU kernel, interpreted (tests)
+                kernel = pallas_attention.kernel_for(platform) or "gpu"
+                self.ops = model.pallas_ops(self.mesh, kernel, self.dtype, panel,
+                                            interpret=platform == "cpu")  # fmt: skip
+            else:
+                self.ops = model.xla_ops(compute=self.dtype, panel=panel, replicas=dp)
             self.params = weights.place(host_params, m, self.mesh)
         buckets = tuple(b for b in config.prefill_buckets if b <= self.max_seq_len)
         self.prefill_buckets = buckets or (self.max_seq_len,)
@@ -97,8 +106,9 @@ class JaxEngine:
         self.decode_buckets = tuple(b * self.page_size for b in pow2_buckets(1, self.pages_per_seq))
         self._rep = sharding.replicated(self.mesh)
         self._state_sh = kv_cache.state_shardings(
-            m, self.mesh, self.rows, dp * self.pages, self.page_size, self.kv_dtype
-        )
+            m, self.mesh, self.rows, dp * self.pages, self.page_size, self.kv_dtype,
+            self.ops.layout,
+        )  # fmt: skip
         self._exes: dict[tuple, object] = {}
         # (steps, vocab_size, eos_id) -> their device copies, placed once instead of every step
         self._consts: dict[tuple[int, int, int], StepConsts] = {}
@@ -137,7 +147,7 @@ class JaxEngine:
             data=shape["data"],
             model=shape["model"],
             devices=tuple(int(d.id) for d in self.mesh.devices.flat),
-            kernels="native" if self.native else "xla",
+            kernels=self.kernels,
             weight_bytes=self.weight_bytes,
             kv_cache_bytes=self.kv_cache_bytes,
             weight_bytes_per_device=self.weight_bytes_per_device,
@@ -230,7 +240,8 @@ class JaxEngine:
 
     def _empty_state(self) -> DecodeState:
         pages = self.replicas * self.pages
-        return kv_cache.empty_state(self.model, self.rows, pages, self.page_size, self.kv_dtype)
+        return kv_cache.empty_state(self.model, self.rows, pages, self.page_size, self.kv_dtype,
+                                    self.ops.layout)  # fmt: skip
 
     def _insert_exe(self, t: int) -> object:
         if ("insert", t) in self._exes:
@@ -239,7 +250,8 @@ class JaxEngine:
         floats = self._small((len(kv_cache.FLOAT_FIELDS),), jnp.float32)
         pages = self._small((-(-t // self.page_size),), jnp.int32)
         args = (self._state_spec(), self._kv_spec(t), ints, floats, pages)
-        return self._exe(("insert", t), kv_cache.insert, args, self._state_sh, donate=(0,))
+        fn = partial(kv_cache.insert, layout=self.ops.layout)
+        return self._exe(("insert", t), fn, args, self._state_sh, donate=(0,))
 
     def _generate_exe(self, bucket: int) -> object:
         if ("generate", bucket) in self._exes:
@@ -283,7 +295,8 @@ class JaxEngine:
             return self._exes[("gather",)]
         pages = self._small((self.pages_per_seq,), jnp.int32)
         args = (self._state_spec().cache, pages)
-        return self._exe(("gather",), model.gather_pages, args, self._rep)
+        fn = partial(model.gather_pages, layout=self.ops.layout)
+        return self._exe(("gather",), fn, args, self._rep)
 
     @cached_property
     def _no_prior(self) -> list:

@@ -81,7 +81,9 @@ class EngineInfo:
     data: int  # the 'data' mesh axis (dp)
     model: int  # the 'model' mesh axis (tp)
     devices: tuple[int, ...]  # device ids of its mesh
-    kernels: str  # "native" (serve/native C++ kernels) | "xla" | "none" (FakeEngine)
+    # "native" (serve/native C++ kernels) | "pallas" (decode attention on JAX's Pallas
+    # paged-attention kernels) | "xla" | "none" (FakeEngine)
+    kernels: str
     weight_bytes: int  # summed over its devices (replicas counted on each)
     kv_cache_bytes: int  # summed over its devices
     weight_bytes_per_device: int

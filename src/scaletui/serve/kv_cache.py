@@ -1,8 +1,11 @@
 """The paged KV cache and the slot vectors that ride with it (the engine's decode state).
 
-Layout: per layer a pool of pages, {"k": [dp * P, K, H, S], "v": [dp * P, K, S, H]} (S positions
-per page, K stored transposed so q.k is a plain matmul); an int8 cache adds "k_scale" and
-"v_scale" [dp * P, K, S] (f32, one per position and KV head). Each data-parallel replica owns P
+Layout: per layer a pool of pages, in one of two layouts, as the decode attention kernel wants
+it (`model.Ops.layout`): page-major {"k": [dp * P, K, H, S], "v": [dp * P, K, S, H]} (S positions
+per page, K stored transposed so q.k is a plain matmul: the native CPU kernel and XLA's ops), or
+head-major {"k", "v": [K, dp * P, S, H]} (JAX's Pallas paged-attention kernels for GPU and TPU).
+An int8 cache adds "k_scale" and "v_scale" ([dp * P, K, S], head-major [K, dp * P, S]; f32, one
+per position and KV head). Each data-parallel replica owns P
 pages (the page axis is sharded over 'data', K over 'model' when tp divides K); page 0 of each
 replica is scratch: it is never given to a sequence, and rows without a page there (inactive
 rows, positions past what the scheduler allocated) write into it, so every write is in bounds
@@ -29,9 +32,24 @@ from jax.sharding import Mesh
 from scaletui.serve import sharding
 from scaletui.specs import ModelSpec
 
-K_AXES = ("slots", "kv_heads", "head_dim", "seq")  # [dp * P, K, H, S]: pages share the slots'
-V_AXES = ("slots", "kv_heads", "seq", "head_dim")  # [dp * P, K, S, H]  'data' sharding
-S_AXES = ("slots", "kv_heads", "seq")  # int8 scales [dp * P, K, S]
+PAGE_MAJOR = "page-major"  # k [dp * P, K, H, S], v [dp * P, K, S, H], scales [dp * P, K, S]
+HEAD_MAJOR = "head-major"  # k, v [K, dp * P, S, H], scales [K, dp * P, S]
+# layout -> pool entry -> (logical axes, its permutation of a canonical page block [n, S, K, H]
+# (scales [n, S, K])); the page axis is "slots" (pages share the slot rows' 'data' sharding)
+LAYOUTS = {
+    PAGE_MAJOR: {
+        "k": (("slots", "kv_heads", "head_dim", "seq"), (0, 2, 3, 1)),
+        "v": (("slots", "kv_heads", "seq", "head_dim"), (0, 2, 1, 3)),
+        "k_scale": (("slots", "kv_heads", "seq"), (0, 2, 1)),
+        "v_scale": (("slots", "kv_heads", "seq"), (0, 2, 1)),
+    },
+    HEAD_MAJOR: {
+        "k": (("kv_heads", "slots", "seq", "head_dim"), (2, 0, 1, 3)),
+        "v": (("kv_heads", "slots", "seq", "head_dim"), (2, 0, 1, 3)),
+        "k_scale": (("kv_heads", "slots", "seq"), (2, 0, 1)),
+        "v_scale": (("kv_heads", "slots", "seq"), (2, 0, 1)),
+    },
+}
 PREFIX_AXES = ("seq", "kv_heads", "head_dim")
 PREFIX_S_AXES = ("seq", "kv_heads")
 # slot vectors: name -> dtype
@@ -53,8 +71,9 @@ SLOT_FIELDS = {
 class DecodeState(NamedTuple):
     """The engine's device-side decode state (a pytree; donated into every call).
 
-    `cache`: per layer {"k": [dp * P, K, H, S], "v": [dp * P, K, S, H]} (int8: also "k_scale",
-    "v_scale": [dp * P, K, S]); every other field is a [B] vector (B = slot rows) with the
+    `cache`: per layer a pool of pages in one of the LAYOUTS, page-major {"k": [dp * P, K, H,
+    S], "v": [dp * P, K, S, H]} (int8: also "k_scale", "v_scale": [dp * P, K, S]) or
+    head-major; every other field is a [B] vector (B = slot rows) with the
     dtype SLOT_FIELDS gives.
     """
 
@@ -101,23 +120,37 @@ def _scaled(dtype: jnp.dtype) -> bool:
     return jnp.dtype(dtype) == jnp.int8
 
 
-def pool_shapes(m: ModelSpec, pages: int, page_size: int, dtype) -> dict:
+def pool_shapes(m: ModelSpec, pages: int, page_size: int, dtype, layout=PAGE_MAJOR) -> dict:
     """One layer's pool: name -> (shape, dtype) for `pages` pages (all replicas together)."""
-    k, h, s = m.n_kv_heads, m.head_dim, page_size
-    out = {"k": ((pages, k, h, s), jnp.dtype(dtype)), "v": ((pages, k, s, h), jnp.dtype(dtype))}
-    if _scaled(dtype):
-        sc = ((pages, k, s), jnp.dtype(jnp.float32))
-        out.update(k_scale=sc, v_scale=sc)
+    canonical = (pages, page_size, m.n_kv_heads, m.head_dim)  # [n, S, K, H]
+    names = ("k", "v", "k_scale", "v_scale") if _scaled(dtype) else ("k", "v")
+    out = {}
+    for name in names:
+        _, perm = LAYOUTS[layout][name]
+        dt = jnp.dtype(jnp.float32 if "scale" in name else dtype)
+        out[name] = (tuple(canonical[i] for i in perm), dt)
     return out
 
 
+def pool_axes(layout: str = PAGE_MAJOR) -> dict:
+    """Pool entry -> its logical axes (sharding.RULES) in `layout`."""
+    return {name: axes for name, (axes, _) in LAYOUTS[layout].items()}
+
+
 def state_shardings(
-    m: ModelSpec, mesh: Mesh, slots: int, pages: int, page_size: int, dtype=jnp.float32
+    m: ModelSpec,
+    mesh: Mesh,
+    slots: int,
+    pages: int,
+    page_size: int,
+    dtype=jnp.float32,
+    layout: str = PAGE_MAJOR,
 ) -> DecodeState:
     """The decode state's shardings for `pages` pages (all replicas) stored in `dtype`."""
-    axes = {"k": K_AXES, "v": V_AXES, "k_scale": S_AXES, "v_scale": S_AXES}
+    axes = pool_axes(layout)
+    shapes = pool_shapes(m, pages, page_size, dtype, layout)
     layer = {name: sharding.named(mesh, axes[name], shape)
-             for name, (shape, _) in pool_shapes(m, pages, page_size, dtype).items()}  # fmt: skip
+             for name, (shape, _) in shapes.items()}  # fmt: skip
     vec = sharding.named(mesh, ("slots",), (slots,))
     return DecodeState([dict(layer) for _ in range(m.n_layers)], **{n: vec for n in SLOT_FIELDS})
 
@@ -144,10 +177,12 @@ def zeros_prefix(m: ModelSpec, length: int, dtype) -> list:
             for layer in prefix_spec(m, length, dtype)]  # fmt: skip
 
 
-def empty_state(m: ModelSpec, slots: int, pages: int, page_size: int, dtype) -> DecodeState:
+def empty_state(
+    m: ModelSpec, slots: int, pages: int, page_size: int, dtype, layout: str = PAGE_MAJOR
+) -> DecodeState:
     """Zero pages in `dtype` (int8: zero scales beside them), every slot inactive (a pure
     function: jit it with out_shardings)."""
-    shapes = pool_shapes(m, pages, page_size, dtype)
+    shapes = pool_shapes(m, pages, page_size, dtype, layout)
     cache = [{name: jnp.zeros(shape, dt) for name, (shape, dt) in shapes.items()}
              for _ in range(m.n_layers)]  # fmt: skip
     vectors = {name: jnp.zeros((slots,), dt) for name, dt in SLOT_FIELDS.items()}
@@ -155,7 +190,7 @@ def empty_state(m: ModelSpec, slots: int, pages: int, page_size: int, dtype) -> 
     return DecodeState(cache, **vectors)
 
 
-def write_pages(pool: dict, entry: tuple, pages: jax.Array) -> dict:
+def write_pages(pool: dict, entry: tuple, pages: jax.Array, layout: str = PAGE_MAJOR) -> dict:
     """Write K/V for consecutive positions from a page boundary into one layer's pool: entry
     (k, v) [T, K, H] (int8: and k_scale, v_scale [T, K]) into pages `pages` [ceil(T / S)]
     (global page ids), a page's worth of positions each; the positions past T in the last page
@@ -163,32 +198,41 @@ def write_pages(pool: dict, entry: tuple, pages: jax.Array) -> dict:
     dynamic-update-slice each in a loop: XLA CPU does those in place, where a scatter, or the
     same updates chained outside a loop, copied the whole pool per page (measured: 5 pages into
     16 pools of 10 MB, scatter 128 ms, chained 215 ms, looped 22 ms)."""
-    s = pool["v"].shape[2]
+    s = pool["v"].shape[2]  # S is axis 2 in both layouts
     n = pages.shape[0]
     parts = dict(zip(("k", "v", "k_scale", "v_scale"), entry, strict=False))
     assert parts.keys() == pool.keys(), (parts.keys(), pool.keys())
-    # prefix axes -> page axes: [T, K, H] -> [n, S, K, H] -> k [n, K, H, S], v [n, K, S, H]
-    perm = {"k": (0, 2, 3, 1), "v": (0, 2, 1, 3), "k_scale": (0, 2, 1), "v_scale": (0, 2, 1)}
     out = {}
     for name, x in parts.items():
+        # prefix axes -> page axes: [T, K, H] -> [n, S, K, H] -> the layout's order
+        axes, perm = LAYOUTS[layout][name]
         x = jnp.pad(x, [(0, n * s - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
-        x = jnp.transpose(x.reshape(n, s, *x.shape[1:]), perm[name]).astype(pool[name].dtype)
+        x = jnp.transpose(x.reshape(n, s, *x.shape[1:]), perm).astype(pool[name].dtype)
+        at_page = axes.index("slots")
 
-        def page(j, buf, x=x):
-            at = (pages[j],) + (0,) * (x.ndim - 1)
-            return lax.dynamic_update_slice(buf, lax.dynamic_slice_in_dim(x, j, 1), at)
+        def page(j, buf, x=x, at_page=at_page):
+            at = [0] * x.ndim
+            at[at_page] = pages[j]
+            one = lax.dynamic_slice_in_dim(x, j, 1, axis=at_page)
+            return lax.dynamic_update_slice(buf, one, at)
 
         out[name] = lax.fori_loop(0, n, page, pool[name])
     return out
 
 
 def insert(
-    state: DecodeState, kv: list, ints: jax.Array, floats: jax.Array, pages: jax.Array
+    state: DecodeState,
+    kv: list,
+    ints: jax.Array,
+    floats: jax.Array,
+    pages: jax.Array,
+    layout: str = PAGE_MAJOR,
 ) -> DecodeState:
     """Write a prefix (per layer (k, v) [T, K, H], int8: (k, v, k_scale, v_scale), scales
     [T, K]) into `pages` [ceil(T / S)] (global page ids; the scratch page where the sequence
     holds none) and set row `ints[0]`'s fields."""
-    cache = [write_pages(layer, entry, pages) for layer, entry in zip(state.cache, kv, strict=True)]
+    cache = [write_pages(layer, entry, pages, layout)
+             for layer, entry in zip(state.cache, kv, strict=True)]  # fmt: skip
     return activate(state._replace(cache=cache), ints, floats)
 
 

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from scaletui.serve import kv_cache, quant
+from scaletui.serve import kv_cache, pallas_attention, quant
 from scaletui.serve import native as native_ops
 from scaletui.serve.quant import QTensor, dense
 from scaletui.specs import ModelSpec
@@ -164,6 +164,7 @@ class Ops(NamedTuple):
     # (kv_cache.DecodeState)) -> (o [R, N, H], the pool with the step's K/V at each row's
     # position)
     decode_attention: Callable
+    layout: str = kv_cache.PAGE_MAJOR  # the pool layout decode_attention reads (kv_cache.LAYOUTS)
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -237,10 +238,18 @@ def prefill(
     return ops.logits(params, h, m), kv_out
 
 
-def gather_pages(cache: list[dict], pages: jax.Array) -> list[dict]:
-    """A sequence's pages `pages` [W] of every layer: {"k": [W, K, H, S], "v": [W, K, S, H]}
-    (int8: and scales [W, K, S]), for `prefill_paged`'s `prior`."""
-    return [{name: buf[pages] for name, buf in layer.items()} for layer in cache]
+def gather_pages(
+    cache: list[dict], pages: jax.Array, layout: str = kv_cache.PAGE_MAJOR
+) -> list[dict]:
+    """A sequence's pages `pages` [W] of every layer, page-major whatever the pool's layout:
+    {"k": [W, K, H, S], "v": [W, K, S, H]} (int8: and scales [W, K, S]), for
+    `prefill_paged`'s `prior`."""
+    if layout == kv_cache.PAGE_MAJOR:
+        return [{name: buf[pages] for name, buf in layer.items()} for layer in cache]
+    # head-major [K, P, S, H] -> page-major (a sequence's pages only, so the transpose is small)
+    perm = {"k": (1, 0, 3, 2), "v": (1, 0, 2, 3), "k_scale": (1, 0, 2), "v_scale": (1, 0, 2)}
+    return [{name: jnp.transpose(buf[:, pages], perm[name]) for name, buf in layer.items()}
+            for layer in cache]  # fmt: skip
 
 
 def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
@@ -317,7 +326,7 @@ def prefill_paged(
         first = jnp.minimum(start // layer["v"].shape[2], pages.shape[0])
         ids = lax.dynamic_slice_in_dim(jnp.append(pages, jnp.full_like(pages, scratch)), first,
                                        -(-t // layer["v"].shape[2]))  # fmt: skip
-        out.append(kv_cache.write_pages(layer, entry, ids))
+        out.append(kv_cache.write_pages(layer, entry, ids, ops.layout))
         x = x + ops.out(p, o[None], m)
         x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
     last = jnp.clip(true_len - 1 - start, 0, t - 1)
@@ -338,11 +347,11 @@ def decode(
     """One token per slot row. tokens, positions [B]; pages [B, W] (each row's page table, local
     page ids); returns (logits [R, V], updated cache).
 
-    cache: per layer a pool of pages (kv_cache: {"k": [dp * P, K, H, S], "v": [dp * P, K, S,
-    H]}, int8 with "k_scale"/"v_scale" [dp * P, K, S]). The token's K/V are written at its
-    position, then attention reads the row's first W pages only (the bucket). Needs positions
-    < W * S. Only the first R = n_rows rows run the matmuls (the state may carry a spare row:
-    XLA CPU's batch-1 GEMV is far faster than a batch-2 matmul).
+    cache: per layer a pool of pages in `ops.layout` (kv_cache: page-major {"k": [dp * P, K, H,
+    S], "v": [dp * P, K, S, H]}, int8 with "k_scale"/"v_scale" [dp * P, K, S]). The token's
+    K/V are written at its position, then attention reads the row's first W pages only (the
+    bucket). Needs positions < W * S. Only the first R = n_rows rows run the matmuls (the
+    state may carry a spare row: XLA CPU's batch-1 GEMV is far faster than a batch-2 matmul).
     """
     ops = ops or XLA
     b = tokens.shape[0]
@@ -437,6 +446,22 @@ def xla_ops(compute: jnp.dtype | None = None, panel: bool = False, replicas: int
 
 
 XLA = xla_ops()
+
+
+def pallas_ops(
+    mesh,
+    kernel: str,
+    compute: jnp.dtype | None = None,
+    panel: bool = False,
+    interpret: bool = False,
+) -> Ops:
+    """XLA's ops with decode attention on JAX's Pallas paged-attention kernel `kernel` ("gpu"
+    or "tpu", see pallas_attention.py) over a head-major pool sharded on `mesh`; `interpret`:
+    run the kernel in Pallas' interpret mode (CPU tests)."""
+    attention = partial(pallas_attention.decode_attention, mesh=mesh, kernel=kernel,
+                        interpret=interpret)  # fmt: skip
+    ops = xla_ops(compute, panel=panel)
+    return ops._replace(decode_attention=attention, layout=kv_cache.HEAD_MAJOR)
 
 
 def native_ops_for(compute: jnp.dtype = jnp.float32) -> Ops:

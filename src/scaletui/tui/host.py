@@ -141,11 +141,12 @@ class FitKey:
 
 
 def kernels_of(config: dict) -> str:
-    """The kernels a /stats "config" runs (`kernels_running`: native | xla), else what it asks
-    for: a fit made with XLA's ops does not describe a server that `auto` put on the native
+    """The kernels a /stats "config" runs (`kernels_running`: native | pallas | xla), else what
+    it asks for: a fit made with XLA's ops does not describe a server that `auto` put on the native
     kernels (nor the other way round), so fits are looked up by what runs."""
     running = config.get("kernels_running")
-    return str(running) if running in ("native", "xla") else str(config.get("kernels", "auto"))
+    known = ("native", "pallas", "xla")
+    return str(running) if running in known else str(config.get("kernels", "auto"))
 
 
 def fit_lookup(config: dict) -> FitKey:

@@ -245,8 +245,9 @@ def fit_words(m: SessionState, got: Expectation | str) -> tuple[str, str | None]
 
 
 def backend_label(stats: StatsSnapshot) -> str:
-    """`cpu`, or `cpu+native` when the generate engine runs the native CPU kernels."""
-    return stats.backend + ("+native" if stats.kernels == "native" else "")
+    """`cpu`, or `cpu+native` when the generate engine runs the native CPU kernels (`gpu+pallas`
+    on JAX's Pallas paged attention)."""
+    return stats.backend + (f"+{stats.kernels}" if stats.kernels in ("native", "pallas") else "")
 
 
 def redraw_keys(v: View) -> dict[str, tuple]:
