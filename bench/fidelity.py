@@ -445,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="weight storage (default: --dtype)")  # fmt: skip
     a("--kv-dtype", choices=("f32", "bf16", "int8"), default="",
       help="KV-cache storage (default: --dtype)")  # fmt: skip
-    a("--kernels", choices=("auto", "native", "xla"), default="auto")
+    a("--kernels", choices=("auto", "native", "pallas", "xla"), default="auto")
     s = p.add_argument_group("serving")
     s.add_argument("--serving-model", default="small")
     s.add_argument("--slots", type=int, default=8)

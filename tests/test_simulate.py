@@ -268,3 +268,18 @@ def test_prefix_cache_prefills_a_groups_shared_pages_once():
     rest = cost.prefill_s(128, 192)  # 72 tokens after 192 cached ones: the 128 bucket
     np.testing.assert_allclose(ttft(off), whole)
     np.testing.assert_allclose(ttft(on), [whole, whole, rest, rest, rest, rest])
+
+
+def test_native_kernels_pay_attention_for_active_rows_only():
+    """XLA's engine computes every slot row over the bucket; on the native kernels the matmuls
+    still run every row but attention reads only the active ones: one running request of four
+    slots pays the 4-row call at the smallest bucket plus a quarter of what its bucket adds."""
+    cost = dataclasses.replace(flat(step=1e-3, sync=3e-3), kv_bytes_per_token=1e-4)
+    load = fixed(1, 1.0, inp=100, out=9)  # one call of 8 steps, lengths 100..108: bucket 128
+    shape = ServerShape(slots=4, decode_steps=8, max_seq_len=1024)
+    xla = simulate(shape, dataclasses.replace(cost, kernels="xla"), load).summary
+    native = simulate(shape, dataclasses.replace(cost, kernels="native"), load).summary
+    full, base = cost.decode_call_s(4, 128, 8), cost.decode_call_s(4, 64, 8)
+    assert full > base
+    assert xla["median_icl_ms"] == pytest.approx(full * 1e3)
+    assert native["median_icl_ms"] == pytest.approx((base + (full - base) / 4) * 1e3)

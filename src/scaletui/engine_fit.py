@@ -138,6 +138,22 @@ def _prompt(engine, n: int) -> list[int]:
     return [int(t) for t in rng.integers(1, engine.vocab_size, n)]
 
 
+def _prefill_call(eng, tokens: list[int], params: SamplingParams) -> Callable[[], None]:
+    """One prompt's prefill as the server runs it: an interleaved engine writes it straight into
+    a slot's pages (`prefill_pages`, what the scheduler calls); a disaggregated server's prefill
+    engine runs the contiguous `prefill`."""
+    if eng.role != "both":
+        return lambda: eng.prefill(tokens, params)
+    from scaletui.serve.paging import fixed_table
+
+    state, row = [eng.init_decode_state()], fixed_table(eng)[0]
+
+    def call() -> None:
+        state[0], _ = eng.prefill_pages(state[0], tokens, params, 0, row)
+
+    return call
+
+
 def measure(
     config: ServeConfig,
     devices: list,
@@ -183,7 +199,7 @@ def measure(
         for n in grid.prefill:  # a prompt fills its bucket, leaving one position to generate
             params = SamplingParams(max_tokens=1, ignore_eos=True)
             tokens = _prompt(big, min(n, config.max_seq_len - 1))
-            timer.run(("prefill", n), lambda t=tokens, p=params: big.prefill(t, p), grid.calls)
+            timer.run(("prefill", n), _prefill_call(big, tokens, params), grid.calls)
         log(f"pass {r + 1}/{grid.rounds} done")
     decode = [
         DecodeSample(batch=p.batch, context=p.context, steps=p.steps, seconds=timer.median(p))

@@ -14,6 +14,9 @@ What it replays, as the server does it:
 4. A generate call runs min(decode_steps, most tokens any slot still needs) steps; its tokens
    reach the clients together at the call's end (one chunk per request: this drives TPOT/ITL).
    The engine computes every slot row over the KV bucket of the longest row (`padded_decode`).
+   On the native CPU kernels (the cost model's `kernels`), every slot row runs the matmuls but
+   attention reads only the active rows: a call with b of S rows active costs the S-row call
+   at the smallest bucket plus b / S of what the longest row's bucket adds to it.
 Not modelled: EOS before max_tokens (loadgen ignores EOS), cancels, the client's back-off after
 a failure, HTTP and tokenizer time, and on CPU the two disaggregated threads sharing cores.
 """
@@ -149,10 +152,12 @@ class _Sim:
         self.calls = 0
         self._prefill_memo: dict[tuple[int, int], float] = {}
         self._cached_groups: set[int] = set()  # shared prefixes prefilled once already
-        self._call_memo: dict[tuple[int, int, int], float] = {}
+        self._call_memo: dict[tuple[int, int, int, int], float] = {}
         buckets = shape.prefill_buckets
         self._pbuckets, self._chunk = buckets, buckets[-1]
         self._dbuckets = shape.decode_buckets
+        # the native kernels' attention skips inactive rows (they attend position 0 only)
+        self._live_rows = shape.padded_decode and decode.kernels == "native"
         cap = load.concurrency if load.concurrency else n
         for _ in range(min(cap, n)):
             self._send_next(0.0)
@@ -242,6 +247,14 @@ class _Sim:
         self.length[i], self.left[i], self.prev[i] = self.inp[i], self.out[i] - 1, now
         self.active.append(i)
 
+    def _call_s(self, batch: int, ctx: int, steps: int, active: int) -> float:
+        """One generate call at `batch` rows over bucket `ctx`, `active` of them running."""
+        full = self.decode.decode_call_s(batch, ctx, steps)
+        if not self._live_rows or active >= batch:
+            return full
+        base = self.decode.decode_call_s(batch, self._dbuckets[0], steps)
+        return base + active / batch * max(full - base, 0.0)
+
     def generate(self, now: float) -> float:
         """One generate call from `now`; returns when its tokens reach the clients."""
         active, left, length = self.active, self.left, self.length
@@ -253,10 +266,10 @@ class _Sim:
         else:
             ctx = sum(length[i] for i in active) // len(active) + steps // 2
             batch = len(active)
-        key = (batch, ctx, steps)
+        key = (batch, ctx, steps, len(active) if self._live_rows else batch)
         dt = self._call_memo.get(key)
         if dt is None:
-            dt = self._call_memo[key] = self.decode.decode_call_s(batch, ctx, steps)
+            dt = self._call_memo[key] = self._call_s(batch, ctx, steps, len(active))
         t = now + dt
         self.calls += 1
         self.call_s += dt
