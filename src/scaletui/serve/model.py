@@ -258,37 +258,41 @@ def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
     position, in the sequence's pages as gathered before this chunk's write (`prior`: {"k":
     [W, K, H, S], "v": [W, K, S, H]}, int8 with scales [W, K, S]).
     The earlier pages run in a loop as long as `start` needs (none for a fresh prompt), merged
-    with a running max and sum (flash attention's online softmax), in f32. -> [T, N, H]."""
+    with a running max and sum (flash attention's online softmax), in f32. -> [T, N, H].
+    Everything runs KV-head-major ([K, G, T, .]): XLA CPU's batched dots want the batch axis
+    first, and the [T, K, G, S] order cost transposes of the scores (512 tokens on `small`
+    bf16: 224 ms, K-major 156 ms, the contiguous prefill 173 ms)."""
     t, n, hd = q.shape
     kh, s = prior["k"].shape[1], prior["v"].shape[2]
     f32 = jnp.float32
-    qg = q.reshape(t, kh, n // kh, hd)
-    sc = jnp.einsum("TKGH,SKH->TKGS", qg, own[0], preferred_element_type=f32) * hd**-0.5
+    qk = jnp.transpose(q.reshape(t, kh, n // kh, hd), (1, 2, 0, 3))  # [K, G, T, H]
+    sc = jnp.einsum("KGTH,SKH->KGTS", qk, own[0], preferred_element_type=f32) * hd**-0.5
     causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [T, T]
-    sc = jnp.where(causal[:, None, None, :], sc, NEG)
+    sc = jnp.where(causal, sc, NEG)
     m0 = sc.max(-1)
     pr = jnp.exp(sc - m0[..., None])
-    acc0 = jnp.einsum("TKGS,SKH->TKGH", pr.astype(q.dtype), own[1], preferred_element_type=f32)
-    q32 = qg.astype(f32)  # XLA CPU has no bf16 x bf16 -> f32 dot inside a loop
+    acc0 = jnp.einsum("KGTS,SKH->KGTH", pr.astype(q.dtype), own[1], preferred_element_type=f32)
+    q32 = qk.astype(f32)
 
     def page(i, carry):
-        m_i, l_i, acc = carry  # [T, K, G], [T, K, G], [T, K, G, H]
-        sc = jnp.einsum("TKGH,KHS->TKGS", q32, prior["k"][i].astype(f32))
+        m_i, l_i, acc = carry  # [K, G, T], [K, G, T], [K, G, T, H]
+        sc = jnp.einsum("KGTH,KHS->KGTS", q32, prior["k"][i].astype(f32))
         if "k_scale" in prior:
-            sc = sc * prior["k_scale"][i][None, :, None, :]
-        sc = sc * hd**-0.5  # pages before `start` (a page boundary): every column is earlier
+            sc = sc * prior["k_scale"][i][:, None, None, :]
+        sc = sc * hd**-0.5
         m_new = jnp.maximum(m_i, sc.max(-1))
         fade = jnp.exp(m_i - m_new)
         pr = jnp.exp(sc - m_new[..., None])
         l_new = l_i * fade + pr.sum(-1)
         if "v_scale" in prior:
-            pr = pr * prior["v_scale"][i][None, :, None, :]
-        pv = jnp.einsum("TKGS,KSH->TKGH", pr, prior["v"][i].astype(f32))
+            pr = pr * prior["v_scale"][i][:, None, None, :]
+        pv = jnp.einsum("KGTS,KSH->KGTH", pr, prior["v"][i].astype(f32))
         return m_new, l_new, acc * fade[..., None] + pv
 
     n_prior = (start + s - 1) // s
     _, l_sum, acc = lax.fori_loop(0, n_prior, page, (m0, pr.sum(-1), acc0))
-    return (acc / l_sum[..., None]).reshape(t, n, hd).astype(q.dtype)
+    o = acc / l_sum[..., None]  # [K, G, T, H]
+    return jnp.transpose(o, (2, 0, 1, 3)).reshape(t, n, hd).astype(q.dtype)
 
 
 def prefill_paged(
