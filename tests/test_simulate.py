@@ -283,3 +283,29 @@ def test_native_kernels_pay_attention_for_active_rows_only():
     assert full > base
     assert xla["median_icl_ms"] == pytest.approx(full * 1e3)
     assert native["median_icl_ms"] == pytest.approx((base + (full - base) / 4) * 1e3)
+
+
+def test_a_token_budget_runs_a_long_prompt_in_pieces_between_generate_calls():
+    """Hand-computed (the scheduler's test on the fake engine, in time): a 16-token request
+    decodes while a 100-token one arrives; a 32-token budget prefills the long one in pieces
+    [0, 32), [32, 64), [64, 96), [96, 100) with a generate call after each of the first three,
+    so the stream's gaps shrink from a whole prefill to a piece, and the long one's TTFT grows
+    by three calls."""
+    cost = flat(step=1e-3, sync=5e-4, prefill_per_token=1e-4, prefill_fixed=2e-3)
+    load = Load(np.array([0.0, 4e-3]), np.array([16, 100]), np.array([20, 2]))
+    shape = ServerShape(slots=2, decode_steps=1, max_seq_len=256, page_size=16)
+    call = 5e-4 + 1e-3 + 2e-6  # sync + one step at 2 rows (1 us each)
+    prefill = lambda bucket: 2e-3 + bucket * 1e-4
+    a_first = prefill(16)
+    whole = simulate(shape, cost, load)
+    budget = simulate(dataclasses.replace(shape, max_batched_tokens=40), cost, load)  # 32
+    assert whole.t_first[0] == budget.t_first[0] == pytest.approx(a_first)
+    assert whole.t_first[1] == pytest.approx(a_first + call + prefill(128))
+    pieces = 3 * (prefill(32) + call) + prefill(16)
+    assert budget.t_first[1] == pytest.approx(a_first + call + pieces)
+    assert (budget.outcome == "ok").all() and (whole.outcome == "ok").all()
+    assert budget.summary["max_itl_ms"] < whole.summary["max_itl_ms"]
+    assert budget.summary["max_itl_ms"] == pytest.approx((prefill(32) + call) * 1e3)
+    assert whole.summary["max_itl_ms"] == pytest.approx((prefill(128) + call) * 1e3)
+    with pytest.raises(ValueError, match="max_batched_tokens should be >= 0"):
+        ServerShape(max_batched_tokens=-1)

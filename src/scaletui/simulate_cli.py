@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-seq-len", type=int, help="default: min(1024, the model's)")
     s.add_argument("--page-size", type=int, default=64, help="KV positions per page (the decode "
                    "step is compiled for 2^i pages)")  # fmt: skip
+    s.add_argument("--max-batched-tokens", type=int, default=0, help="interleaved: prompt "
+                   "tokens between two generate calls, whole pages (0: whole prompts)")  # fmt: skip
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="interleaved: prefill shared prefixes every time (the server's "
                    "--no-prefix-cache)")  # fmt: skip
@@ -177,6 +179,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         decode_steps=args.decode_steps, mode=args.mode, max_waiting=args.max_waiting,
         max_waiting_tokens=args.max_waiting_tokens, max_prefill_bucket=args.max_prefill_bucket,
         page_size=args.page_size, prefix_cache=args.prefix_cache,
+        max_batched_tokens=args.max_batched_tokens,
     )  # fmt: skip
     decode, prefill, words = cost_models(args, model, shape)
     workload = workload_from(args)

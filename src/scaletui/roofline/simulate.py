@@ -9,8 +9,10 @@ What it replays, as the server does it:
 2. Prefill is FCFS. A prompt is padded to its power-of-two bucket; past the largest bucket it
    runs in bucket-sized chunks. The first token reaches the client when prefill ends.
 3. Interleaved: one thread prefills while a slot is free and requests wait, then runs one
-   generate call. Disaggregated: prefill (and the KV transfer) runs concurrently on its own
-   devices into a bounded hand-over queue (max(2, slots)); generate inserts between calls.
+   generate call; with a token budget (`max_batched_tokens`) at most that many prompt tokens
+   (whole pages) run between two calls, a long prompt in pieces. Disaggregated: prefill (and
+   the KV transfer) runs concurrently on its own devices into a bounded hand-over queue
+   (max(2, slots)); generate inserts between calls.
 4. A generate call runs min(decode_steps, most tokens any slot still needs) steps; its tokens
    reach the clients together at the call's end (one chunk per request: this drives TPOT/ITL).
    The engine computes every slot row over the KV bucket of the longest row (`padded_decode`).
@@ -62,6 +64,7 @@ class ServerShape:
     max_waiting_tokens: int = 262144  # waiting prompt tokens beyond which 429
     page_size: int = 64  # KV positions per page: decode buckets are 2^i pages
     prefix_cache: bool = False  # interleaved: a shared prefix's full pages prefill once
+    max_batched_tokens: int = 0  # interleaved: prompt tokens between two generate calls (0: all)
     padded_decode: bool = True  # a step costs slots rows x KV bucket (the JAX engine's shapes)
 
     def __post_init__(self) -> None:
@@ -73,6 +76,16 @@ class ServerShape:
                 raise ValueError(f"{name} should be >= 1, got {vars(self)[name]}")
         if self.max_seq_len < 2:
             raise ValueError(f"max_seq_len should be >= 2, got {self.max_seq_len}")
+        if self.max_batched_tokens < 0:
+            raise ValueError(f"max_batched_tokens should be >= 0, got {self.max_batched_tokens}")
+
+    @property
+    def budget(self) -> int:
+        """Prompt tokens per pass between generate calls, as the scheduler rounds it: whole
+        pages, at least one (0: no budget)."""
+        if not self.max_batched_tokens:
+            return 0
+        return max(self.page_size, self.max_batched_tokens // self.page_size * self.page_size)
 
     @property
     def prefill_buckets(self) -> tuple[int, ...]:
@@ -231,6 +244,23 @@ class _Sim:
         page = shape.page_size
         return min(load.prefix_len // page, (self.inp[i] - 1) // page) * page
 
+    def piece_s(self, start: int, stop: int) -> float:
+        """Prefill of prompt tokens start..stop-1 of a sequence whose earlier ones are in its
+        pages (a budget's piece): the engine's bucket-sized chunks from `start`."""
+        key = (-start - 1, stop)  # apart from prefill_s's (n, cached) keys
+        s = self._prefill_memo.get(key)
+        if s is None:
+            cost, chunk = self.prefill_cost, self._chunk
+            s = sum(cost.prefill_s(next(b for b in self._pbuckets if b >= min(chunk, stop - c)), c)
+                    for c in range(start, stop, chunk))  # fmt: skip
+            self._prefill_memo[key] = s
+        return s
+
+    def first_token(self, i: int, t: float) -> None:
+        self.first[i] = t
+        if self.out[i] == 1:
+            self._done(i, t, "ok")
+
     def pop_prefill(self, now: float) -> tuple[int, float] | None:
         """FCFS: the next waiting request and when its prefill (and first token) ends."""
         if not self.waiting:
@@ -297,6 +327,8 @@ class _Sim:
 
 
 def _interleaved(sim: _Sim) -> None:
+    if sim.shape.budget:
+        return _interleaved_budget(sim)
     now, slots = 0.0, sim.shape.slots
     while True:
         while len(sim.active) < slots:
@@ -315,6 +347,45 @@ def _interleaved(sim: _Sim) -> None:
             now = max(now, sim.next_arrival())
         else:
             return
+
+
+def _interleaved_budget(sim: _Sim) -> None:
+    """The interleaved loop with --max-batched-tokens, as the scheduler runs it: the requests
+    waiting when a pass starts take free slots (prefill jobs, FCFS); at most `budget` of their
+    prompt tokens run, in pieces that end on a page boundary or with the prompt, then one
+    generate call for the sequences already decoding."""
+    now, slots, budget, page = 0.0, sim.shape.slots, sim.shape.budget, sim.shape.page_size
+    jobs: deque[list[int]] = deque()  # [request, prompt tokens in its pages so far]
+    while True:
+        sim.admit(now)
+        while len(sim.active) + len(jobs) < slots and sim.waiting:
+            i = sim.waiting.popleft()
+            sim.waiting_tokens -= sim.inp[i]
+            jobs.append([i, sim.cached_tokens(i)])
+        left = budget
+        while jobs and left > 0:
+            i, done = jobs[0]
+            n = min(sim.inp[i] - done, left)
+            if done + n < sim.inp[i]:
+                n = n // page * page  # a piece ends on a page boundary, or with the prompt
+            if n == 0:
+                break
+            t = now + sim.piece_s(done, done + n)
+            sim.occupied_s += len(sim.active) * (t - now)
+            now, left = t, left - n
+            if done + n < sim.inp[i]:
+                jobs[0][1] = done + n
+                continue
+            jobs.popleft()
+            sim.first_token(i, now)
+            if sim.out[i] > 1:
+                sim.insert(i, now)
+        if sim.active:
+            now = sim.generate(now)
+        elif not jobs:
+            if not sim.arrivals:
+                return
+            now = max(now, sim.next_arrival())
 
 
 def _disaggregated(sim: _Sim) -> None:

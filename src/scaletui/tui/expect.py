@@ -188,6 +188,7 @@ def server_shape(knobs: Knobs, cfg: ServerConfig) -> ServerShape:
         max_waiting_tokens=cfg.max_waiting_tokens,
         page_size=cfg.page_size,
         prefix_cache=cfg.prefix_cache,
+        max_batched_tokens=knobs.max_batched_tokens,  # the knob the TUI applies
     )
 
 
