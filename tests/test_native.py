@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -512,3 +514,33 @@ def test_bf16_compute_without_bf16_pairs_says_it_widens(monkeypatch):
     assert plan.native and plan.note is None
     (plan,) = plan_engines(dataclasses.replace(cfg, dtype="f32"), jax.devices()[:1])
     assert plan.native and plan.note is None  # f32 compute never needed them
+
+
+@needs_kernels
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_generate_call_does_not_copy_the_embedding_table(tied):
+    """The bf16 table the model gathers embeddings from is held as uint16 bits: XLA's CPU
+    backend copied (bitcast) or converted a bf16 table before the gather, hoisted out of the
+    decode loop: a whole-table op per generate call (small: ~10 ms of a 26 ms call)."""
+    if not native.bf16_dot_products():
+        pytest.skip("plain bf16 panels (no AVX512_BF16): their kernel takes bf16, not bits")
+    m = dataclasses.replace(load_model("tiny"), tied_embeddings=tied)
+    cfg = ServeConfig(model=m, slots=2, max_seq_len=64, dtype="bf16", weight_dtype="bf16",
+                      kv_dtype="bf16", kernels="native")  # fmt: skip
+    eng, _ = build_engines(cfg, jax.devices()[:1])
+    head = eng.params["lm_head"]
+    assert head.dtype == jnp.uint16 and native.is_pairs(head)
+    hlo = eng._generate_exe(eng.decode_buckets[0]).as_text()
+    entry = hlo[hlo.index("\nENTRY") :]
+    table = m.vocab_size * m.d_model
+    for line in entry.splitlines():
+        if "parameter(" in line or "get-tuple-element" in line or " while(" in line:
+            continue
+        shape = re.search(r"= \w+\[([\d,]*)\]", line)
+        if shape and shape.group(1):
+            assert math.prod(map(int, shape.group(1).split(","))) < table, line[:200]
+    state, table_rows = eng.init_decode_state(), fixed_table(eng)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    state = eng.insert(state, eng.prefill([5, 6, 7], params), 0, table_rows[0])
+    _, out = eng.generate(state, 4, table_rows)  # and it runs
+    assert out.valid[:, 0].all()

@@ -40,6 +40,7 @@ XLA_ROWS = 512  # from this many rows (long prompts) XLA's own f32 matmul is on 
 DENSE = {"float32": "scaletui_dense_f32", "bfloat16": "scaletui_dense_bf16",
          "int8": "scaletui_dense_i8"}  # fmt: skip
 DENSE_BF16_DOT = "scaletui_dense_bf16_dot"  # bf16 x on bf16 pairs panels (AVX512_BF16)
+DENSE_BF16_DOT_BITS = "scaletui_dense_bf16_dot_bits"  # the same panels held as uint16 bits
 DENSE_I8_DOT = "scaletui_dense_i8_dot"  # bf16 x on int8 panels as bf16 pairs, I8_DOT_ROWS rows up
 I8_DOT_ROWS = 8  # below it the widening int8 kernel is as fast (the step reads the weight)
 ATTENTION = {"float32": "scaletui_decode_attention_f32",
@@ -47,7 +48,7 @@ ATTENTION = {"float32": "scaletui_decode_attention_f32",
              "int8": "scaletui_decode_attention_i8"}  # fmt: skip
 _SYMBOLS = {DENSE["float32"]: "ScaletuiDenseF32", DENSE["bfloat16"]: "ScaletuiDenseBF16",
             DENSE["int8"]: "ScaletuiDenseI8", DENSE_BF16_DOT: "ScaletuiDenseBF16Dot",
-            DENSE_I8_DOT: "ScaletuiDenseI8Dot",
+            DENSE_BF16_DOT_BITS: "ScaletuiDenseBF16DotBits", DENSE_I8_DOT: "ScaletuiDenseI8Dot",
             ATTENTION["float32"]: "ScaletuiDecodeAttentionF32",
             ATTENTION["bfloat16"]: "ScaletuiDecodeAttentionBF16",
             ATTENTION["int8"]: "ScaletuiDecodeAttentionI8"}  # fmt: skip
@@ -170,10 +171,14 @@ def unpack(packed: PackedWeight, n: int | None = None) -> np.ndarray:
     panels = packed.q if isinstance(packed, QTensor) else packed
     if is_pairs(packed):
         p, d2, width = panels.shape[0], panels.shape[1], panels.shape[2] // 2
-        panels = np.asarray(panels).reshape(p, d2, width, 2).transpose(0, 1, 3, 2)
+        panels = np.asarray(panels)
+        panels = panels.view(jnp.bfloat16) if panels.dtype == np.uint16 else panels
+        panels = panels.reshape(p, d2, width, 2).transpose(0, 1, 3, 2)
         panels = panels.reshape(p, 2 * d2, width)
     p, d, width = panels.shape
-    w = np.asarray(panels).transpose(1, 0, 2).reshape(d, p * width)
+    w = np.asarray(panels)
+    w = w.view(jnp.bfloat16) if w.dtype == np.uint16 else w  # bf16 bits (pack_params)
+    w = w.transpose(1, 0, 2).reshape(d, p * width)
     if isinstance(packed, QTensor):
         w = w.astype(np.float32) * np.asarray(packed.scale)
     return w[:, :n]
@@ -233,12 +238,26 @@ def pack_params(params: dict, *, pairs: bool = False) -> dict:
         )
     table = params.get("lm_head", params["embed"])  # [V, D], int8: one scale per row
     values, scale = _columns(table, _values(table).shape[0])
-    head = _pack(values.T, scale, pairs)
+    head = _bits(_pack(values.T, scale, pairs))
     out = {"norm": np.asarray(params["norm"]), "lm_head": head, "layers": layers}
     if "lm_head" in params:  # untied: the input embedding is a table of its own
         e = params["embed"]
-        out["embed"] = e if isinstance(e, QTensor) else np.asarray(e)
+        out["embed"] = e if isinstance(e, QTensor) else _bits(np.asarray(e))
     return out
+
+
+def _bits(table: PackedWeight) -> PackedWeight:
+    """A bf16 table the model gathers rows from, held as its uint16 bits (plain bf16 panels
+    and QTensors stay as they are). XLA's CPU backend converts a whole bf16 array before a
+    gather or a dynamic slice, or copies it for a bitcast; hoisted out of the decode loop, that
+    was one copy of the table per generate call (small: 32 MB, ~10 ms of a 26 ms 4-step call at
+    batch 1). Bits gather as integers; the pairs kernel reads them as they are
+    (DENSE_BF16_DOT_BITS); an untied embedding is only gathered."""
+    if isinstance(table, QTensor) or table.dtype.name != "bfloat16":
+        return table
+    if table.ndim == 3 and not is_pairs(table):  # plain bf16 panels: their kernel wants bf16
+        return table
+    return np.ascontiguousarray(table).view(np.uint16)
 
 
 # --- ops (usable inside jit) -----------------------------------------------------------------
@@ -264,7 +283,8 @@ def dense(x: jax.Array, w: PackedWeight, n: int) -> jax.Array:
     rows = math.prod(x.shape[:-1])
     columns = panels.shape[0] * panel_width()  # n rounded up to whole panels
     if is_pairs(w):
-        target, args = DENSE_BF16_DOT, (x.astype(jnp.bfloat16), panels)
+        target = DENSE_BF16_DOT_BITS if panels.dtype == jnp.uint16 else DENSE_BF16_DOT
+        args = (x.astype(jnp.bfloat16), panels)
     elif (
         x.dtype == jnp.bfloat16 and scale is not None and rows >= I8_DOT_ROWS and pairs_for("bf16")
     ):

@@ -537,8 +537,12 @@ ffi::Error DenseI8Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffe
 #endif
 }
 
-ffi::Error DenseBF16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
-                        ffi::Buffer<ffi::BF16, 3> w, ffi::ResultBuffer<ffi::F32> y) {
+// W's element type is BF16, or U16 holding bf16 bits (a table the model also gathers rows from:
+// XLA's CPU backend converts a whole bf16 table before a gather, on every call; bits it gathers
+// as integers).
+template <ffi::DataType W>
+ffi::Error DenseBF16DotT(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<W, 3> w,
+                         ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   if (xd.size() < 1 || wd[2] != 2 * kPanel || (xd.back() + 1) / 2 != wd[1])
@@ -560,6 +564,16 @@ ffi::Error DenseBF16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
 #else
   return ffi::Error::InvalidArgument("dense_bf16_dot: this CPU has no AVX512_BF16");
 #endif
+}
+
+ffi::Error DenseBF16Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
+                        ffi::Buffer<ffi::BF16, 3> w, ffi::ResultBuffer<ffi::F32> y) {
+  return DenseBF16DotT<ffi::BF16>(pool, x, w, y);
+}
+
+ffi::Error DenseBF16DotBits(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
+                            ffi::Buffer<ffi::U16, 3> w, ffi::ResultBuffer<ffi::F32> y) {
+  return DenseBF16DotT<ffi::U16>(pool, x, w, y);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -920,6 +934,7 @@ using S32x2 = ffi::Buffer<ffi::S32, 2>;
 using F32x1 = ffi::Buffer<ffi::F32, 1>;
 using F32x2 = ffi::Buffer<ffi::F32, 2>;
 using BF16x3 = ffi::Buffer<ffi::BF16, 3>;
+using U16x3 = ffi::Buffer<ffi::U16, 3>;  // bf16 bits
 using S8x3 = ffi::Buffer<ffi::S8, 3>;
 
 extern "C" int scaletui_panel_width() { return kPanel; }
@@ -944,6 +959,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseBF16Dot, DenseBF16Dot,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Arg<BF16x3>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseBF16DotBits, DenseBF16DotBits,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<U16x3>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseI8Dot, DenseI8Dot,
