@@ -9,11 +9,13 @@ one `fori_loop`, donates the decode state and copies one packed int32 array to t
 bucket is picked on the host from a mirror of the slot lengths, so no device sync picks it. The
 KV cache is paged (kv_cache.py): the scheduler owns the page tables (pages.py) and hands each
 insert its pages and each generate call every row's table.
-An engine built with `native=True` (build.py decides: unsharded f32 on CPU, `--kernels`) holds
-its weights in the native layout and runs the native C++ kernels for matmuls and decode
-attention (`serve/native`); others run XLA ops, over weights stored as the config's precision
-says (f32, bf16, or int8 with per-channel scales: quant.py) and a KV cache likewise (int8 with a
-scale per position and KV head). The jitted bodies live in steps.py.
+An engine built with `kernels="native"` (build.py decides from `--kernels`: unsharded, on CPU)
+holds its weights in the native layout and runs the native C++ kernels for matmuls and decode
+attention (`serve/native`); `kernels="pallas"` runs XLA ops with decode attention on JAX's
+Pallas paged-attention kernel over a head-major pool (GPU/TPU); others run XLA ops, over
+weights stored as the config's precision says (f32, bf16, or int8 with per-channel scales:
+quant.py) and a KV cache likewise (int8 with a scale per position and KV head). The jitted
+bodies live in steps.py.
 """
 
 from __future__ import annotations
