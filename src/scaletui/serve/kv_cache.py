@@ -220,6 +220,32 @@ def write_pages(pool: dict, entry: tuple, pages: jax.Array, layout: str = PAGE_M
     return out
 
 
+def write_positions(
+    pool: dict, step: dict, positions: jax.Array, pages: jax.Array, layout: str = PAGE_MAJOR
+) -> dict:
+    """One decode step's K/V into one layer's pool: row r's step {k, v [B, K, H] (, scales
+    [B, K])} at position positions[r], in page pages[r, positions[r] // S] (ids in this pool;
+    rows without a page there write the scratch page 0). One dynamic-update-slice per row in a
+    loop: XLA CPU updates the pool in place that way, where a scatter copied it per layer per
+    step (see write_pages)."""
+    s = pool["v"].shape[2]
+    rows = jnp.arange(positions.shape[0])
+    at_canon = (pages[rows, jnp.minimum(positions // s, pages.shape[1] - 1)], positions % s)
+    out = {}
+    for name, buf in pool.items():
+        _, perm = LAYOUTS[layout][name]
+        x = step[name].astype(buf.dtype)
+
+        def row(r, buf, x=x, perm=perm):
+            # a canonical block [1 page, 1 position, K(, H)] in the layout's order
+            one = jnp.transpose(lax.dynamic_index_in_dim(x, r, keepdims=False)[None, None], perm)
+            canon = (at_canon[0][r], at_canon[1][r], 0, 0)
+            return lax.dynamic_update_slice(buf, one, [canon[i] for i in perm])
+
+        out[name] = lax.fori_loop(0, positions.shape[0], row, buf)
+    return out
+
+
 def insert(
     state: DecodeState,
     kv: list,

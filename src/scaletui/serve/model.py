@@ -378,25 +378,7 @@ def _replica_attention(q: jax.Array, step: dict, positions, pages, pool: dict) -
     (o [b, N, H], the pool with each row's K/V written at its position)."""
     b, n, hd = q.shape
     s = pool["v"].shape[2]
-    rows = jnp.arange(b)
-    page = pages[rows, jnp.minimum(positions // s, pages.shape[1] - 1)]
-    col = positions % s
-    # one dynamic-update-slice per row in a loop (rows without a page write to page 0, the
-    # scratch): XLA CPU updates the pool in place that way, where a scatter copied it per layer
-    # per step (kv_cache.write_pages)
-    new = {}
-    for name, buf in pool.items():
-        x = step[name].astype(buf.dtype)
-
-        def row(r, buf, x=x, name=name):
-            at = [page[r], 0, 0, 0][: buf.ndim]
-            at[3 if name == "k" else 2] = col[r]  # k [P, K, H, S]; v [P, K, S, H]; scales
-            one = lax.dynamic_index_in_dim(x, r, keepdims=False)  # [K, H] or [K]
-            # v [K, H] -> [1, K, 1, H]; k [K, H] -> [1, K, H, 1]; scales [K] -> [1, K, 1]
-            one = one[None, :, None] if name == "v" else one[None, ..., None]
-            return lax.dynamic_update_slice(buf, one, at)
-
-        new[name] = lax.fori_loop(0, b, row, buf)
+    new = kv_cache.write_positions(pool, step, positions, pages)
     kh = pool["k"].shape[1]
     kp = new["k"][pages].astype(q.dtype)  # [b, W, K, H, S]
     vp = new["v"][pages].astype(q.dtype)  # [b, W, K, S, H]

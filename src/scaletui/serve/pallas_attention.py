@@ -22,7 +22,6 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 from scaletui.serve import kv_cache, quant, sharding
@@ -83,22 +82,8 @@ def _local_step(q, step: dict, positions, pages, pool: dict, *, kernel: str, int
     pool's storage, positions [b], pages [b, W] (ids in this replica's pool) and the pool
     {k, v [K, P, S, H] (, scales [K, P, S])} -> (o [b, N, H], the pool with each row's K/V at
     its position; rows without a page there write the scratch page 0)."""
-    b, _, hd = q.shape
-    s = pool["k"].shape[2]
-    rows = jnp.arange(b)
-    page = pages[rows, jnp.minimum(positions // s, pages.shape[1] - 1)]
-    col = positions % s
-    new = {}
-    for name, buf in pool.items():
-        x = step[name].astype(buf.dtype)
-
-        def row(r, buf, x=x):
-            one = lax.dynamic_index_in_dim(x, r, keepdims=False)  # [K, H] or [K]
-            one = one[:, None, None]  # [K, 1, 1, H] or [K, 1, 1]
-            at = (0, page[r], col[r], 0)[: buf.ndim]
-            return lax.dynamic_update_slice(buf, one, at)
-
-        new[name] = lax.fori_loop(0, b, row, buf)
+    hd = q.shape[2]
+    new = kv_cache.write_positions(pool, step, positions, pages, kv_cache.HEAD_MAJOR)
     lengths = (positions + 1).astype(jnp.int32)  # a row attends to positions 0..its own
     qs = (q.astype(jnp.float32) * hd**-0.5).astype(q.dtype)
     o = ATTENTION[kernel](qs, new, pages, lengths, interpret)
