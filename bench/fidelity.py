@@ -316,7 +316,7 @@ def _loadgen(url: str, workload: list[str], out: Path) -> dict:
     from scaletui.loadgen import cli as loadgen_cli
 
     code = loadgen_cli.main(["--url", url, "--out", str(out), "--quiet", "--warmup", "2",
-                             "--prompt-format", "ids", *workload])  # fmt: skip
+                             *workload])  # fmt: skip
     signal.signal(signal.SIGTERM, _on_term)  # loadgen's own handler is gone with its loop
     if code == loadgen_cli.EXIT_INTERRUPTED:
         raise KeyboardInterrupt
@@ -353,8 +353,9 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
               str(args.decode_steps), "--dtype", args.dtype, "--kernels", args.kernels,
               *(["--weight-dtype", args.weight_dtype] if args.weight_dtype else []),
               *(["--kv-dtype", args.kv_dtype] if args.kv_dtype else [])]  # fmt: skip
+    # token-id prompts: exactly --input-len tokens, no BOS (the simulator is told the same)
     lengths = ["--input-len", str(args.input_len), "--output-len", str(args.output_len),
-               "--seed", str(args.seed)]  # fmt: skip
+               "--prompt-format", "ids"]  # fmt: skip
 
     def sim(workload: list[str]) -> dict:
         return _simulate(fit_file, ["--model", model.name, *server], workload)
@@ -383,7 +384,8 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
     points = []
     with EmbeddedServer(cmd, log=str(work / "server.log")) as srv:
         for i, (settings, flags) in enumerate(runs):
-            workload = [*flags, *lengths]
+            # a seed per run: the same prompts again would hit the server's prefix cache
+            workload = [*flags, *lengths, "--seed", str(args.seed + i)]
             log(f"serving: loadgen {' '.join(workload)}")
             got = _loadgen(srv.url, workload, work / f"loadgen-{i}.json")
             want = sim(workload)

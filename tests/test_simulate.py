@@ -88,11 +88,40 @@ def test_one_slot_slow_constant_arrivals_give_exact_latencies():
     assert np.allclose(r.t_first - r.t_send, ttft)
 
 
+def test_a_request_arriving_during_a_pass_waits_for_the_next():
+    """The scheduler's pass: the requests waiting at its start are prefilled, then one generate
+    call runs. B arrives (t = 1 ms) during A's prefill (2 + 12.8 ms): it is prefilled after
+    A's first generate call, not before it."""
+    cost = flat()
+    shape = ServerShape(slots=2, max_seq_len=512)
+    r = simulate(shape, cost, Load(np.array([0.0, 1e-3]), np.full(2, 100), np.full(2, 9)))
+    pre, call = cost.prefill_s(128), cost.decode_call_s(2, 128, 4)
+    assert r.t_first[0] == pytest.approx(pre)
+    assert r.t_first[1] == pytest.approx(pre + call + pre)
+
+
+def test_intake_spreads_a_burst_of_sends():
+    """Two requests sent together reach the queue intake_s apart: the first pass (woken by the
+    first) prefills it alone, the second waits for that pass's generate call."""
+    cost, intake = flat(), 1e-3
+    shape = ServerShape(slots=2, max_seq_len=512, intake_s=intake)
+    r = simulate(shape, cost, fixed(2, 0.0, inp=100, out=9, concurrency=2, closed_loop=True))
+    pre, call = cost.prefill_s(128), cost.decode_call_s(2, 128, 4)
+    assert r.t_first[0] == pytest.approx(intake + pre)
+    assert r.t_first[1] == pytest.approx(intake + pre + call + pre)
+    together = simulate(dataclasses.replace(shape, intake_s=0.0), cost,
+                        fixed(2, 0.0, inp=100, out=9, concurrency=2, closed_loop=True))  # fmt: skip
+    assert together.t_first[1] == pytest.approx(2 * pre)  # both in the first pass
+    with pytest.raises(ValueError, match="intake_s"):
+        ServerShape(intake_s=-1e-3)
+
+
 def test_chunked_prefill_and_too_long_requests():
     cost = flat()
     shape = ServerShape(slots=1, max_seq_len=512, max_prefill_bucket=64)
     s = simulate(shape, cost, fixed(1, 1.0, inp=200, out=4)).summary
-    chunks = sum(cost.prefill_s(64, start) for start in (0, 64, 128, 192))
+    # chunks of the largest bucket, the last 8 tokens in the smallest (16), as prefill_pages runs
+    chunks = sum(cost.prefill_s(64, start) for start in (0, 64, 128)) + cost.prefill_s(16, 192)
     assert s["mean_ttft_ms"] == pytest.approx(chunks * 1e3)
     s = simulate(shape, cost, fixed(3, 1.0, inp=500, out=20)).summary  # 520 > 512: HTTP 400
     assert s["failed"] == 3 and s["completed"] == 0 and s["mean_ttft_ms"] is None
@@ -220,6 +249,19 @@ def test_simulate_cli_prints_loadgen_keys_and_says_where_costs_come_from(capsys,
     assert simulate_main([*local_argv, "--no-fit"]) == 0
     assert "assumed" in capsys.readouterr().out
     assert simulate_main(["--model", "small", "--hardware", "h200"]) == 2
+
+
+def test_simulate_cli_counts_the_bos_a_text_prompt_gains(capsys):
+    """loadgen's text prompts reach our server with a BOS first: 128 + 128 tokens fit a
+    max_seq_len of 256 as token ids, and fail (HTTP 400) as text."""
+    argv = ["--model", "small", "--hardware", "h200", "--concurrency", "2", "--num-requests",
+            "4", "--input-len", "128", "--output-len", "128", "--max-seq-len", "256",
+            "--json"]  # fmt: skip
+    assert simulate_main([*argv, "--prompt-format", "ids"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["completed"] == 4
+    assert simulate_main(argv) == 0  # text is loadgen's default, and so here
+    s = orjson.loads(capsys.readouterr().out)
+    assert s["completed"] == 0 and s["failed"] == 4
 
 
 def test_simulate_cli_takes_the_precision_flags_and_finds_the_fit_for_that_precision(capsys):

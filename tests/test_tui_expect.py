@@ -15,6 +15,7 @@ from scaletui.records import Record
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.fitstore import save_fit
 from scaletui.specs import load_hardware, load_model
+from scaletui.tui import expect as tui_expect
 from scaletui.tui import views
 from scaletui.tui.expect import ServerConfig, expect, fit_label, sweep_grid
 from scaletui.tui.knobs import Knobs
@@ -89,9 +90,11 @@ def test_floor_on_cpu_shares_the_host_among_virtual_devices():
     assert predict(model, h100, Knobs(slots=8, tp=2)).hbm_bw == h100.hbm_bw
 
 
-def test_expected_simulates_the_scheduler_on_a_stored_fit():
+def test_expected_simulates_the_scheduler_on_a_stored_fit(monkeypatch):
     """4 slots, closed loop at 4, 32 tokens out, 4 steps per call on the hand fit: 7 calls of
-    2 + 4 x 1 ms and one of 2 + 3 ms = 47 ms per request, all four in lockstep."""
+    2 + 4 x 1 ms and one of 2 + 3 ms = 47 ms per request, all four in lockstep (with no intake
+    time: the server's staggers a burst of sends, tested in test_simulate)."""
+    monkeypatch.setattr(tui_expect, "INTAKE_S", 0.0)
     save_fit(hand_fit())
     m = serving()
     e = m.expectation()

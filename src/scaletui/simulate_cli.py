@@ -22,10 +22,18 @@ import orjson
 
 from scaletui.loadgen import cli as loadgen_cli
 from scaletui.loadgen.output import table
-from scaletui.loadgen.workload import ARRIVALS, DISTS, Workload, iter_requests
+from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Workload, iter_requests
 from scaletui.roofline.costmodel import COMPUTE_DTYPES, DTYPE_BYTES, CostModel
 from scaletui.roofline.fitstore import find_fit, load_fit
-from scaletui.roofline.simulate import MODES, Load, ServerShape, SimResult, simulate
+from scaletui.roofline.simulate import (
+    BOS_TOKENS,
+    INTAKE_S,
+    MODES,
+    Load,
+    ServerShape,
+    SimResult,
+    simulate,
+)
 from scaletui.specs import SpecError, load_hardware, load_model
 
 MAX_REQUESTS = 1_000_000  # a --duration run draws at most this many
@@ -64,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-dtype", choices=tuple(DTYPE_BYTES), help="KV-cache storage (int8: a "
                    "scale per position and KV head); default: --dtype")  # fmt: skip
     s.add_argument("--kernels", choices=("auto", "native", "pallas", "xla"), default="auto")
+    s.add_argument("--intake-ms", type=float, default=INTAKE_S * 1e3, help="a request's HTTP + "
+                   "tokenizer time before it queues, one request at a time")  # fmt: skip
     s.add_argument("--max-waiting", type=int, default=256)
     s.add_argument("--max-waiting-tokens", type=int, default=262144)
     s.add_argument("--max-prefill-bucket", type=int, default=0, help="0 = max_seq_len; longer "
@@ -86,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefix-len", type=int, default=0)
     g.add_argument("--prefix-groups", type=int, default=1)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--prompt-format",
+        choices=PROMPT_FORMATS,
+        default="text",
+        help="text: the server prefills one BOS token more; ids: none",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     o.add_argument("--out", help="write the summary JSON here")
@@ -93,13 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def workload_from(args: argparse.Namespace) -> Workload:
-    """loadgen's own Workload for these flags (ids prompts: the lengths are drawn from their
-    own random stream, so the prompt format changes nothing but the drawing time)."""
+    """loadgen's own Workload for these flags, drawn as ids prompts: the lengths come from
+    their own random stream, so the prompt format changes nothing but the drawing time (the
+    BOS a text prompt gains is added by `run`)."""
     as_loadgen = argparse.Namespace(
-        **vars(args),
+        **{**vars(args), "prompt_format": "text" if args.dataset else "ids"},
         sweep=None,
         cancel_rate=0.0,
-        prompt_format="text" if args.dataset else "ids",
     )
     return loadgen_cli.workload_from(as_loadgen)
 
@@ -179,20 +195,22 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         decode_steps=args.decode_steps, mode=args.mode, max_waiting=args.max_waiting,
         max_waiting_tokens=args.max_waiting_tokens, max_prefill_bucket=args.max_prefill_bucket,
         page_size=args.page_size, prefix_cache=args.prefix_cache,
-        max_batched_tokens=args.max_batched_tokens,
+        max_batched_tokens=args.max_batched_tokens, intake_s=args.intake_ms / 1e3,
     )  # fmt: skip
     decode, prefill, words = cost_models(args, model, shape)
     workload = workload_from(args)
     n = args.num_requests or (None if args.duration else 200)
     growing = n is None and workload.closed_loop  # how many a closed loop sends: run and see
     take = 1000 if growing else n
+    bos = BOS_TOKENS if args.prompt_format == "text" or args.dataset else 0  # BOS, then the prompt
     t0 = time.perf_counter()
     while True:
         offsets, inp, out = draw(workload, take, args.duration)
+        inp = inp + bos
         load = Load(offsets, inp, out, concurrency=args.concurrency,
                     closed_loop=workload.closed_loop, duration=args.duration,
-                    requested_rate=args.qps, prefix_len=args.prefix_len,
-                    prefix_groups=args.prefix_groups)  # fmt: skip
+                    requested_rate=args.qps, prefix_groups=args.prefix_groups,
+                    prefix_len=args.prefix_len and args.prefix_len + bos)  # fmt: skip
         result = simulate(shape, decode, load, prefill)
         if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
             break
@@ -203,7 +221,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         "server": asdict(shape),
         "tp": args.tp,
         "dp": args.dp,
-        "workload": asdict(replace(workload, prompt_format="text")),
+        "workload": asdict(replace(workload, prompt_format=args.prompt_format)),
         "precision": decode.describe_precision(),
         "cost_model": decode.to_dict(),
         "cost_source": words,

@@ -3,16 +3,19 @@
 
 What it replays, as the server does it:
 1. A request is sent at its offset (open loop), or when one of `concurrency` permits frees (the
-   client's cap; a closed loop sends at the permit). Prompt + max_tokens past max_seq_len fails
-   at once (HTTP 400); a waiting queue past `max_waiting` requests or `max_waiting_tokens` prompt
-   tokens rejects it (429). Both free the permit.
+   client's cap; a closed loop sends at the permit). It reaches the waiting queue `intake_s`
+   later (HTTP and tokenizer), one request at a time: a burst of sends arrives spread out.
+   Prompt + max_tokens past max_seq_len fails at once (HTTP 400); a waiting queue past
+   `max_waiting` requests or `max_waiting_tokens` prompt tokens rejects it (429). Both free the
+   permit.
 2. Prefill is FCFS. A prompt is padded to its power-of-two bucket; past the largest bucket it
    runs in bucket-sized chunks. The first token reaches the client when prefill ends.
-3. Interleaved: one thread prefills while a slot is free and requests wait, then runs one
-   generate call; with a token budget (`max_batched_tokens`) at most that many prompt tokens
-   (whole pages) run between two calls, a long prompt in pieces. Disaggregated: prefill (and
-   the KV transfer) runs concurrently on its own devices into a bounded hand-over queue
-   (max(2, slots)); generate inserts between calls.
+3. Interleaved: one thread runs passes: the requests waiting at a pass's start take the free
+   slots and are prefilled, then one generate call runs (a request that arrives meanwhile
+   waits for the next pass); with a token budget (`max_batched_tokens`) at most that many
+   prompt tokens (whole pages) run between two calls, a long prompt in pieces.
+   Disaggregated: prefill (and the KV transfer) runs concurrently on its own devices into a
+   bounded hand-over queue (max(2, slots)); generate inserts between calls.
 4. A generate call runs min(decode_steps, most tokens any slot still needs) steps; its tokens
    reach the clients together at the call's end (one chunk per request: this drives TPOT/ITL).
    The engine computes every slot row over the KV bucket of the longest row (`padded_decode`).
@@ -20,7 +23,8 @@ What it replays, as the server does it:
    attention reads only the active rows: a call with b of S rows active costs the S-row call
    at the smallest bucket plus b / S of what the longest row's bucket adds to it.
 Not modelled: EOS before max_tokens (loadgen ignores EOS), cancels, the client's back-off after
-a failure, HTTP and tokenizer time, and on CPU the two disaggregated threads sharing cores.
+a failure, the time a token takes from the engine to the client, and on CPU the two
+disaggregated threads sharing cores.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ import numpy as np
 from scaletui.roofline import simreport
 from scaletui.roofline.costmodel import CostModel
 
-__all__ = ["Load", "ServerShape", "SimResult", "pow2_buckets", "simulate"]
+__all__ = ["BOS_TOKENS", "INTAKE_S", "Load", "ServerShape", "SimResult", "pow2_buckets", "simulate"]
 
 MODES = ("interleaved", "disaggregated")
+BOS_TOKENS = 1  # what our server puts before a text prompt (its tokenizer's BOS), not before ids
+INTAKE_S = 1e-3  # our server's intake per request (aiohttp, JSON, tokenizer; ~0.5-2 ms on CPU)
 
 
 def pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
@@ -66,6 +72,7 @@ class ServerShape:
     prefix_cache: bool = False  # interleaved: a shared prefix's full pages prefill once
     max_batched_tokens: int = 0  # interleaved: prompt tokens between two generate calls (0: all)
     padded_decode: bool = True  # a step costs slots rows x KV bucket (the JAX engine's shapes)
+    intake_s: float = 0.0  # a request's HTTP + tokenizer time before it queues, one at a time
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -76,6 +83,8 @@ class ServerShape:
                 raise ValueError(f"{name} should be >= 1, got {vars(self)[name]}")
         if self.max_seq_len < 2:
             raise ValueError(f"max_seq_len should be >= 2, got {self.max_seq_len}")
+        if not 0 <= self.intake_s < 1:
+            raise ValueError(f"intake_s should be in [0, 1) s, got {self.intake_s}")
         if self.max_batched_tokens < 0:
             raise ValueError(f"max_batched_tokens should be >= 0, got {self.max_batched_tokens}")
 
@@ -105,7 +114,7 @@ class Load:
     """The client side: one row per request, as loadgen's workload draws them."""
 
     offsets: np.ndarray  # intended send times, s after t0 (ignored in a closed loop)
-    input_len: np.ndarray  # prompt tokens (shared prefix included)
+    input_len: np.ndarray  # prompt tokens as the server prefills them (BOS, shared prefix included)
     output_len: np.ndarray  # max_tokens (exact: loadgen ignores EOS)
     concurrency: int | None = None  # cap on requests in flight (closed loop without a rate)
     closed_loop: bool = False  # send at a permit, not at an offset
@@ -149,7 +158,8 @@ class _Sim:
         self.t_sched, self.t_send = nan.copy(), nan.copy()
         self.first, self.second, self.last = nan.copy(), nan.copy(), nan.copy()
         self.outcome = ["unsent"] * n
-        self.arrivals: list[tuple[float, int]] = []  # heap of (t_send, request)
+        self.arrivals: list[tuple[float, int]] = []  # heap of (reaches the queue, request)
+        self.intake_free = -math.inf  # when the server's intake finishes the last request
         self.next_unsent = 0
         self.end = load.duration if load.duration is not None else math.inf
         self.waiting: deque[int] = deque()
@@ -188,7 +198,10 @@ class _Sim:
             return
         self.next_unsent += 1
         self.t_sched[i], self.t_send[i] = sched, max(sched, t_permit)
-        heapq.heappush(self.arrivals, (self.t_send[i], i))
+        # the server takes requests in one at a time: a burst of sends reaches the queue spread
+        t_in = max(self.t_send[i], self.intake_free) + self.shape.intake_s
+        self.intake_free = t_in
+        heapq.heappush(self.arrivals, (t_in, i))
 
     def _done(self, i: int, t: float, outcome: str) -> None:
         self.outcome[i] = outcome
@@ -327,34 +340,13 @@ class _Sim:
 
 
 def _interleaved(sim: _Sim) -> None:
-    if sim.shape.budget:
-        return _interleaved_budget(sim)
-    now, slots = 0.0, sim.shape.slots
-    while True:
-        while len(sim.active) < slots:
-            sim.admit(now)
-            got = sim.pop_prefill(now)
-            if got is None:
-                break
-            i, t = got
-            sim.occupied_s += len(sim.active) * (t - now)
-            now = t
-            if sim.out[i] > 1:
-                sim.insert(i, now)
-        if sim.active:
-            now = sim.generate(now)
-        elif sim.arrivals:
-            now = max(now, sim.next_arrival())
-        else:
-            return
-
-
-def _interleaved_budget(sim: _Sim) -> None:
-    """The interleaved loop with --max-batched-tokens, as the scheduler runs it: the requests
-    waiting when a pass starts take free slots (prefill jobs, FCFS); at most `budget` of their
-    prompt tokens run, in pieces that end on a page boundary or with the prompt, then one
-    generate call for the sequences already decoding."""
-    now, slots, budget, page = 0.0, sim.shape.slots, sim.shape.budget, sim.shape.page_size
+    """The interleaved loop as the scheduler runs it: the requests waiting when a pass starts
+    take free slots (prefill jobs, FCFS; one that arrives during the pass's prefills waits for
+    the next pass); their prompt tokens run, at most `budget` of them with --max-batched-tokens
+    (in pieces that end on a page boundary or with the prompt), then one generate call for the
+    sequences already decoding."""
+    now, slots, page = 0.0, sim.shape.slots, sim.shape.page_size
+    budget = sim.shape.budget or math.inf
     jobs: deque[list[int]] = deque()  # [request, prompt tokens in its pages so far]
     while True:
         sim.admit(now)

@@ -24,13 +24,13 @@ from scaletui import specs
 from scaletui.loadgen.workload import arrival_offsets
 from scaletui.roofline.costmodel import DTYPE_BYTES, CostModel
 from scaletui.roofline.fitstore import fits_dir, load_fit
-from scaletui.roofline.simulate import Load, ServerShape, simulate
+from scaletui.roofline.simulate import BOS_TOKENS as BOS
+from scaletui.roofline.simulate import INTAKE_S, Load, ServerShape, simulate
 from scaletui.tui.host import FitKey, kernels_of, serve_max_seq_len
 from scaletui.tui.knobs import Knobs, Precision
 from scaletui.tui.predict import host_devices
 
 ASSUMED_EFFICIENCY = 0.5  # no fit: this fraction of the spec's bandwidth and FLOP/s
-BOS = 1  # tokens the server's tokenizer adds to every prompt
 TOKEN_CHUNKS = 12_000  # simulated requests x generate calls each: about 20 ms of simulation
 SWEEP_POINTS = 10  # points of the expected curve across a sweep's range
 
@@ -189,6 +189,7 @@ def server_shape(knobs: Knobs, cfg: ServerConfig) -> ServerShape:
         page_size=cfg.page_size,
         prefix_cache=cfg.prefix_cache,
         max_batched_tokens=knobs.max_batched_tokens,  # the knob the TUI applies
+        intake_s=INTAKE_S,
     )
 
 
