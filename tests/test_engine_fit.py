@@ -128,3 +128,21 @@ def test_the_fit_times_prefill_the_way_the_interleaved_server_runs_it(monkeypatc
     run()
     run()  # the state it donated came back: a second call runs too
     assert calls == ["pages", "pages"]
+
+
+def test_fit_engine_records_the_kernels_auto_resolved_to():
+    """The simulator prices a part-filled batch by the kernels the engine ran, so a fit made
+    from an `auto` base says which ones `auto` became (here, as the engine's plan says)."""
+    import jax
+
+    from scaletui.roofline.costmodel import CostModel
+    from scaletui.serve.build import plan_engines
+    from scaletui.specs import load_hardware
+
+    model = load_model("tiny")
+    config = ServeConfig(model, slots=2, max_seq_len=64, decode_steps=2)
+    devices = jax.devices()[:1]
+    base = CostModel.assumed(model, load_hardware("h200"), dtype="f32", kernels="auto")
+    grid = Grid.product([1, 2], [64], [1, 2], prefill=(16, 32), calls=1, rounds=1)
+    cost = engine_fit.fit_engine(config, devices, base, grid=grid)
+    assert cost.kernels == plan_engines(config, devices)[-1].kernels != "auto"

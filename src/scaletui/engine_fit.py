@@ -226,10 +226,12 @@ def fit_engine(
 ) -> CostModel:
     """Time `config`'s engine over `grid` (default `grid_for`) and fit `base` (an assumed model
     for the same model, precision and mesh) to it; the fit's info says when, where, how long and on
-    what grid it was made, with the raw samples."""
-    from scaletui.serve.build import build_engines
+    what grid it was made, with the raw samples. The fit records the kernels the engine ran
+    (what `auto` resolved to: the simulator prices a part-filled batch by them)."""
+    from scaletui.serve.build import build_engines, plan_engines
 
     t0 = time.perf_counter()
+    base = replace(base, kernels=plan_engines(config, devices)[-1].kernels)
     if grid is None:
         _, eng = build_engines(replace(config, slots=config.dp), devices)
         grid = grid_for(config, eng.decode_buckets, eng.prefill_buckets, quick)
