@@ -44,8 +44,11 @@ def test_a_prompt_keeps_every_timed_call_inside_its_kv_bucket():
 def test_calibrate_model_fits_tiny_and_stores_it_where_find_fit_looks(capsys):
     argv = ["--model", "tiny", "--slots", "4", "--max-seq-len", "64", "--decode-steps", "2",
             "--quick"]  # fmt: skip
+    from scaletui.serve.build import default_compute_dtype
+
     assert engine_fit.main(argv) == 0
-    path = fitstore.find_fit("tiny", "f32", 1, 1, "auto")
+    # without --dtype, the precision `scaletui serve` would start with on this host
+    path = fitstore.find_fit("tiny", default_compute_dtype(), 1, 1, "auto")
     assert path is not None
     cost = fitstore.load_fit(path)
     assert cost.source == "fit" and cost.model == "tiny" and cost.kernels in ("xla", "native")

@@ -297,8 +297,8 @@ def build_parser():
     a("--dp", type=int, default=1)
     a("--mode", choices=("interleaved", "disaggregated"), default="interleaved",
       help="recorded with the fit (the grid times the generate engine)")  # fmt: skip
-    a("--dtype", choices=DTYPES, default=None, help="compute; default: f32 on CPU, bf16 on "
-      "GPU/TPU")  # fmt: skip
+    a("--dtype", choices=DTYPES, default=None, help="compute; default: the server's (bf16 on "
+      "GPU/TPU and on a CPU whose native kernels multiply bf16, else f32)")  # fmt: skip
     a("--weight-dtype", choices=STORAGE_DTYPES, help="weight storage (int8: per-channel "
       "scales); default: --dtype")  # fmt: skip
     a("--kv-dtype", choices=STORAGE_DTYPES, help="KV-cache storage (int8: a scale per position "
@@ -331,11 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from scaletui.roofline.fitstore import fit_path, save_fit
+    from scaletui.serve.build import default_compute_dtype
     from scaletui.serve.config import ConfigError
     from scaletui.specs import SpecError, load_model
 
     backend = jax.default_backend()
-    dtype = args.dtype or ("f32" if backend == "cpu" else "bf16")
+    dtype = args.dtype or default_compute_dtype(args.kernels, args.tp, args.dp,
+                                                args.weight_dtype, args.kv_dtype)  # fmt: skip
     try:
         model = load_model(args.model)
         config = ServeConfig(

@@ -36,6 +36,25 @@ class EnginePlan:
         return self.kernels == "native"
 
 
+def default_compute_dtype(
+    kernels: str = "auto", tp: int = 1, dp: int = 1, weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
+) -> str:  # fmt: skip
+    """bf16 on GPU/TPU. On CPU the fastest correct choice: bf16 where the native kernels run
+    (unsharded, not kernels xla) and multiply bf16 pairs (AVX512_BF16): half the bytes of an
+    f32 step and twice its multiply rate (docs/serve.md, Precision). Elsewhere f32: XLA's CPU
+    bf16 matmuls run ~15x slower than f32 at batch 1, and widening bf16 kernels cost ~20-30 %
+    more than f32 from batch ~8. f32 too when the weights or the KV cache are asked in f32.
+    The server, `scaletui calibrate --model` and the fit it stores agree through this."""
+    if "f32" in (weight_dtype, kv_dtype):
+        return "f32"
+    if jax.default_backend() != "cpu":
+        return "bf16"
+    if kernels == "xla" or tp * dp != 1:
+        return "f32"
+    return "bf16" if native.available() and native.bf16_dot_products() else "f32"
+
+
 def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
     """The engines `config` builds on `devices`, checked without building them: a sharding the
     devices cannot hold, or kernels='native' where the native kernels cannot run, raises

@@ -129,22 +129,14 @@ def engine_factory(args: argparse.Namespace, tok: Tokenizer) -> EngineFactory:
 
 
 def default_dtype(args: argparse.Namespace) -> str:
-    """bf16 on GPU/TPU. On CPU the fastest correct choice: bf16 where the native kernels run
-    (unsharded, not --kernels xla) and multiply bf16 pairs (AVX512_BF16): half the bytes of an
-    f32 step and twice its multiply rate (docs/serve.md, Precision). Elsewhere f32: XLA's CPU
-    bf16 matmuls run ~15x slower than f32 at batch 1, and widening bf16 kernels cost ~20-30 %
-    more than f32 from batch ~8. f32 too when --weight-dtype or --kv-dtype asks for f32."""
-    if args.fake or "f32" in (args.weight_dtype, args.kv_dtype):
+    """The compute dtype when --dtype is not given: f32 for the fake engine, else
+    `build.default_compute_dtype` (bf16 on GPU/TPU and where the CPU's native kernels multiply
+    bf16 pairs)."""
+    if args.fake:
         return "f32"
-    import jax  # after the XLA flags are set
+    from scaletui.serve.build import default_compute_dtype  # imports JAX: after the XLA flags
 
-    if jax.default_backend() != "cpu":
-        return "bf16"
-    if args.kernels == "xla" or args.tp * args.dp != 1:
-        return "f32"
-    from scaletui.serve import native
-
-    return "bf16" if native.available() and native.bf16_dot_products() else "f32"
+    return default_compute_dtype(args.kernels, args.tp, args.dp, args.weight_dtype, args.kv_dtype)
 
 
 def _listen(host: str, port: int) -> socket.socket:
