@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+import yaml
 from fake_specs import CPU
 
 from scaletui import roofline as rl
@@ -124,13 +125,32 @@ def test_fits_are_stored_per_host_model_dtype_kernels_and_mesh(private_config):
     assert path.parent == private_config / "scaletui" / "hardware" / "fits"
     assert "box" in path.name and "tp2-dp1" in path.name
     back = fitstore.load_fit(path)
-    assert back == got and back.info == got.info
+    stamped = {"fit_version": fitstore.FIT_VERSION, **got.info}  # what save_fit adds
+    assert back == dataclasses.replace(got, info=stamped) and back.info == stamped
     assert fitstore.find_fit("small", "f32", 2, 1, "auto", host="box") == path
     assert fitstore.find_fit("small", "f32", 2, 1, "xla", host="box") is None
     assert fitstore.find_fit("small", "f32", 1, 1, host="box") is None
     path.write_text("just: words\n")
     with pytest.raises(ValueError, match="missing"):
         fitstore.load_fit(path)
+
+
+def test_a_fit_older_than_fit_version_is_not_found(private_config):
+    """A fit of an older engine (or from before versions) is made again, not trusted; an older
+    file of other kernels does not hide a current one under kernels auto."""
+    _, decode, prefill = _samples(noise=0.0)
+    got = dataclasses.replace(rl.fit(_base(), decode, prefill), kernels="native")
+    path = fitstore.save_fit(got, host="box")
+    find = lambda kernels: fitstore.find_fit("small", "f32", 1, 1, kernels, host="box")  # noqa: E731
+    assert fitstore.fit_version(path) == fitstore.FIT_VERSION and find("native") == path
+    old = fitstore.save_fit(dataclasses.replace(got, kernels="xla", info={**got.info,
+                            "fit_version": fitstore.FIT_VERSION - 1}), host="box")  # fmt: skip
+    assert old.stat().st_mtime >= path.stat().st_mtime  # the newest file, yet stale
+    assert find("xla") is None and find("auto") == path
+    data = yaml.safe_load(path.read_text())
+    del data["info"]["fit_version"]  # as fits were written before versions
+    path.write_text(yaml.safe_dump(data))
+    assert fitstore.fit_version(path) == 0 and find("native") is None and find("auto") is None
 
 
 def test_roofline_cli_prints_the_expectation_beside_the_floor(tmp_path, capsys):

@@ -5,6 +5,10 @@
 --fit` and the TUI read with `load_fit` / `find_fit`. A name carries the compute dtype alone when
 weights and KV are stored in it (`box--small--f32--xla--tp1-dp1.yaml`, the form fits had before
 the precision knobs), else all three (`box--small--bf16-wint8-kvbf16--xla--tp1-dp1.yaml`).
+
+A stored fit carries `info.fit_version`; `find_fit` passes over one older than FIT_VERSION (or
+without it), which is bumped whenever the engine's speed or what a fit measures changes, so a fit
+of yesterday's engine is made again rather than trusted.
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ import yaml
 from scaletui.roofline.costmodel import CostModel
 from scaletui.specs import user_config_dir
 
-__all__ = ["find_fit", "fit_path", "fits_dir", "load_fit", "precision_tag", "save_fit"]
+__all__ = [
+    "FIT_VERSION", "find_fit", "fit_path", "fits_dir", "fit_version", "load_fit", "precision_tag",
+    "save_fit",
+]  # fmt: skip
+
+# 2: the native bf16 kernels stopped copying a table per generate call (2026-12-02), the fit
+# records the kernels auto resolved to, and prefill is timed into pages as the server runs it
+FIT_VERSION = 2
 
 
 def fits_dir() -> Path:
@@ -59,9 +70,20 @@ def save_fit(cost: CostModel, path: Path | None = None, host: str | None = None)
     """Write `cost` as YAML (to its `fit_path`, by its precision, unless `path`); returns where."""
     path = path or fit_path(cost.model, cost.dtype, cost.kernels, cost.tp, cost.dp, host,
                             weight_dtype=cost.weight_dtype, kv_dtype=cost.kv_dtype)  # fmt: skip
+    data = cost.to_dict()
+    data["info"] = {"fit_version": FIT_VERSION, **(data.get("info") or {})}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(cost.to_dict(), sort_keys=False))
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def fit_version(path: Path) -> int:
+    """The fit_version a stored fit was written with (0: none, or not readable as a fit)."""
+    try:
+        info = (yaml.safe_load(path.read_text()) or {}).get("info") or {}
+        return int(info.get("fit_version") or 0)
+    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return 0
 
 
 def load_fit(path: str | Path) -> CostModel:
@@ -91,13 +113,12 @@ def find_fit(
 ) -> Path | None:
     """The stored fit for this configuration and precision (weights and KV: None means
     `dtype`), or None. `kernels="auto"` takes whichever kernels were fitted (the newest file),
-    as the server's auto resolves to one of them."""
+    as the server's auto resolves to one of them. A fit older than FIT_VERSION is not found."""
     exact = fit_path(model, dtype, kernels, tp, dp, host, weight_dtype=weight_dtype,
                      kv_dtype=kv_dtype)  # fmt: skip
-    if exact.exists():
-        return exact
     if kernels != "auto":
-        return None
-    pattern = exact.name.replace("--auto--", "--*--")
-    found = sorted(exact.parent.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
-    return found[0] if found else None
+        found = [exact] if exact.exists() else []
+    else:
+        pattern = exact.name.replace("--auto--", "--*--")
+        found = sorted(exact.parent.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    return next((p for p in found if fit_version(p) >= FIT_VERSION), None)
