@@ -19,8 +19,9 @@ def test_the_default_grid_brackets_the_servers_slots_contexts_and_steps():
     assert sorted({p.context for p in grid.decode}) == [128, 512, 1024]
     assert sorted({p.steps for p in grid.decode}) == [1, 4]
     assert len(grid.decode) == 3 * 3 * 2
-    # the prompts that fill those KV buckets fill these prompt buckets: one compile serves both
-    assert grid.prefill == (128, 512, 1024)
+    # the prompts that fill those KV buckets fill 128, 512 and 1024 (one compile serves both),
+    # and every prompt bucket below the longest is timed: the server pads prompts to them
+    assert grid.prefill == (16, 32, 64, 128, 256, 512, 1024)
     assert (grid.calls, grid.rounds) == (3, 3)
     quick = grid_for(cfg, (128, 256, 512, 1024), (16, 1024), quick=True)
     assert (quick.calls, quick.rounds) == (2, 2)

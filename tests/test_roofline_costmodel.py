@@ -358,3 +358,30 @@ def test_fit_files_carry_the_precision_unless_it_is_all_one_dtype(private_config
     assert find(weight_dtype="int8", kv_dtype="bf16") == mixed
     assert fitstore.find_fit("small", "f32", 1, 1, "native", host="box",
                              weight_dtype="int8", kv_dtype="bf16") is None  # fmt: skip
+
+
+def test_prefill_knots_are_exact_where_timed_and_scale_the_form_between():
+    """A prefill table: the measured time at each timed length; between two, the physical form
+    scaled by the ratio measured / form interpolated in log tokens; past the ends, the nearest
+    ratio; a later chunk (start > 0) keeps the form's extra attention, scaled alike."""
+    base = _base()
+    form = base.linear_prefill_s
+    knots = ((64, 1.2 * form(64)), (256, 0.9 * form(256)))
+    cost = dataclasses.replace(base, prefill_knots=knots)
+    assert cost.prefill_s(64) == pytest.approx(knots[0][1])
+    assert cost.prefill_s(256) == pytest.approx(knots[1][1])
+    assert cost.prefill_s(128) == pytest.approx(form(128) * 1.05)  # halfway in log: (1.2+0.9)/2
+    assert cost.prefill_s(16) == pytest.approx(form(16) * 1.2)
+    assert cost.prefill_s(1024, 256) == pytest.approx(form(1024, 256) * 0.9)
+    back = rl.CostModel.from_dict(cost.to_dict())
+    assert back.prefill_knots == cost.prefill_knots
+    with pytest.raises(ValueError, match="prefill_knots"):
+        dataclasses.replace(base, prefill_knots=((0, 0.01),))
+    # the fit keeps the median per length timed from position 0
+    _, decode, prefill = _samples(noise=0.0)
+    got = rl.fit(base, decode, prefill)
+    lengths = sorted({s.tokens for s in prefill if s.start == 0})
+    assert [k[0] for k in got.prefill_knots] == lengths
+    for s in prefill:
+        if s.start == 0:
+            assert got.prefill_s(s.tokens) == pytest.approx(s.seconds, rel=1e-9)

@@ -90,8 +90,7 @@ def grid_for(config: ServeConfig, decode_buckets: Sequence[int], prefill_buckets
     """The default grid for a server configuration: batches dp, ~slots/4, slots (multiples of
     dp: the slot counts a user turns to around this one), three KV buckets (first, middle, last),
     steps {1, decode_steps}, and the prompt buckets that those contexts' prompts fill (so the
-    prefill compiles serve both), and the smallest when that makes one. `quick` times 2 calls in
-    2 passes."""
+    prefill compiles serve both) and every smaller one. `quick` times 2 calls in 2 passes."""
     s, dp = config.slots, config.dp
     quarter = max(dp, round(s / 4 / dp) * dp)
     batches = sorted({dp, quarter, s})
@@ -105,6 +104,9 @@ def grid_for(config: ServeConfig, decode_buckets: Sequence[int], prefill_buckets
         prefill.add(next((b for b in prefill_buckets if b >= n), prefill_buckets[-1]))
     if len(prefill) < 2:  # one KV bucket (a short max_seq_len): the fit needs two lengths
         prefill.add(prefill_buckets[0])
+    # every prompt bucket up to the longest: the server pads a prompt to one of them, and its
+    # prefill is then the measured time, not the form's guess between two (-10 % at 128 here)
+    prefill |= {b for b in prefill_buckets if b <= max(prefill)}
     return Grid.product(batches, contexts, steps, sorted(prefill), **how)
 
 

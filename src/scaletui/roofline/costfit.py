@@ -116,6 +116,16 @@ def _decode_table(decode: Sequence[DecodeSample]) -> tuple[tuple, float]:
     return knots, float(coef[0])
 
 
+def _prefill_table(prefill: Sequence[PrefillSample]) -> tuple:
+    """((tokens, seconds), ...): the median time of each prompt length timed from position 0
+    (the buckets the server pads to; the physical form fills in between and for later chunks)."""
+    by_len: dict[int, list[float]] = {}
+    for s in prefill:
+        if s.start == 0:
+            by_len.setdefault(s.tokens, []).append(s.seconds)
+    return tuple((float(n), float(np.median(t))) for n, t in sorted(by_len.items()))
+
+
 def _prefill_rates(base: CostModel, prefill: Sequence[PrefillSample], per_byte: float) -> dict:
     """overhead + bytes * per_byte + dense FLOPs / rate + attention FLOPs / its own rate."""
     a = np.array([[1.0, base.prefill_dense_flops(s.tokens), base.prefill_attn_flops(s.tokens,
@@ -140,7 +150,7 @@ def fit(
     **info: object,
 ) -> CostModel:
     """Fit `base`'s rates (its model, hardware, precision and mesh stay: the bytes are those
-    the timed engine moved) and, with `knots`, its decode table to timed calls.
+    the timed engine moved) and, with `knots`, its decode and prefill tables to timed calls.
 
     Decode needs >= 3 samples varying batch and context (and steps, to tell the per-call sync
     from the per-step cost; with one `steps` the sync is 0 and the step carries it). Prefill needs
@@ -165,6 +175,8 @@ def fit(
         per_byte = 0.0 if math.isinf(got["read_bw"]) else 1 / got["read_bw"]
         got |= _prefill_rates(base, prefill, per_byte)
         quality["prefill_samples"] = len(prefill)
+        if knots:
+            got["prefill_knots"] = _prefill_table(prefill)
     else:
         notes.append("prefill not fitted (fewer than 2 prompt lengths): base rates kept")
     cost = replace(base, **got, source="fit")

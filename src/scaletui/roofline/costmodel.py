@@ -104,6 +104,7 @@ class CostModel:
     source: str = "assumed"  # assumed | fit
     decode_knots: tuple = ()  # fitted: ((batch, context, step_s), ...)
     prefill_attn_flops_per_s: float = 0.0  # fitted: attention FLOP/s in prefill (0: as dense)
+    prefill_knots: tuple = ()  # fitted: ((prompt tokens, seconds), ...) timed from position 0
     weight_dtype: str = ""  # f32 | bf16 | int8: weight storage; "" = dtype (resolved at init)
     kv_dtype: str = ""  # f32 | bf16 | int8: KV-cache storage; "" = dtype (resolved at init)
     info: dict = field(default_factory=dict, compare=False)  # fit quality, date, host, notes
@@ -130,6 +131,11 @@ class CostModel:
             raise ValueError(f"decode_knots should be rows of (batch >= 1, context >= 0, "
                              f"step_s >= 0), got {self.decode_knots}")  # fmt: skip
         object.__setattr__(self, "decode_knots", knots)  # YAML gives lists: sorted tuples
+        pknots = tuple(sorted(tuple(map(float, k)) for k in self.prefill_knots))
+        if any(len(k) != 2 or k[0] < 1 or not k[1] > 0 for k in pknots):
+            raise ValueError(f"prefill_knots should be rows of (tokens >= 1, seconds > 0), got "
+                             f"{self.prefill_knots}")  # fmt: skip
+        object.__setattr__(self, "prefill_knots", pknots)
         if self.prefill_attn_flops_per_s < 0:
             raise ValueError(f"prefill_attn_flops_per_s should be >= 0 (0: as dense), got "
                              f"{self.prefill_attn_flops_per_s}")  # fmt: skip
@@ -182,7 +188,18 @@ class CostModel:
 
     def prefill_s(self, prompt_len: float, start: float = 0) -> float:
         """One prefill call of `prompt_len` positions (pass the padded bucket) after `start`
-        (a later chunk of a long prompt attends to the `start` cached positions too)."""
+        (a later chunk of a long prompt attends to the `start` cached positions too). With
+        `prefill_knots` the physical form is scaled by measured / form at the timed lengths
+        (between two, straight in log tokens; flat past the ends): exact where timed, the
+        form's shape between them and for `start`."""
+        s = self.linear_prefill_s(prompt_len, start)
+        if not self.prefill_knots:
+            return s
+        ratios = [(math.log(n), t / self.linear_prefill_s(n)) for n, t in self.prefill_knots]
+        return s * _along(ratios, math.log(max(prompt_len, 1.0)), flat_past=True)
+
+    def linear_prefill_s(self, prompt_len: float, start: float = 0) -> float:
+        """The physical form's prefill call (the fitted or assumed rates, no knots)."""
         attn_rate = self.prefill_attn_flops_per_s or self.prefill_flops_per_s
         return (
             self.prefill_overhead_s
@@ -250,23 +267,26 @@ class CostModel:
         """Plain YAML/JSON-able dict (`from_dict` reads it back)."""
         d = asdict(self)
         d["decode_knots"] = [list(k) for k in self.decode_knots]
+        d["prefill_knots"] = [list(k) for k in self.prefill_knots]
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         names = {f.name for f in fields(cls)}
         optional = {"kernels", "source", "info", "decode_knots", "prefill_attn_flops_per_s",
-                    "weight_dtype", "kv_dtype"}  # fmt: skip
+                    "weight_dtype", "kv_dtype", "prefill_knots"}  # fmt: skip
         missing = names - set(d) - optional
         if missing:
             raise ValueError(f"cost model is missing {sorted(missing)}")
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _along(points: list[tuple[float, float]], x: float, log: bool = False) -> float:
+def _along(
+    points: list[tuple[float, float]], x: float, log: bool = False, flat_past: bool = False
+) -> float:
     """y at x on the curve through sorted (x, y) points: between two points linear, or with
     `log` a power law (straight in log x, log y); flat below the first point; past the last, the
-    last segment's slope (>= 0) continues."""
+    last segment's slope (>= 0) continues, or (`flat_past`) the last y holds."""
     (x0, y0) = points[0]
     if x <= x0 or len(points) == 1:
         return y0
@@ -276,6 +296,8 @@ def _along(points: list[tuple[float, float]], x: float, log: bool = False) -> fl
                 return ya * (yb / ya) ** (math.log(x / xa) / math.log(xb / xa))
             return ya + (yb - ya) * (x - xa) / (xb - xa)
     (xa, ya), (xb, yb) = points[-2], points[-1]
+    if flat_past:
+        return yb
     return yb + max(yb - ya, 0.0) * (x - xb) / (xb - xa)
 
 
