@@ -21,6 +21,7 @@ import argparse
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -313,12 +314,16 @@ def _simulate(fit_file: Path, server: list[str], workload: list[str]) -> dict:
 
 
 def _loadgen(url: str, workload: list[str], out: Path) -> dict:
+    """loadgen in its own process, as a user runs it: in this one its event loop shared the
+    interpreter with the fit's engines, and a garbage collection over them stalled it (a
+    closed loop at 1 read p99 TTFT 80-89 ms where a loadgen process reads 60-66)."""
     from scaletui.loadgen import cli as loadgen_cli
 
-    code = loadgen_cli.main(["--url", url, "--out", str(out), "--quiet", "--warmup", "2",
-                             *workload])  # fmt: skip
-    signal.signal(signal.SIGTERM, _on_term)  # loadgen's own handler is gone with its loop
-    if code == loadgen_cli.EXIT_INTERRUPTED:
+    cmd = [sys.executable, "-c", "import sys; from scaletui.loadgen.cli import main; "
+           "sys.exit(main())", "--url", url, "--out", str(out), "--quiet", "--warmup", "2",
+           *workload]  # fmt: skip
+    code = subprocess.run(cmd, check=False).returncode
+    if code in (loadgen_cli.EXIT_INTERRUPTED, -signal.SIGINT):
         raise KeyboardInterrupt
     if code not in (loadgen_cli.EXIT_OK, loadgen_cli.EXIT_FAILURES):
         raise RuntimeError(f"loadgen {' '.join(workload)} exited with status {code}")
