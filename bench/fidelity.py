@@ -313,15 +313,14 @@ def _simulate(fit_file: Path, server: list[str], workload: list[str]) -> dict:
     return result.summary
 
 
-def _loadgen(url: str, workload: list[str], out: Path) -> dict:
-    """loadgen in its own process, as a user runs it: in this one its event loop shared the
-    interpreter with the fit's engines, and a garbage collection over them stalled it (a
-    closed loop at 1 read p99 TTFT 80-89 ms where a loadgen process reads 60-66)."""
+def _loadgen(url: str, workload: list[str], out: Path, warmup: int = 2) -> dict:
+    """loadgen in its own process, as a user runs it (its event loop away from this one's
+    engines), `warmup` requests first (excluded); its per-request records beside its summary."""
     from scaletui.loadgen import cli as loadgen_cli
 
     cmd = [sys.executable, "-c", "import sys; from scaletui.loadgen.cli import main; "
-           "sys.exit(main())", "--url", url, "--out", str(out), "--quiet", "--warmup", "2",
-           *workload]  # fmt: skip
+           "sys.exit(main())", "--url", url, "--out", str(out), "--quiet", "--warmup", str(warmup),
+           "--save-requests", str(out.with_suffix(".requests.jsonl")), *workload]  # fmt: skip
     code = subprocess.run(cmd, check=False).returncode
     if code in (loadgen_cli.EXIT_INTERRUPTED, -signal.SIGINT):
         raise KeyboardInterrupt
@@ -392,7 +391,11 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
             # a seed per run: the same prompts again would hit the server's prefix cache
             workload = [*flags, *lengths, "--seed", str(args.seed + i)]
             log(f"serving: loadgen {' '.join(workload)}")
-            got = _loadgen(srv.url, workload, work / f"loadgen-{i}.json")
+            # a fresh server's first requests run slower (first use of its KV pages and code
+            # paths; a closed loop at 1 read 72-90 ms for two of its first five, 55-65 after):
+            # the first run warms it with a batch of requests, as a user's first run would
+            warmup = max(2, args.slots) if i == 0 else 2
+            got = _loadgen(srv.url, workload, work / f"loadgen-{i}.json", warmup)
             want = sim(workload)
             settings = {"model": model.name, **settings, "completed": got["completed"],
                         "sim_completed": want["completed"]}  # fmt: skip
@@ -463,6 +466,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fractions", type=_floats, default=[0.3, 0.6, 0.9],
                    help="Poisson rates as fractions of the simulated capacity")  # fmt: skip
     s.add_argument("--serving-seconds", type=float, default=30.0, help="aim per run")
+    s.add_argument("--serving-dir", help="keep the serving runs' files here (the fit, the "
+                   "server log, loadgen's summary and per-request records per run)")  # fmt: skip
     s.add_argument("--min-requests", type=int, default=40)
     s.add_argument("--max-requests", type=int, default=80)
     s.add_argument("--seed", type=int, default=0)
@@ -504,8 +509,12 @@ def run(args: argparse.Namespace) -> tuple[list[Point], list[str], dict[str, flo
             seconds[f"{name} tp{tp}"] = round(time.perf_counter() - t, 1)
     if not args.skip_serving:
         t = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="fidelity-") as work:
-            points += measure_serving(args, Path(work), errors)
+        if args.serving_dir:  # kept: the fit, the server's log, each run's summary and requests
+            Path(args.serving_dir).mkdir(parents=True, exist_ok=True)
+            points += measure_serving(args, Path(args.serving_dir), errors)
+        else:
+            with tempfile.TemporaryDirectory(prefix="fidelity-") as work:
+                points += measure_serving(args, Path(work), errors)
         seconds["serving"] = round(time.perf_counter() - t, 1)
     seconds["total"] = round(time.perf_counter() - t0, 1)
     return points, errors, seconds
