@@ -85,6 +85,7 @@ def test_one_slot_slow_constant_arrivals_give_exact_latencies():
     assert s["output_throughput"] == pytest.approx(40 / (4.0 + e2el))
     assert s["achieved_rate"] == pytest.approx(1.25)  # 5 sent over 4 s, as loadgen counts
     assert s["mean_running_batch"] == pytest.approx(1.0) and s["generate_calls"] == 10
+    assert s["mean_step_ms"] == pytest.approx((call4 / 4 + call3 / 3) / 2 * 1e3)  # per call
     assert np.allclose(r.t_first - r.t_send, ttft)
 
 

@@ -93,26 +93,30 @@ def test_floor_on_cpu_shares_the_host_among_virtual_devices():
 def test_expected_simulates_the_scheduler_on_a_stored_fit(monkeypatch):
     """4 slots, closed loop at 4, 32 tokens out, 4 steps per call on the hand fit: 7 calls of
     2 + 4 x 1 ms and one of 2 + 3 ms = 47 ms per request, all four in lockstep (with no intake
-    time: the server's staggers a burst of sends, tested in test_simulate)."""
+    time: the server's staggers a burst of sends, tested in test_simulate). The decode step is
+    a call's time over its steps averaged over the calls, as /stats per_token_mean is."""
     monkeypatch.setattr(tui_expect, "INTAKE_S", 0.0)
     save_fit(hand_fit())
     m = serving()
     e = m.expectation()
     assert e is not None and e.fit.source == "fit" and e.fit.note is None
-    assert e.decode_step_ms == pytest.approx((2 + 4 * 1) / 4, rel=1e-6)
+    step = (7 * (2 + 4 * 1) / 4 + (2 + 3 * 1) / 3) / 8
+    assert e.decode_step_ms == pytest.approx(step, rel=1e-6)
     assert e.tpot_p50_ms == pytest.approx(47 / 31, rel=1e-6)
     assert e.tok_s == pytest.approx(4 * 32 / 0.047, rel=1e-6)
     assert e.ttft_p50_ms == pytest.approx(0, abs=1e-6)
     kpi = kpis(m)
-    assert kpi["decode_step"].expected == pytest.approx(1.5)
+    assert kpi["decode_step"].expected == pytest.approx(step)
     assert kpi["tok_s"].expected == pytest.approx(e.tok_s)
 
 
-def test_ratio_is_measured_over_expected():
+def test_ratio_is_measured_over_expected(monkeypatch):
+    monkeypatch.setattr(tui_expect, "INTAKE_S", 0.0)
     save_fit(hand_fit())
-    m = serving(step_ms=3.0)  # the server times 3 ms per decode step; the fit says 1.5 ms
+    m = serving(step_ms=3.0)  # the server times 3 ms per decode step; the fit says ~1.52 ms
     kpi = kpis(m)["decode_step"]
-    assert kpi.measured == 3.0 and kpi.ratio == pytest.approx(2.0)
+    expected = (7 * (2 + 4 * 1) / 4 + (2 + 3 * 1) / 3) / 8  # as in the test above
+    assert kpi.measured == 3.0 and kpi.ratio == pytest.approx(3.0 / expected)
     assert views.Kpi("x", "x", "ms", 1.0, None, 3.0).ratio is None
 
 

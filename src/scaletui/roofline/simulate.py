@@ -173,6 +173,7 @@ class _Sim:
         self.call_batch_s = 0.0  # running requests x call time
         self.occupied_s = 0.0  # slots in use x time, all the time
         self.calls = 0
+        self.per_step_s = 0.0  # sum over generate calls of the call's time / its steps
         self._prefill_memo: dict[tuple[int, int], float] = {}
         self._cached_groups: set[int] = set()  # shared prefixes prefilled once already
         self._call_memo: dict[tuple[int, int, int, int], float] = {}
@@ -315,6 +316,7 @@ class _Sim:
             dt = self._call_memo[key] = self._call_s(batch, ctx, steps, len(active))
         t = now + dt
         self.calls += 1
+        self.per_step_s += dt / steps
         self.call_s += dt
         self.call_batch_s += len(active) * dt
         self.occupied_s += len(active) * dt
@@ -443,6 +445,8 @@ def _result(sim: _Sim) -> SimResult:
     span = t_end - t_start
     extra = {
         "generate_calls": sim.calls,
+        # a generate call's time over its steps, averaged over the calls (/stats per_token_mean)
+        "mean_step_ms": 1e3 * sim.per_step_s / sim.calls if sim.calls else None,
         # running requests per generate call, weighted by the call's time (what a step sees)
         "mean_running_batch": sim.call_batch_s / sim.call_s if sim.call_s else None,
         # slots in use averaged over the whole run (the server's num_requests_running)

@@ -218,8 +218,10 @@ def tui_load(knobs: Knobs, cfg: ServerConfig, budget: int = TOKEN_CHUNKS) -> Loa
 
 
 def decode_step_s(cost: CostModel, knobs: Knobs, cfg: ServerConfig) -> float:
-    """What /stats `per_token_mean` times: a generate call of `decode_steps` steps over every
-    slot row, divided by its steps, at the KV bucket the longest request reaches."""
+    """A generate call of `decode_steps` steps over every slot row, divided by its steps, at
+    the KV bucket the longest request reaches: the decode step when the simulation ran no
+    generate call (else its `mean_step_ms`, averaged over its calls as /stats
+    `per_token_mean` averages the server's)."""
     shape = server_shape(knobs, cfg)
     need = min(knobs.input_len + BOS + knobs.output_len, cfg.max_seq_len)
     ctx = next((b for b in shape.decode_buckets if b >= need), shape.decode_buckets[-1])
@@ -248,7 +250,7 @@ def expect(
         ttft_p99_ms=ms("p99_ttft_ms"),
         tpot_p50_ms=ms("median_tpot_ms"),
         tpot_p99_ms=ms("p99_tpot_ms"),
-        decode_step_ms=decode_step_s(decode, knobs, cfg) * 1e3,
+        decode_step_ms=s.get("mean_step_ms") or decode_step_s(decode, knobs, cfg) * 1e3,
         tok_s=s.get("output_throughput"),
         mean_batch=s.get("mean_running_batch"),
         fit=choice,
