@@ -313,13 +313,13 @@ def _simulate(fit_file: Path, server: list[str], workload: list[str]) -> dict:
     return result.summary
 
 
-def _loadgen(url: str, workload: list[str], out: Path, warmup: int = 2) -> dict:
-    """loadgen in its own process, as a user runs it (its event loop away from this one's
-    engines), `warmup` requests first (excluded); its per-request records beside its summary."""
+def _loadgen(url: str, workload: list[str], out: Path) -> dict:
+    """loadgen in its own process, as a user runs it, 2 warm-up requests first (excluded); its
+    per-request records beside its summary."""
     from scaletui.loadgen import cli as loadgen_cli
 
     cmd = [sys.executable, "-c", "import sys; from scaletui.loadgen.cli import main; "
-           "sys.exit(main())", "--url", url, "--out", str(out), "--quiet", "--warmup", str(warmup),
+           "sys.exit(main())", "--url", url, "--out", str(out), "--quiet", "--warmup", "2",
            "--save-requests", str(out.with_suffix(".requests.jsonl")), *workload]  # fmt: skip
     code = subprocess.run(cmd, check=False).returncode
     if code in (loadgen_cli.EXIT_INTERRUPTED, -signal.SIGINT):
@@ -391,11 +391,7 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
             # a seed per run: the same prompts again would hit the server's prefix cache
             workload = [*flags, *lengths, "--seed", str(args.seed + i)]
             log(f"serving: loadgen {' '.join(workload)}")
-            # a fresh server's first requests run slower (first use of its KV pages and code
-            # paths; a closed loop at 1 read 72-90 ms for two of its first five, 55-65 after):
-            # the first run warms it with a batch of requests, as a user's first run would
-            warmup = max(2, args.slots) if i == 0 else 2
-            got = _loadgen(srv.url, workload, work / f"loadgen-{i}.json", warmup)
+            got = _loadgen(srv.url, workload, work / f"loadgen-{i}.json")
             want = sim(workload)
             settings = {"model": model.name, **settings, "completed": got["completed"],
                         "sim_completed": want["completed"]}  # fmt: skip
