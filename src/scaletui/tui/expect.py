@@ -94,7 +94,8 @@ class FitChoice:
 @dataclass(frozen=True)
 class Expectation:
     """What loadgen should measure, by the simulation: its summary keys, and the decode step
-    as the server times it (a generate call / its steps, every slot row over the KV bucket)."""
+    as the server times it (a generate call / its steps, averaged over the calls, every slot
+    row over the KV bucket)."""
 
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
