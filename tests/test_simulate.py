@@ -352,3 +352,25 @@ def test_a_token_budget_runs_a_long_prompt_in_pieces_between_generate_calls():
     assert whole.summary["max_itl_ms"] == pytest.approx((prefill(128) + call) * 1e3)
     with pytest.raises(ValueError, match="max_batched_tokens should be >= 0"):
         ServerShape(max_batched_tokens=-1)
+
+
+def test_simulate_cli_on_a_local_cpu_defaults_to_the_servers_dtype(capsys, monkeypatch):
+    """Without --dtype, `--hardware local` simulates (and looks up the fit of) the precision
+    `scaletui serve` starts with here: bf16 where the native kernels multiply bf16 pairs."""
+    from fake_specs import CPU
+
+    from scaletui.serve import native
+
+    spec = {k: v for k, v in dataclasses.asdict(CPU).items() if k != "extra"}
+    local_hardware_path().parent.mkdir(parents=True, exist_ok=True)
+    local_hardware_path().write_text(yaml.safe_dump({**spec, "name": "local"}))
+    argv = ["--model", "small", "--hardware", "local", "--concurrency", "2", "--num-requests",
+            "4", "--input-len", "32", "--output-len", "8", "--no-fit", "--json"]  # fmt: skip
+    monkeypatch.setattr(native, "available", lambda: True)
+    for pairs, want in ((True, "bf16"), (False, "f32")):
+        monkeypatch.setattr(native, "bf16_dot_products", lambda pairs=pairs: pairs)
+        assert simulate_main(argv) == 0
+        assert orjson.loads(capsys.readouterr().out)["config"]["precision"] == want
+    monkeypatch.setattr(native, "bf16_dot_products", lambda: True)
+    assert simulate_main([*argv, "--tp", "2"]) == 0  # sharded: XLA's ops, f32
+    assert orjson.loads(capsys.readouterr().out)["config"]["precision"] == "f32"

@@ -34,7 +34,7 @@ from scaletui.roofline.simulate import (
     SimResult,
     simulate,
 )
-from scaletui.specs import SpecError, load_hardware, load_model
+from scaletui.specs import HardwareSpec, SpecError, load_hardware, load_model
 
 MAX_REQUESTS = 1_000_000  # a --duration run draws at most this many
 
@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="interleaved: prefill shared prefixes every time (the server's "
                    "--no-prefix-cache)")  # fmt: skip
-    s.add_argument("--dtype", choices=COMPUTE_DTYPES, help="compute; default: f32 on CPU, "
-                   "else bf16")  # fmt: skip
+    s.add_argument("--dtype", choices=COMPUTE_DTYPES, help="compute; default: with --hardware "
+                   "local the server's here, else f32 on a CPU spec, else bf16")  # fmt: skip
     s.add_argument("--weight-dtype", choices=tuple(DTYPE_BYTES), help="weight storage "
                    "(int8: per-channel scales); default: --dtype")  # fmt: skip
     s.add_argument("--kv-dtype", choices=tuple(DTYPE_BYTES), help="KV-cache storage (int8: a "
@@ -144,13 +144,24 @@ def precision(args: argparse.Namespace, dtype: str) -> dict:
     return got
 
 
+def server_dtype(args: argparse.Namespace, local: HardwareSpec) -> str:
+    """The compute dtype `scaletui serve` starts with on this host for these flags (as
+    `calibrate --model` fits it): bf16 on GPU/TPU and where the CPU's native kernels multiply
+    bf16 pairs, else f32. Imports JAX on a CPU host (`--hardware local` without `--dtype`)."""
+    if local.kind != "cpu":
+        return "bf16"
+    from scaletui.serve.build import default_compute_dtype
+
+    return default_compute_dtype(args.kernels, args.tp, args.dp, args.weight_dtype, args.kv_dtype)
+
+
 def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
     """(decode, prefill, words saying where the costs come from)."""
     path = Path(args.fit) if args.fit else None
     dtype = args.dtype
+    if dtype is None and args.hardware == "local":
+        dtype = server_dtype(args, load_hardware("local"))
     if path is None and not args.no_fit and args.hardware == "local":
-        hw = load_hardware("local")
-        dtype = dtype or ("f32" if hw.kind == "cpu" else "bf16")
         p = precision(args, dtype)
         path = find_fit(model.name, dtype, args.tp, args.dp, args.kernels,
                         weight_dtype=p["weight_dtype"], kv_dtype=p["kv_dtype"])  # fmt: skip
