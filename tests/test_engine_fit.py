@@ -3,6 +3,8 @@ where the TUI and `scaletui simulate` look for it."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from scaletui import engine_fit
@@ -150,3 +152,17 @@ def test_fit_engine_records_the_kernels_auto_resolved_to():
     grid = Grid.product([1, 2], [64], [1, 2], prefill=(16, 32), calls=1, rounds=1)
     cost = engine_fit.fit_engine(config, devices, base, grid=grid)
     assert cost.kernels == plan_engines(config, devices)[-1].kernels != "auto"
+
+
+def test_the_timer_times_short_calls_in_more_blocks_each_after_a_reset():
+    """Short calls: blocks of (one untimed + `calls` timed) until they add up to min_s, at most
+    8, each after the first behind a reset (decode: the sequences back inside their bucket);
+    long calls: one block."""
+    from scaletui.engine_fit import _Timer
+
+    timer, done, resets = _Timer(min_s=1.0), [], []
+    timer.run("short", lambda: done.append(1), 3, reset=lambda: resets.append(1))
+    assert len(timer.times["short"]) == 8 * 3 and len(done) == 8 * 4 and len(resets) == 7
+    slow = _Timer(min_s=0.01)
+    slow.run("long", lambda: time.sleep(0.006), 2, reset=lambda: resets.append(2))
+    assert len(slow.times["long"]) == 2 and resets.count(2) == 0
