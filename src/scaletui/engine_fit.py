@@ -212,7 +212,7 @@ def measure(
     for r in range(grid.rounds):
         for p in grid.decode:
             eng, prefix = engines[p.batch], prefixes[p.context]
-            state, table = [eng.init_decode_state()], fixed_table(eng)
+            state, table = [None], fixed_table(eng)  # `fill` makes the state
 
             def fill(eng=eng, state=state, prefix=prefix, table=table) -> None:
                 """Every slot back at the prefix: the block's calls stay in its KV bucket."""
