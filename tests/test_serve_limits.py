@@ -161,7 +161,7 @@ def test_compile_progress_counts_shapes_done_of_total(caplog) -> None:
     start.join()
     sched.shutdown()
     assert {(1, 4), (2, 4), (3, 4)} <= seen and sched.compile["done"] == 4
-    assert "compiled 4 shapes in" in caplog.text
+    assert "compiled 4 shapes and ran each once in" in caplog.text
 
 
 async def test_stats_has_compile_progress_and_connections() -> None:

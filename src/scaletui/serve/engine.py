@@ -3,12 +3,12 @@
 Each hot verb is one ahead-of-time compiled executable per shape: prefill per power-of-two
 prompt bucket (plus one chunk shape for prompts past the largest bucket), insert per prefix
 length, generate per KV-length bucket (a power-of-two number of pages). `warmup()` compiles
-them all; afterwards a request can only reuse them (a new shape would show in
-`compile_count()`). `generate` runs k decode steps in
-one `fori_loop`, donates the decode state and copies one packed int32 array to the host. The
-bucket is picked on the host from a mirror of the slot lengths, so no device sync picks it. The
-KV cache is paged (kv_cache.py): the scheduler owns the page tables (pages.py) and hands each
-insert its pages and each generate call every row's table.
+them all and runs each once (warm.py); afterwards a request can only reuse them (a new shape
+would show in `compile_count()`). `generate` runs k decode steps in one `fori_loop`, donates
+the decode state and copies one packed int32 array to the host. The bucket is picked on the
+host from a mirror of the slot lengths, so no device sync picks it. The KV cache is paged
+(kv_cache.py): the scheduler owns the page tables (pages.py) and hands each insert its pages
+and each generate call every row's table.
 An engine built with `kernels="native"` (build.py decides from `--kernels`: unsharded, on CPU)
 holds its weights in the native layout and runs the native C++ kernels for matmuls and decode
 attention (`serve/native`); `kernels="pallas"` runs XLA ops with decode attention on JAX's
@@ -29,7 +29,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletui.serve import kv_cache, model, pallas_attention, quant, sharding, steps, weights
+from scaletui.serve import (
+    kv_cache,
+    model,
+    pallas_attention,
+    quant,
+    sharding,
+    steps,
+    warm,
+    weights,
+)
 from scaletui.serve.config import ServeConfig, pow2_buckets
 from scaletui.serve.engine_api import (
     EngineInfo,
@@ -115,6 +124,8 @@ class JaxEngine:
         # (steps, vocab_size, eos_id) -> their device copies, placed once instead of every step
         self._consts: dict[tuple[int, int, int], StepConsts] = {}
         self.compile_seconds = 0.0
+        self.warm_runs: list[tuple[str, int]] = []  # what warmup ran once (warm.py)
+        self.warm_run_seconds = 0.0
         self.last_step_stats: dict = {}  # the last generate call's bucket (bench/)
 
     # --- what this engine is (for /stats and the memory check) ---------------------------------
@@ -218,6 +229,11 @@ class JaxEngine:
 
     def _prefix_sh(self, t: int) -> list:
         return kv_cache.prefix_shardings(self.model, self.mesh, t, self.kv_dtype)
+
+    def zero_kv(self, t: int) -> list:
+        """A prefix's K/V of `t` rows, all zeros, placed as a prefill would leave it."""
+        return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding),
+                            self._kv_spec(t))  # fmt: skip
 
     def _kv_spec(self, t: int) -> list:
         """A prefix's per-layer (k, v) [t, K, H] (int8: and scales [t, K]) as shape specs."""
@@ -339,14 +355,18 @@ class JaxEngine:
         return jobs
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> float:
-        """Compile every shape this engine's role serves; returns seconds spent. `progress`
-        is called with (done, total) after each step."""
+        """Compile every shape this engine's role serves, then run each once (warm.py: a
+        first run costs more); returns seconds spent. `progress` is called with (done,
+        total) after each compile."""
         t0 = time.perf_counter()
         jobs = self._warmup_jobs()
         for i, job in enumerate(jobs, 1):
             job()
             if progress is not None:
                 progress(i, len(jobs))
+        t1 = time.perf_counter()
+        self.warm_runs = warm.run_each_shape(self)
+        self.warm_run_seconds = time.perf_counter() - t1
         return time.perf_counter() - t0
 
     # --- the verbs ------------------------------------------------------------------------------
@@ -402,6 +422,11 @@ class JaxEngine:
         row[: len(pages)] += np.asarray(pages, np.int32)
         row, scratch, arrays = self._put(row), self._put(np.int32(base)), state.arrays
         tok, step = None, max(size, self.chunk // size * size)  # chunks from page boundaries
+        if step > self.chunk and stop - start > self.chunk:
+            raise ValueError(f"a {stop - start}-token prompt runs in pieces of whole pages "
+                             f"({size} tokens), longer than the largest prefill bucket "
+                             f"({self.chunk}): start the server with max_prefill_bucket >= "
+                             f"page_size")  # fmt: skip
         for cur in range(start, stop, step):
             c = min(stop - cur, step)
             t = next(b for b in self.prefill_buckets if b >= c)

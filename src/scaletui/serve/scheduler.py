@@ -119,7 +119,7 @@ class Scheduler:
         count = sum(e.compile_count() for e in unique)
         self.compile = {"state": "done", "seconds": seconds, "count": count, "done": total,
                         "total": total}  # fmt: skip
-        log.info("compiled %d shapes in %.1f s", total, seconds)
+        log.info("compiled %d shapes and ran each once in %.1f s", total, seconds)
         self.engines, self.config = (prefill, generate), config
         self.pages, self._pending = PageTables(generate), None
         self.book.reset(generate.slots, generate.eos_id)
