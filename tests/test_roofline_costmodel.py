@@ -385,3 +385,24 @@ def test_prefill_knots_are_exact_where_timed_and_scale_the_form_between():
     for s in prefill:
         if s.start == 0:
             assert got.prefill_s(s.tokens) == pytest.approx(s.seconds, rel=1e-9)
+
+
+def test_the_fit_keeps_how_much_one_call_varies_and_stores_it():
+    """Each sample carries its timed calls over their median; the fit pools them into
+    call_spread (evenly spaced quantiles), which round-trips through the fit store."""
+    truth, decode, prefill = _samples(noise=0.0)
+    rng = np.random.default_rng(1)
+    ratios = lambda: tuple(np.exp(0.1 * rng.standard_normal(9)))  # noqa: E731
+    decode = [dataclasses.replace(s, spread=ratios()) for s in decode]
+    prefill = [dataclasses.replace(s, spread=ratios()) for s in prefill]
+    got = rl.fit(_base(), decode, prefill)
+    spread = np.array(got.call_spread)
+    assert len(spread) == rl.costfit.SPREAD_QUANTILES and np.all(np.diff(spread) >= 0)
+    assert np.median(spread) == pytest.approx(1.0, abs=0.02)
+    # quantiles of a lognormal with sigma 0.1: the 1/64 and 63/64 points at about -/+2.16 sigma
+    assert spread[0] == pytest.approx(math.exp(-0.216), rel=0.04)
+    assert spread[-1] == pytest.approx(math.exp(0.216), rel=0.04)
+    assert rl.fit(_base(), *_samples(noise=0.0)[1:]).call_spread == ()  # no calls: no spread
+    assert rl.CostModel.from_dict(yaml.safe_load(yaml.safe_dump(got.to_dict()))) == got
+    with pytest.raises(ValueError, match="call_spread"):
+        dataclasses.replace(got, call_spread=(1.0, -0.5))

@@ -374,3 +374,37 @@ def test_simulate_cli_on_a_local_cpu_defaults_to_the_servers_dtype(capsys, monke
     monkeypatch.setattr(native, "bf16_dot_products", lambda: True)
     assert simulate_main([*argv, "--tp", "2"]) == 0  # sharded: XLA's ops, f32
     assert orjson.loads(capsys.readouterr().out)["config"]["precision"] == "f32"
+
+
+def test_a_fitted_call_spread_varies_each_call_by_its_draws():
+    """One slot, constant slow arrivals: with a spread of {1, 2} every TTFT is the prefill
+    once or twice (both seen), every decode call likewise; a fixed seed repeats the run."""
+    cost = dataclasses.replace(flat(), call_spread=(1.0, 2.0))
+    shape = ServerShape(slots=1, decode_steps=4, max_seq_len=1024)
+    load = fixed(200, gap=1.0, inp=100, out=5, requested_rate=1.0)
+    r = simulate(shape, cost, load, seed=3)
+    ttft, call = cost.prefill_s(128), cost.decode_call_s(1, 128, 4)
+    got = r.t_first - r.t_send
+    assert np.allclose(np.minimum(abs(got - ttft), abs(got - 2 * ttft)), 0)
+    assert 60 < np.isclose(got, 2 * ttft).sum() < 140  # about half of 200 draws
+    decode = r.t_last - r.t_first  # 4 tokens after the first: one call
+    assert np.allclose(np.minimum(abs(decode - call), abs(decode - 2 * call)), 0)
+    assert r.summary["p99_ttft_ms"] == pytest.approx(2 * ttft * 1e3)
+    assert r.summary["median_ttft_ms"] < 2 * ttft * 1e3
+    again = simulate(shape, cost, load, seed=3)
+    assert np.array_equal(again.t_first, r.t_first)
+    assert not np.array_equal(simulate(shape, cost, load, seed=4).t_first, r.t_first)
+    assert dataclasses.replace(cost, call_spread=()).call_spread == ()
+
+
+def test_littles_law_holds_with_a_call_spread():
+    model, hw = load_model("small"), load_hardware("h200")
+    cost = CostModel.assumed(model, hw, efficiency=0.02, overhead_s=2e-4)
+    cost = dataclasses.replace(cost, call_spread=tuple(np.linspace(0.8, 1.6, 32)))
+    w = Workload(input=Lengths(200, "uniform", 150), output=Lengths(64, "uniform", 50),
+                 qps=40.0, seed=7)  # fmt: skip
+    r = simulate(ServerShape(slots=8, decode_steps=4), cost, drawn(w, 3000))
+    assert r.summary["completed"] == 3000
+    grid = np.linspace(r.t_send.min(), r.t_last.max(), 200_000)
+    mean_in_system = in_system(r.t_send, r.t_last, grid).mean()
+    assert mean_in_system == pytest.approx(40.0 * (r.t_last - r.t_send).mean(), rel=0.05)

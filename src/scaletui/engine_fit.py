@@ -156,6 +156,11 @@ class _Timer:
     def median(self, key: object) -> float:
         return statistics.median(self.times[key])
 
+    def spread(self, key: object) -> tuple[float, ...]:
+        """Each timed call over the median."""
+        mid = self.median(key)
+        return tuple(round(t / mid, 4) for t in self.times[key])
+
 
 def _prompt(engine, n: int) -> list[int]:
     rng = np.random.default_rng(n)
@@ -231,10 +236,15 @@ def measure(
             timer.run(("prefill", n), _prefill_call(big, tokens, params), grid.calls)
         log(f"pass {r + 1}/{grid.rounds} done")
     decode = [
-        DecodeSample(batch=p.batch, context=p.context, steps=p.steps, seconds=timer.median(p))
+        DecodeSample(batch=p.batch, context=p.context, steps=p.steps, seconds=timer.median(p),
+                     spread=timer.spread(p))
         for p in grid.decode
+    ]  # fmt: skip
+    prefill = [
+        PrefillSample(tokens=n, seconds=timer.median(k), spread=timer.spread(k))
+        for n in grid.prefill
+        for k in [("prefill", n)]
     ]
-    prefill = [PrefillSample(tokens=n, seconds=timer.median(("prefill", n))) for n in grid.prefill]
     for s in decode:
         log(f"decode batch {s.batch:4d} context {s.context:5d} steps {s.steps:2d}: "
             f"{s.seconds * 1e3:8.2f} ms")  # fmt: skip
@@ -411,6 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     stderr_log(f"fit: decode rms error {i['decode_rms_rel_error']:.1%} (max "
                f"{i['decode_max_rel_error']:.1%}; one straight line in the batch: "
                f"{i['linear_decode_rms_rel_error']:.1%}), {i['seconds']} s")  # fmt: skip
+    if cost.call_spread:
+        q = cost.call_spread
+        stderr_log(f"fit: one call over its median: x{q[len(q) // 10]:.2f} at p10, "
+                   f"x{q[len(q) * 9 // 10]:.2f} at p90, x{q[-1]:.2f} at the top "
+                   "(the simulator draws each call's from these)")  # fmt: skip
     text = yaml.safe_dump(cost.to_dict(), sort_keys=False)
     if not args.no_write:
         path = Path(args.out) if args.out else fit_path(

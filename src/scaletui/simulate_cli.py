@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
                     closed_loop=workload.closed_loop, duration=args.duration,
                     requested_rate=args.qps, prefix_groups=args.prefix_groups,
                     prefix_len=args.prefix_len and args.prefix_len + bos)  # fmt: skip
-        result = simulate(shape, decode, load, prefill)
+        result = simulate(shape, decode, load, prefill, seed=args.seed)
         if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
             break
         take = min(take * 4, MAX_REQUESTS)

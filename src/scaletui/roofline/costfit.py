@@ -141,6 +141,20 @@ def _prefill_rates(base: CostModel, prefill: Sequence[PrefillSample], per_byte: 
     }
 
 
+SPREAD_QUANTILES = 32  # points of CostModel.call_spread
+
+
+def call_spread(samples: Sequence[DecodeSample | PrefillSample]) -> tuple:
+    """Every timed call over its point's median, pooled over the points, at SPREAD_QUANTILES
+    evenly spaced quantiles (a call's variation on this host, whatever its shape); () with
+    fewer than 3 calls a point on average."""
+    ratios = [r for s in samples for r in s.spread]
+    if len(ratios) < 3 * len(samples) or not ratios:
+        return ()
+    q = (np.arange(SPREAD_QUANTILES) + 0.5) / SPREAD_QUANTILES
+    return tuple(round(float(x), 4) for x in np.quantile(ratios, q))
+
+
 def fit(
     base: CostModel,
     decode: Sequence[DecodeSample],
@@ -157,7 +171,8 @@ def fit(
     >= 2 prompt lengths; without them the prefill keeps `base`'s rates. `info` (host, date,
     notes) is stored with the fit quality in `CostModel.info`: `decode_*_error` and
     `prefill_*_error` are the errors of what the model answers with (the table when fitted),
-    `linear_decode_*` those of the physical form alone."""
+    `linear_decode_*` those of the physical form alone. The samples' spreads (each timed call
+    over its median) make `call_spread`."""
     if len(decode) < 3:
         raise ValueError(f"fit needs >= 3 timed generate calls, got {len(decode)}")
     for s in (*decode, *prefill):
@@ -179,6 +194,7 @@ def fit(
             got["prefill_knots"] = _prefill_table(prefill)
     else:
         notes.append("prefill not fitted (fewer than 2 prompt lengths): base rates kept")
+    got["call_spread"] = call_spread([*decode, *prefill])
     cost = replace(base, **got, source="fit")
     dres = np.array([cost.decode_call_s(s.batch, s.context, s.steps) / s.seconds - 1
                      for s in decode])  # fmt: skip

@@ -62,8 +62,9 @@ class DecodeSample:
 
     batch: int
     context: int
-    seconds: float  # the whole call, host sync included
+    seconds: float  # the whole call, host sync included (the median of its timed calls)
     steps: int = 1
+    spread: tuple = ()  # each timed call over `seconds` (how much one call varies here)
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,9 @@ class PrefillSample:
     positions already in the cache (a chunk of a long prompt; 0 otherwise)."""
 
     tokens: int
-    seconds: float
+    seconds: float  # the median of its timed calls
     start: int = 0
+    spread: tuple = ()  # each timed call over `seconds`
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,10 @@ class CostModel:
     prefill_knots: tuple = ()  # fitted: ((prompt tokens, seconds), ...) timed from position 0
     weight_dtype: str = ""  # f32 | bf16 | int8: weight storage; "" = dtype (resolved at init)
     kv_dtype: str = ""  # f32 | bf16 | int8: KV-cache storage; "" = dtype (resolved at init)
+    # fitted: a call's time over its expected (median) time, at evenly spaced quantiles of
+    # every timed call; the simulator draws each call's from it. Empty: calls take their
+    # expected time
+    call_spread: tuple = ()
     info: dict = field(default_factory=dict, compare=False)  # fit quality, date, host, notes
 
     def __post_init__(self) -> None:
@@ -136,6 +142,10 @@ class CostModel:
             raise ValueError(f"prefill_knots should be rows of (tokens >= 1, seconds > 0), got "
                              f"{self.prefill_knots}")  # fmt: skip
         object.__setattr__(self, "prefill_knots", pknots)
+        spread = tuple(sorted(map(float, self.call_spread)))
+        if any(not x > 0 for x in spread):
+            raise ValueError(f"call_spread should be ratios > 0, got {self.call_spread}")
+        object.__setattr__(self, "call_spread", spread)
         if self.prefill_attn_flops_per_s < 0:
             raise ValueError(f"prefill_attn_flops_per_s should be >= 0 (0: as dense), got "
                              f"{self.prefill_attn_flops_per_s}")  # fmt: skip
@@ -268,13 +278,14 @@ class CostModel:
         d = asdict(self)
         d["decode_knots"] = [list(k) for k in self.decode_knots]
         d["prefill_knots"] = [list(k) for k in self.prefill_knots]
+        d["call_spread"] = list(self.call_spread)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         names = {f.name for f in fields(cls)}
         optional = {"kernels", "source", "info", "decode_knots", "prefill_attn_flops_per_s",
-                    "weight_dtype", "kv_dtype", "prefill_knots"}  # fmt: skip
+                    "weight_dtype", "kv_dtype", "prefill_knots", "call_spread"}  # fmt: skip
         missing = names - set(d) - optional
         if missing:
             raise ValueError(f"cost model is missing {sorted(missing)}")

@@ -22,6 +22,10 @@ What it replays, as the server does it:
    On the native CPU kernels (the cost model's `kernels`), every slot row runs the matmuls but
    attention reads only the active rows: a call with b of S rows active costs the S-row call
    at the smallest bucket plus b / S of what the longest row's bucket adds to it.
+5. A call's time is the cost model's expected (median) time, times a draw from its fitted
+   `call_spread` (how much one call varies on the host that made the fit; seeded): a run at
+   concurrency 1 has a p99 TTFT above its p50, and a closed loop's waves break up as they do
+   on the host. Without a spread (an assumed model) every call takes its expected time.
 Not modelled: EOS before max_tokens (loadgen ignores EOS), cancels, the client's back-off after
 a failure, the time a token takes from the engine to the client, and on CPU the two
 disaggregated threads sharing cores.
@@ -148,8 +152,11 @@ class SimResult:
 class _Sim:
     """The mutable state of one run: the client, the waiting queue, the slots, the clocks."""
 
-    def __init__(self, shape: ServerShape, decode: CostModel, prefill: CostModel, load: Load):
+    def __init__(
+        self, shape: ServerShape, decode: CostModel, prefill: CostModel, load: Load, seed: int
+    ):
         self.shape, self.decode, self.prefill_cost, self.load = shape, decode, prefill, load
+        self._rng, self._uniform = np.random.default_rng(seed), []
         n = len(load.offsets)
         self.offsets = np.asarray(load.offsets, float).tolist()
         self.inp = np.asarray(load.input_len, int).tolist()
@@ -232,6 +239,15 @@ class _Sim:
 
     # -- the server's verbs -----------------------------------------------------------------
 
+    def varied(self, seconds: float, cost: CostModel) -> float:
+        """One call of expected time `seconds` as it runs: times a draw from `cost`'s spread."""
+        spread = cost.call_spread
+        if not spread:
+            return seconds
+        if not self._uniform:  # drawn in blocks: one numpy call per 4096 engine calls
+            self._uniform = self._rng.random(4096).tolist()
+        return seconds * spread[int(self._uniform.pop() * len(spread))]
+
     def prefill_s(self, n: int, cached: int = 0) -> float:
         """Prefill of an n-token prompt whose first `cached` tokens are in cached pages."""
         s = self._prefill_memo.get((n, cached))
@@ -281,7 +297,8 @@ class _Sim:
             return None
         i = self.waiting.popleft()
         self.waiting_tokens -= self.inp[i]
-        t = now + self.prefill_s(self.inp[i], self.cached_tokens(i))
+        s = self.prefill_s(self.inp[i], self.cached_tokens(i))
+        t = now + self.varied(s, self.prefill_cost)
         self.first[i] = t
         if self.out[i] == 1:
             self._done(i, t, "ok")
@@ -314,6 +331,7 @@ class _Sim:
         dt = self._call_memo.get(key)
         if dt is None:
             dt = self._call_memo[key] = self._call_s(batch, ctx, steps, len(active))
+        dt = self.varied(dt, self.decode)
         t = now + dt
         self.calls += 1
         self.per_step_s += dt / steps
@@ -364,7 +382,7 @@ def _interleaved(sim: _Sim) -> None:
                 n = n // page * page  # a piece ends on a page boundary, or with the prompt
             if n == 0:
                 break
-            t = now + sim.piece_s(done, done + n)
+            t = now + sim.varied(sim.piece_s(done, done + n), sim.prefill_cost)
             sim.occupied_s += len(sim.active) * (t - now)
             now, left = t, left - n
             if done + n < sim.inp[i]:
@@ -426,11 +444,16 @@ def _disaggregated(sim: _Sim) -> None:
 
 
 def simulate(
-    shape: ServerShape, decode: CostModel, load: Load, prefill: CostModel | None = None
+    shape: ServerShape,
+    decode: CostModel,
+    load: Load,
+    prefill: CostModel | None = None,
+    seed: int = 0,
 ) -> SimResult:
     """Run `load` through a server of `shape` whose steps cost what `decode` says (and prefill
-    what `prefill` says: the prefill devices' model when disaggregated; default `decode`)."""
-    sim = _Sim(shape, decode, prefill or decode, load)
+    what `prefill` says: the prefill devices' model when disaggregated; default `decode`);
+    `seed` draws the calls' variation (a fitted model's `call_spread`)."""
+    sim = _Sim(shape, decode, prefill or decode, load, seed)
     (_interleaved if shape.mode == "interleaved" else _disaggregated)(sim)
     return _result(sim)
 
