@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,30 @@ def serving_points(settings: dict, measured: dict, simulated: dict) -> list[Poin
         if m is not None and e:
             out.append(Point("serving", name, float(m), float(e), True, settings))
     return out
+
+
+ENGINE_METRICS = {  # our name: (/stats step_times_ms phase, its key; the simulator's key)
+    "gen_step_ms": ("generate", "per_token_mean", "mean_step_ms"),
+    "prefill_call_ms": ("prefill", "mean", "mean_prefill_ms"),
+}
+
+
+def engine_points(settings: dict, stats: dict, simulated: dict) -> list[Point]:
+    """The engine's own calls during one run (the server's /stats over the run) beside the
+    simulated calls: how much of a serving error is the engine running at another speed than
+    the fit said (the host's speed moving), and how much the scheduling."""
+    out = []
+    for name, (phase, key, sim_key) in ENGINE_METRICS.items():
+        m = stats.get("step_times_ms", {}).get(phase, {}).get(key)
+        e = simulated.get(sim_key)
+        if m is not None and e:
+            out.append(Point("engine", name, float(m), float(e), True, settings))
+    return out
+
+
+def _server_stats(url: str, window_s: float) -> dict:
+    with urllib.request.urlopen(f"{url}/stats?window={window_s:.1f}", timeout=10) as resp:
+        return orjson.loads(resp.read())
 
 
 def _settings_text(s: dict) -> str:
@@ -391,14 +416,20 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
             # a seed per run: the same prompts again would hit the server's prefix cache
             workload = [*flags, *lengths, "--seed", str(args.seed + i)]
             log(f"serving: loadgen {' '.join(workload)}")
+            t0 = time.perf_counter()
             got = _loadgen(srv.url, workload, work / f"loadgen-{i}.json")
+            stats = _server_stats(srv.url, time.perf_counter() - t0)  # this run's engine calls
             want = sim(workload)
             settings = {"model": model.name, **settings, "completed": got["completed"],
                         "sim_completed": want["completed"]}  # fmt: skip
             points += serving_points(settings, got, want)
+            engine = engine_points(settings, stats, want)
+            points += engine
             log(f"serving: {settings['load']}: {got['completed']} completed, "
                 f"{got['output_throughput']:.1f} tok/s (simulated "
-                f"{want['output_throughput']:.1f})")  # fmt: skip
+                f"{want['output_throughput']:.1f}); engine calls at "
+                + ", ".join(f"{p.metric} x{p.measured / p.expected:.2f}" for p in engine)
+                + " of the fit's")  # fmt: skip
         srv.finish(clean=True)
     return points
 

@@ -251,3 +251,23 @@ async def test_reconfigure_past_drain_timeout_ends_streams_with_an_error_frame()
         assert "aborted: the server is reconfiguring" in frames[-2]["error"]["message"]
         ok = await client.post("/v1/completions", json={"prompt": [1], "max_tokens": 2})
         assert ok.status == 200
+
+
+async def test_stats_window_covers_the_seconds_asked_and_bad_windows_get_a_400() -> None:
+    async with fake_server(slots=2) as (client, sched):
+        await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 9})
+        with sched.metrics._lock:  # every call so far, moved 100 s into the past
+            sched.metrics._steps = type(sched.metrics._steps)(
+                ((t - 100.0, *rest) for t, *rest in sched.metrics._steps),
+                sched.metrics._steps.maxlen,
+            )
+        short = await (await client.get("/stats")).json()
+        assert short["window_s"] == 5.0 and short["step_times_ms"] == {}
+        wide = await (await client.get("/stats?window=300")).json()
+        assert wide["window_s"] == 300.0 and wide["step_times_ms"]["prefill"]["count"] == 1
+        assert wide["step_times_ms"]["generate"]["count"] >= 1
+        for bad in ("0", "-1", "abc", "1e9", "nan"):
+            r = await client.get(f"/stats?window={bad}")
+            body = await r.json()
+            assert r.status == 400 and body["error"]["param"] == "window", bad
+            assert bad in body["error"]["message"]

@@ -70,6 +70,21 @@ def test_serving_points_pair_loadgen_keys_with_the_simulation(fidelity):
     assert pts["p50_ttft_ms"].to_json()["load"] == "c=1" and pts["p50_ttft_ms"].held_out
 
 
+def test_engine_points_pair_the_servers_calls_with_the_simulated_ones(fidelity):
+    stats = {"step_times_ms": {"generate": {"mean": 20.0, "per_token_mean": 5.5},
+                               "prefill": {"mean": 44.0}}}  # fmt: skip
+    pts = fidelity.engine_points(
+        {"load": "c=4"}, stats, {"mean_step_ms": 5.0, "mean_prefill_ms": 40.0}
+    )
+    assert [(p.kind, p.metric, p.measured, p.expected) for p in pts] == [
+        ("engine", "gen_step_ms", 5.5, 5.0),
+        ("engine", "prefill_call_ms", 44.0, 40.0),
+    ]
+    assert fidelity.engine_points({}, {"step_times_ms": {}}, {"mean_step_ms": 5.0}) == []
+    # not an acceptance metric: reported, never judged
+    assert not [v for v in fidelity.verdicts(pts) if v["met"] is not None]
+
+
 def test_quick_fills_what_the_command_line_leaves_out(fidelity):
     args = fidelity.parse(["--quick", "--slots", "2"])
     assert args.models == ["tiny"] and args.slots == 2

@@ -86,6 +86,7 @@ def test_one_slot_slow_constant_arrivals_give_exact_latencies():
     assert s["achieved_rate"] == pytest.approx(1.25)  # 5 sent over 4 s, as loadgen counts
     assert s["mean_running_batch"] == pytest.approx(1.0) and s["generate_calls"] == 10
     assert s["mean_step_ms"] == pytest.approx((call4 / 4 + call3 / 3) / 2 * 1e3)  # per call
+    assert s["mean_prefill_ms"] == pytest.approx(ttft * 1e3)
     assert np.allclose(r.t_first - r.t_send, ttft)
 
 

@@ -181,6 +181,7 @@ class _Sim:
         self.occupied_s = 0.0  # slots in use x time, all the time
         self.calls = 0
         self.per_step_s = 0.0  # sum over generate calls of the call's time / its steps
+        self.prefill_calls, self.prefill_call_s = 0, 0.0  # prefill calls (pieces) and time
         self._prefill_memo: dict[tuple[int, int], float] = {}
         self._cached_groups: set[int] = set()  # shared prefixes prefilled once already
         self._call_memo: dict[tuple[int, int, int, int], float] = {}
@@ -299,6 +300,8 @@ class _Sim:
         self.waiting_tokens -= self.inp[i]
         s = self.prefill_s(self.inp[i], self.cached_tokens(i))
         t = now + self.varied(s, self.prefill_cost)
+        self.prefill_calls += 1
+        self.prefill_call_s += t - now
         self.first[i] = t
         if self.out[i] == 1:
             self._done(i, t, "ok")
@@ -383,6 +386,8 @@ def _interleaved(sim: _Sim) -> None:
             if n == 0:
                 break
             t = now + sim.varied(sim.piece_s(done, done + n), sim.prefill_cost)
+            sim.prefill_calls += 1
+            sim.prefill_call_s += t - now
             sim.occupied_s += len(sim.active) * (t - now)
             now, left = t, left - n
             if done + n < sim.inp[i]:
@@ -470,6 +475,10 @@ def _result(sim: _Sim) -> SimResult:
         "generate_calls": sim.calls,
         # a generate call's time over its steps, averaged over the calls (/stats per_token_mean)
         "mean_step_ms": 1e3 * sim.per_step_s / sim.calls if sim.calls else None,
+        # a prefill call's time (a budget's piece is one), averaged over the calls
+        "mean_prefill_ms": (
+            1e3 * sim.prefill_call_s / sim.prefill_calls if sim.prefill_calls else None
+        ),  # fmt: skip
         # running requests per generate call, weighted by the call's time (what a step sees)
         "mean_running_batch": sim.call_batch_s / sim.call_s if sim.call_s else None,
         # slots in use averaged over the whole run (the server's num_requests_running)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -190,10 +191,23 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=sched.metrics.exposition(), headers=kind)
 
 
+MAX_STATS_WINDOW_S = 3600.0
+
+
 async def stats(request: web.Request) -> web.Response:
+    """`?window=S`: rates and step times over the last S seconds (default 5; the ring holds the
+    last 4096 engine calls)."""
+    raw = request.query.get("window", "5")
+    try:
+        window_s = float(raw)
+    except ValueError:
+        window_s = math.nan
+    if not 0 < window_s <= MAX_STATS_WINDOW_S:
+        raise ApiError(400, f"window must be seconds in (0, {MAX_STATS_WINDOW_S:g}], got {raw!r}",
+                       "window", "invalid_value")  # fmt: skip
     watchdog = request.app[WATCHDOG]
     conns = {"open": watchdog.open, "timed_out": watchdog.closed}
-    return _json({**build_stats(request.app[SCHEDULER]), "connections": conns})
+    return _json({**build_stats(request.app[SCHEDULER], window_s), "connections": conns})
 
 
 async def admin_config(request: web.Request) -> web.Response:
