@@ -349,3 +349,15 @@ def test_startup_config_errors_exit_2_with_one_line(flags, line, capsys) -> None
     assert err.count("\n") == 1 and "Traceback" not in err
     with socket.socket() as again:
         again.bind(("127.0.0.1", port))
+
+
+def test_more_virtual_devices_than_cores_is_warned_with_the_fix(monkeypatch, caplog):
+    from scaletui.serve import cli as serve_cli
+
+    monkeypatch.setattr(serve_cli.os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
+    with caplog.at_level(logging.WARNING, logger="scaletui.serve"):
+        assert serve_cli.warn_oversubscribed(2) is False
+        assert caplog.text == ""
+        assert serve_cli.warn_oversubscribed(8) is True
+    assert "--host-devices 8 is more than the 2 usable cores" in caplog.text
+    assert "use --host-devices 2 or fewer" in caplog.text
