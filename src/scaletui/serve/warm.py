@@ -55,7 +55,7 @@ def run_each_shape(engine) -> list[tuple[str, int]]:
             ran.append(("insert", t))
     steps = engine.config.decode_steps
     for b in engine.decode_buckets:  # a row `steps` short of the bucket's end picks it
-        length = max(1, b - steps)
+        length = max(1, min(b, engine.max_seq_len - 1) - steps)
         kv_rows = next((t for t in inserts if t >= length), None)
         if engine.role == "both":
             kv_rows = None  # its K/V would be in its pages already
