@@ -213,6 +213,26 @@ def test_the_table_recovers_a_concave_step_that_one_plane_cannot():
     assert plane.decode_knots == () and abs(plane.decode_call_s(8, 512, 4) / truth8 - 1) > 0.06
 
 
+def test_between_batches_past_the_first_the_step_is_flat_then_compute_bound():
+    """The native kernels read the weights once for every row: flat until the multiplies take
+    over, then in proportion to the rows. Timed at 1, 4 and 32 rows, the table follows that
+    shape between 4 and 32, where a power law from 4 to 32 overshoots by a third."""
+    truth = lambda b: max(5e-3 + 1e-4 * b, 5e-4 * b)  # noqa: E731
+    knots = tuple((b, c, truth(b)) for b in (1, 4, 32) for c in (128, 1024))
+    cost = dataclasses.replace(_base(), decode_knots=knots, sync_s=0.0)
+    for b in (1, 4, 32):
+        assert cost.decode_step_s(b, 512) == pytest.approx(truth(b))
+    for b in (6, 8, 12, 16, 24):
+        assert cost.decode_step_s(b, 512) == pytest.approx(truth(b), rel=0.05)
+    power_law_8 = truth(4) * (truth(32) / truth(4)) ** (1 / 3)
+    assert power_law_8 > 1.3 * truth(8)
+    # between the first two batches a power law; the curve is continuous at every knot
+    assert cost.decode_step_s(2, 512) == pytest.approx((truth(1) * truth(4)) ** 0.5)
+    for b in (4, 32):
+        assert cost.decode_step_s(b - 1e-6, 512) == pytest.approx(truth(b), rel=1e-4)
+        assert cost.decode_step_s(b + 1e-6, 512) == pytest.approx(truth(b), rel=1e-4)
+
+
 def test_the_table_is_linear_in_context_then_a_power_law_in_batch():
     """Between measured cells a step costs between their steps, at any context."""
     knots = ((1, 100, 0.010), (1, 300, 0.012), (4, 100, 0.016), (4, 300, 0.030))

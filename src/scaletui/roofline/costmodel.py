@@ -292,19 +292,14 @@ class CostModel:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _along(
-    points: list[tuple[float, float]], x: float, log: bool = False, flat_past: bool = False
-) -> float:
-    """y at x on the curve through sorted (x, y) points: between two points linear, or with
-    `log` a power law (straight in log x, log y); flat below the first point; past the last, the
-    last segment's slope (>= 0) continues, or (`flat_past`) the last y holds."""
+def _along(points: list[tuple[float, float]], x: float, flat_past: bool = False) -> float:
+    """y at x on the broken line through sorted (x, y) points; flat below the first point; past
+    the last, the last segment's slope (>= 0) continues, or (`flat_past`) the last y holds."""
     (x0, y0) = points[0]
     if x <= x0 or len(points) == 1:
         return y0
     for (xa, ya), (xb, yb) in zip(points, points[1:], strict=False):
         if x <= xb:
-            if log and ya > 0 and yb > 0:
-                return ya * (yb / ya) ** (math.log(x / xa) / math.log(xb / xa))
             return ya + (yb - ya) * (x - xa) / (xb - xa)
     (xa, ya), (xb, yb) = points[-2], points[-1]
     if flat_past:
@@ -314,16 +309,57 @@ def _along(
 
 def _decode_at(knots: tuple, batch: float, context: float) -> float:
     """The decode step at (batch, context) from measured (batch, context, step_s) cells: linear
-    along the context within each measured batch (the KV read), then a power law along the
-    batch between measured batches. A CPU's step is concave in the batch (about batch^0.5 for
-    `small` on the 2-core EPYC), where a chord errs 15-25 % low between knots 4-8x apart and the
-    power law within a few %; a GPU's is linear with a large fixed part, where the power law errs
-    a few % high between knots 4-16x apart (5 ms + 0.05 ms per row: +4 % at 4 and 8 between
-    knots 1 and 16)."""
+    along the context within each measured batch (the KV read), then along the batch between
+    measured batches as `_along_batch` says."""
     by_batch: dict[float, list[tuple[float, float]]] = {}
     for b, c, s in knots:
         by_batch.setdefault(b, []).append((c, s))
-    return _along([(b, _along(cells, context)) for b, cells in by_batch.items()], batch, log=True)
+    return _along_batch(sorted((b, _along(cells, context)) for b, cells in by_batch.items()), batch)
+
+
+def _along_batch(points: list[tuple[float, float]], batch: float) -> float:
+    """The step at `batch` between measured (batch, step) points, sorted. Between the first two
+    a power law (straight in log batch, log step). Between later ones lo < hi, the larger of two
+    regimes, capped by the power law from lo to hi:
+      - the regime below: the power law of the segment before, continued past lo;
+      - the regime above: the segment above hi continued down (straight), or past the last
+        point hi's step times batch / hi (compute-bound: in proportion to the rows).
+    A CPU step on XLA's ops is concave in the batch (about batch^0.5 for `small` on the 2-core
+    EPYC): the power law follows it (a chord errs 15-25 % low between knots 4-8x apart). The
+    native kernels read the weights once per call for all rows, so their step is nearly flat
+    until the multiplies take over, then grows with the rows (`small` bf16 on Zen 4: 5.0 ms at
+    4 rows, 5.4 at 8, 8.0 at 16, 15.8 at 32): the power law from 4 to 32 reads 7.3 ms at 8
+    (+36 %), the two regimes 5.4 and 7.9 ms at 8 and 16. A GPU step is linear with a large
+    fixed part: a power law errs a few % high between knots 4-16x apart (5 ms + 0.05 ms per
+    row: +4 % at 4 and 8 between knots 1 and 16); the segment above, continued, is exact. Flat
+    below the first point; past the last, the last segment's slope per row (>= 0) continues."""
+    (x0, y0) = points[0]
+    if batch <= x0 or len(points) == 1:
+        return y0
+    for k in range(1, len(points)):
+        (lo, y_lo), (hi, y_hi) = points[k - 1], points[k]
+        if batch > hi:
+            continue
+        power = _power_law(lo, y_lo, hi, y_hi, batch)
+        if k == 1:
+            return power
+        below = _power_law(*points[k - 2], lo, y_lo, batch)  # the segment before, continued
+        if k + 1 < len(points):  # the segment above, continued down
+            (top, y_top) = points[k + 1]
+            above = y_hi - (y_top - y_hi) * (hi - batch) / (top - hi)
+        else:
+            above = y_hi * batch / hi
+        return min(power, max(below, above))
+    (lo, y_lo), (hi, y_hi) = points[-2], points[-1]
+    return y_hi + max(y_hi - y_lo, 0.0) * (batch - hi) / (hi - lo)
+
+
+def _power_law(xa: float, ya: float, xb: float, yb: float, x: float) -> float:
+    """y at x on the line through (xa, ya) and (xb, yb) in log x and log y (a chord when a y
+    is not > 0)."""
+    if ya > 0 and yb > 0:
+        return ya * (yb / ya) ** (math.log(x / xa) / math.log(xb / xa))
+    return ya + (yb - ya) * (x - xa) / (xb - xa)
 
 
 def describe_precision(dtype: str, weight_dtype: str = "", kv_dtype: str = "") -> str:
