@@ -244,13 +244,23 @@ def base_model(model: ModelSpec, args, tp: int) -> CostModel:
         hw = HardwareSpec(name="nominal", kind=kind, flops_per_s={"f32": 1e11, "bf16": 1e11},
                           hbm_bytes=16e9, hbm_bw=2e10, ici_bw=2e10, ici_bidirectional=False,
                           dcn_bw=1e9, chips_per_host=1)  # fmt: skip
-    precision = {"weight_dtype": args.weight_dtype or None, "kv_dtype": args.kv_dtype or None}
-    return CostModel.assumed(model, hw, dtype=args.dtype, tp=tp, kernels=args.kernels, **precision)
+    p = precision(args, tp)
+    storage = {"weight_dtype": p["weight_dtype"] or None, "kv_dtype": p["kv_dtype"] or None}
+    return CostModel.assumed(model, hw, dtype=p["dtype"], tp=tp, kernels=args.kernels, **storage)
 
 
-def precision(args) -> dict:
-    """The ServeConfig precision and kernel fields of the command line."""
-    return {"dtype": args.dtype, "weight_dtype": args.weight_dtype, "kv_dtype": args.kv_dtype,
+def precision(args, tp: int) -> dict:
+    """The ServeConfig precision and kernel fields of the command line at `tp`; --dtype auto is
+    what `scaletui serve` picks there (on CPU: bf16 on the native kernels at tp 1 where the
+    CPU multiplies bf16 pairs, f32 on XLA's ops otherwise: XLA's CPU bf16 matmuls run several
+    times slower than its f32 ones, and slower at 1 row than at 2)."""
+    dtype = args.dtype
+    if dtype == "auto":
+        from scaletui.serve.build import default_compute_dtype
+
+        dtype = default_compute_dtype(args.kernels, tp, weight_dtype=args.weight_dtype or None,
+                                      kv_dtype=args.kv_dtype or None)  # fmt: skip
+    return {"dtype": dtype, "weight_dtype": args.weight_dtype, "kv_dtype": args.kv_dtype,
             "kernels": args.kernels}  # fmt: skip
 
 
@@ -270,7 +280,7 @@ def measure_engine(model: ModelSpec, tp: int, args, errors: list[str]) -> list[P
         return []
     msl = min(args.max_seq_len, model.max_seq_len)
     config = ServeConfig(model, slots=1, max_seq_len=msl, decode_steps=args.decode_steps, tp=tp,
-                         **precision(args))  # fmt: skip
+                         **precision(args, tp))  # fmt: skip
     buckets = ServerShape(max_seq_len=msl).decode_buckets  # the engine's (a test keeps them so)
     grid = decode_grid(args.batches, snap(args.contexts, buckets), args.fit_batches,
                        snap(args.fit_contexts, buckets))  # fmt: skip
@@ -305,7 +315,7 @@ def measure_engine(model: ModelSpec, tp: int, args, errors: list[str]) -> list[P
         errors.append(f"{model.name} tp{tp}: {exc}")
         log(f"{model.name} tp{tp}: no fit, no points: {exc}")
         return []
-    tag = {"model": model.name, "tp": tp}
+    tag = {"model": model.name, "tp": tp, "dtype": config.dtype}
     points = []
     for b, c, held in [] if args.skip_decode else grid:
         for s in steps:
@@ -366,7 +376,7 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
     model = load_model(args.serving_model)
     msl = min(args.serving_max_seq_len, model.max_seq_len)
     config = ServeConfig(model, slots=args.slots, max_seq_len=msl, decode_steps=args.decode_steps,
-                         **precision(args))  # fmt: skip
+                         **precision(args, 1))  # fmt: skip
     log(f"serving: fitting {model.name} slots {args.slots} max_seq_len {msl} ...")
     grid = engine_fit.grid_for(config, ServerShape(max_seq_len=msl).decode_buckets,
                                config.prefill_buckets, args.quick)  # fmt: skip
@@ -379,7 +389,7 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
         return []
     fit_file = save_fit(cost, work / "serving-fit.yaml")
     server = ["--slots", str(args.slots), "--max-seq-len", str(msl), "--decode-steps",
-              str(args.decode_steps), "--dtype", args.dtype, "--kernels", args.kernels,
+              str(args.decode_steps), "--dtype", config.dtype, "--kernels", args.kernels,
               *(["--weight-dtype", args.weight_dtype] if args.weight_dtype else []),
               *(["--kv-dtype", args.kv_dtype] if args.kv_dtype else [])]  # fmt: skip
     # token-id prompts: exactly --input-len tokens, no BOS (the simulator is told the same)
@@ -477,7 +487,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--rounds", type=int, default=3, help="round-robin passes over the grid (median of all)")
     a("--max-seq-len", type=int, default=2048, help="decode engines (capped at the model's)")
     a("--decode-steps", type=int, default=4, help="steps per generate call (and 1)")
-    a("--dtype", choices=("f32", "bf16"), default="f32", help="compute dtype")
+    a("--dtype", choices=("auto", "f32", "bf16"), default="auto",
+      help="compute dtype (auto: what `scaletui serve` picks at each tp)")  # fmt: skip
     a("--weight-dtype", choices=("f32", "bf16", "int8"), default="",
       help="weight storage (default: --dtype)")  # fmt: skip
     a("--kv-dtype", choices=("f32", "bf16", "int8"), default="",

@@ -91,6 +91,20 @@ def test_quick_fills_what_the_command_line_leaves_out(fidelity):
     assert fidelity.parse([]).models == ["small", "tiny"]
 
 
+def test_dtype_auto_is_what_the_server_picks_at_each_tp(fidelity):
+    from scaletui.serve.build import default_compute_dtype
+
+    args = fidelity.parse([])
+    assert args.dtype == "auto"
+    for tp in (1, 2):  # on CPU: never XLA's bf16 matmuls at tp 2
+        assert fidelity.precision(args, tp)["dtype"] == default_compute_dtype("auto", tp)
+    assert fidelity.precision(args, 2)["dtype"] == "f32"
+    assert fidelity.precision(fidelity.parse(["--dtype", "bf16"]), 2)["dtype"] == "bf16"
+    kv32 = fidelity.parse(["--kv-dtype", "f32"])  # f32 storage: f32 compute
+    assert fidelity.precision(kv32, 1) == {"dtype": "f32", "weight_dtype": "", "kv_dtype": "f32",
+                                           "kernels": "auto"}  # fmt: skip
+
+
 def test_help_exits_0_and_names_the_gpu():
     proc = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
