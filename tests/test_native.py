@@ -516,6 +516,27 @@ def test_bf16_compute_without_bf16_pairs_says_it_widens(monkeypatch):
     assert plan.native and plan.note is None  # f32 compute never needed them
 
 
+def test_bf16_on_xlas_cpu_ops_says_f32_is_faster(caplog):
+    """bf16 compute where XLA's ops run on a CPU (kernels xla, or sharded) is in the plan's note
+    (/stats kernels_note) and the server's log; f32 there, and bf16 on the native kernels, not."""
+    from scaletui.serve.build import XLA_CPU_BF16, build_engines, plan_engines
+
+    tiny = load_model("tiny")
+    cfg = ServeConfig(model=tiny, slots=2, max_seq_len=64, dtype="bf16", kernels="xla")
+    (plan,) = plan_engines(cfg, jax.devices()[:1])
+    assert plan.kernels == "xla" and XLA_CPU_BF16 in plan.note and "--dtype f32" in plan.note
+    sharded = plan_engines(dataclasses.replace(cfg, kernels="auto", tp=2), jax.devices()[:2])
+    assert all(e.kernels == "xla" and XLA_CPU_BF16 in e.note for e in sharded)
+    (plan,) = plan_engines(dataclasses.replace(cfg, dtype="f32"), jax.devices()[:1])
+    assert plan.note is None
+    if native.available():
+        (plan,) = plan_engines(dataclasses.replace(cfg, kernels="native"), jax.devices()[:1])
+        assert plan.native and (plan.note is None or XLA_CPU_BF16 not in plan.note)
+    with caplog.at_level("WARNING", logger="scaletui.serve"):
+        build_engines(cfg, jax.devices()[:1])
+    assert any(XLA_CPU_BF16 in r.getMessage() for r in caplog.records)
+
+
 @needs_kernels
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_generate_call_does_not_copy_the_embedding_table(tied):

@@ -11,6 +11,7 @@ included).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import jax
@@ -19,6 +20,13 @@ from scaletui.serve import memory, native, pallas_attention, quant, sharding, we
 from scaletui.serve.config import ConfigError, ServeConfig
 from scaletui.serve.engine import JaxEngine
 from scaletui.serve.engine_api import Engine, distinct
+
+log = logging.getLogger("scaletui.serve")
+
+# Measured with bench/fidelity.py on 2 Zen 4 cores, `small` at tp 2, one step at batch 1.
+XLA_CPU_BF16 = ("bf16 compute on XLA's CPU ops, whose bf16 matmuls run several times slower "
+                "than its f32 ones (small, tp 2, a 1-step call at batch 1: 85 ms in bf16, 14 "
+                "in f32); --dtype f32 is faster here")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,8 @@ def _kernels(config: ServeConfig, devs: list, dp: int, platform: str) -> tuple[s
     if use and config.dtype == "bf16" and not native.bf16_dot_products():
         note = ("native bf16 matmuls widen to f32 FMAs (this CPU has no AVX512_BF16): "
                 "the same results at f32's multiply rate")  # fmt: skip
+    if not use and platform == "cpu" and config.dtype == "bf16":
+        note = f"{note}; {XLA_CPU_BF16}" if note else XLA_CPU_BF16
     return ("native" if use else "xla"), note
 
 
@@ -123,6 +133,9 @@ def build_engines(
     """
     m, p = config.model, config.precision
     plan = plan_engines(config, list(devices or jax.devices()))
+    for e in plan:
+        if e.note and XLA_CPU_BF16 in e.note:
+            log.warning("%s engine: %s", e.role, XLA_CPU_BF16)
     if host_params is None:
         made = "f32" if p.weights == "int8" else p.weights  # int8 is quantized from f32
         if config.weights:
