@@ -125,7 +125,8 @@ def test_fits_are_stored_per_host_model_dtype_kernels_and_mesh(private_config):
     assert path.parent == private_config / "scaletui" / "hardware" / "fits"
     assert "box" in path.name and "tp2-dp1" in path.name
     back = fitstore.load_fit(path)
-    stamped = {"fit_version": fitstore.FIT_VERSION, **got.info}  # what save_fit adds
+    stamped = {"fit_version": fitstore.FIT_VERSION, "versions": fitstore.engine_versions(),
+               **got.info}  # what save_fit adds  # fmt: skip
     assert back == dataclasses.replace(got, info=stamped) and back.info == stamped
     assert fitstore.find_fit("small", "f32", 2, 1, "auto", host="box") == path
     assert fitstore.find_fit("small", "f32", 2, 1, "xla", host="box") is None
@@ -151,6 +152,30 @@ def test_a_fit_older_than_fit_version_is_not_found(private_config):
     del data["info"]["fit_version"]  # as fits were written before versions
     path.write_text(yaml.safe_dump(data))
     assert fitstore.fit_version(path) == 0 and find("native") is None and find("auto") is None
+
+
+def test_a_fit_made_under_another_jax_is_not_found(private_config):
+    """save_fit records jax and jaxlib as installed; find_fit passes over a fit whose recorded
+    versions differ from those installed, and takes one that records none (it cannot tell)."""
+    _, decode, prefill = _samples(noise=0.0)
+    got = dataclasses.replace(rl.fit(_base(), decode, prefill), kernels="xla")
+    path = fitstore.save_fit(got, host="box")
+    versions = fitstore.engine_versions()
+    assert versions["jax"] and fitstore.load_fit(path).info["versions"] == versions
+    find = lambda: fitstore.find_fit("small", "f32", 1, 1, "xla", host="box")  # noqa: E731
+    assert find() == path and fitstore.other_engine(path) is None
+    data = yaml.safe_load(path.read_text())
+    data["info"]["versions"]["jax"] = "0.0.1"
+    path.write_text(yaml.safe_dump(data))
+    assert fitstore.other_engine(path) == f"jax 0.0.1, now {versions['jax']}" and find() is None
+    del data["info"]["versions"]
+    path.write_text(yaml.safe_dump(data))
+    assert fitstore.other_engine(path) is None and find() == path
+    # a loaded fit saved again keeps the versions it was made under
+    data["info"]["versions"] = {"jax": "0.0.1"}
+    path.write_text(yaml.safe_dump(data))
+    again = fitstore.save_fit(fitstore.load_fit(path), private_config / "again.yaml")
+    assert fitstore.load_fit(again).info["versions"] == {"jax": "0.0.1"}
 
 
 def test_roofline_cli_prints_the_expectation_beside_the_floor(tmp_path, capsys):
@@ -426,3 +451,4 @@ def test_the_fit_keeps_how_much_one_call_varies_and_stores_it():
     assert rl.CostModel.from_dict(yaml.safe_load(yaml.safe_dump(got.to_dict()))) == got
     with pytest.raises(ValueError, match="call_spread"):
         dataclasses.replace(got, call_spread=(1.0, -0.5))
+

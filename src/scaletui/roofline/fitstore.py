@@ -8,13 +8,16 @@ the precision knobs), else all three (`box--small--bf16-wint8-kvbf16--xla--tp1-d
 
 A stored fit carries `info.fit_version`; `find_fit` passes over one older than FIT_VERSION (or
 without it), which is bumped whenever the engine's speed or what a fit measures changes, so a fit
-of yesterday's engine is made again rather than trusted.
+of yesterday's engine is made again rather than trusted. It carries `info.versions` too (jax and
+jaxlib as installed when it was made): XLA's code generation sets the engine's speed as much as
+ours does, so a fit made under another JAX is passed over as well.
 """
 
 from __future__ import annotations
 
 import platform
 import re
+from importlib import metadata
 from pathlib import Path
 
 import yaml
@@ -23,13 +26,28 @@ from scaletui.roofline.costmodel import CostModel
 from scaletui.specs import user_config_dir
 
 __all__ = [
-    "FIT_VERSION", "find_fit", "fit_path", "fits_dir", "fit_version", "load_fit", "precision_tag",
-    "save_fit",
+    "FIT_VERSION", "engine_versions", "find_fit", "fit_path", "fits_dir", "fit_version", "load_fit",
+    "precision_tag", "save_fit",
 ]  # fmt: skip
 
 # 2: the native bf16 kernels stopped copying a table per generate call (2026-12-02), the fit
 # records the kernels auto resolved to, and prefill is timed into pages as the server runs it
 FIT_VERSION = 2
+
+
+ENGINE_PACKAGES = ("jax", "jaxlib")
+
+
+def engine_versions() -> dict[str, str]:
+    """The installed versions of the packages that compile the engine (from their metadata:
+    roofline imports no JAX); a package not installed is left out."""
+    out = {}
+    for name in ENGINE_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
 
 
 def fits_dir() -> Path:
@@ -71,19 +89,39 @@ def save_fit(cost: CostModel, path: Path | None = None, host: str | None = None)
     path = path or fit_path(cost.model, cost.dtype, cost.kernels, cost.tp, cost.dp, host,
                             weight_dtype=cost.weight_dtype, kv_dtype=cost.kv_dtype)  # fmt: skip
     data = cost.to_dict()
-    data["info"] = {"fit_version": FIT_VERSION, **(data.get("info") or {})}
+    data["info"] = {"fit_version": FIT_VERSION, "versions": engine_versions(),
+                    **(data.get("info") or {})}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
+def _info(path: Path) -> dict:
+    """A stored fit's `info` ({} when it has none or is not readable as a fit)."""
+    try:
+        info = (yaml.safe_load(path.read_text()) or {}).get("info") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def fit_version(path: Path) -> int:
     """The fit_version a stored fit was written with (0: none, or not readable as a fit)."""
     try:
-        info = (yaml.safe_load(path.read_text()) or {}).get("info") or {}
-        return int(info.get("fit_version") or 0)
-    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return int(_info(path).get("fit_version") or 0)
+    except (TypeError, ValueError):
         return 0
+
+
+def other_engine(path: Path) -> str | None:
+    """How the packages a stored fit was made under differ from those installed ('jax 0.10.2,
+    now 0.11.0'), or None (the same, or the fit does not say)."""
+    made, now = _info(path).get("versions") or {}, engine_versions()
+    if not isinstance(made, dict):
+        return None
+    differ = [f"{k} {made[k]}, now {now[k]}" for k in ENGINE_PACKAGES
+              if k in made and k in now and str(made[k]) != now[k]]  # fmt: skip
+    return "; ".join(differ) or None
 
 
 def load_fit(path: str | Path) -> CostModel:
@@ -113,7 +151,8 @@ def find_fit(
 ) -> Path | None:
     """The stored fit for this configuration and precision (weights and KV: None means
     `dtype`), or None. `kernels="auto"` takes whichever kernels were fitted (the newest file),
-    as the server's auto resolves to one of them. A fit older than FIT_VERSION is not found."""
+    as the server's auto resolves to one of them. A fit older than FIT_VERSION, or made under
+    another jax / jaxlib, is not found."""
     exact = fit_path(model, dtype, kernels, tp, dp, host, weight_dtype=weight_dtype,
                      kv_dtype=kv_dtype)  # fmt: skip
     if kernels != "auto":
@@ -121,4 +160,5 @@ def find_fit(
     else:
         pattern = exact.name.replace("--auto--", "--*--")
         found = sorted(exact.parent.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
-    return next((p for p in found if fit_version(p) >= FIT_VERSION), None)
+    current = lambda p: fit_version(p) >= FIT_VERSION and other_engine(p) is None  # noqa: E731
+    return next((p for p in found if current(p)), None)
