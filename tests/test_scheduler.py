@@ -239,3 +239,26 @@ async def test_reconfigure_aborts_past_drain_timeout() -> None:
         assert await collect(after) == ([2, 3], "length")
     finally:
         sched.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["interleaved", "disaggregated"])
+async def test_the_host_gap_between_engine_calls_is_measured_while_busy(mode: str) -> None:
+    """Each busy worker records its host time from one engine call's end to the next one's
+    start (/stats host_gap, Prometheus scheduler_gap_seconds); a wait for work is not one."""
+    sched = make(mode, step_s=0.002, slots=2, decode_steps=2)
+    try:
+        for _ in range(2):  # two bursts with an idle spell between them
+            reqs = [request([10, 20 + i], max_tokens=9) for i in range(3)]
+            for r in reqs:
+                sched.submit(r)
+            await asyncio.gather(*(collect(r) for r in reqs))
+            await asyncio.sleep(0.3)
+        stats = sched.metrics.window(60.0)["step_times_ms"]
+        gap, gen = stats["host_gap"], stats["generate"]
+        assert gap["count"] >= gen["count"] - 2  # every call after the first of a busy spell
+        assert gap["mean"] > 0 and gap["p99"] < 250  # the 300 ms idle spell is never counted
+        text = sched.metrics.exposition().decode()
+        assert f"scaletui:scheduler_gap_seconds_count {float(gap['count'])}" in text
+        assert stats["prefill"]["count"] == 6  # tokens and calls are counted as before
+    finally:
+        sched.shutdown()

@@ -90,6 +90,28 @@ def test_one_slot_slow_constant_arrivals_give_exact_latencies():
     assert np.allclose(r.t_first - r.t_send, ttft)
 
 
+def test_the_schedulers_host_gap_delays_each_next_engine_call():
+    """gap_s after every engine call while the worker has work: one request's 7 tokens after
+    the first come in a call of 4 steps and one of 3, each started a gap after the call before
+    it (its prefill, then the first generate call); its TTFT is the prefill alone. B, sent
+    during A's decoding, is prefilled a gap after the generate call it waited for."""
+    cost, gap = flat(), 0.9e-3
+    shape = ServerShape(slots=1, decode_steps=4, max_seq_len=1024, gap_s=gap)
+    r = simulate(shape, cost, fixed(2, gap=1.0, inp=100, out=8))
+    pre, call4 = cost.prefill_s(128), cost.decode_call_s(1, 128, 4)
+    call3 = cost.decode_call_s(1, 128, 3)
+    assert r.t_first[0] == pytest.approx(pre)
+    assert r.t_last[0] == pytest.approx(pre + gap + call4 + gap + call3)
+    assert r.summary["median_tpot_ms"] == pytest.approx((2 * gap + call4 + call3) / 7 * 1e3)
+    b_sent = np.array([0.0, pre + gap + 1e-4])
+    both = simulate(dataclasses.replace(shape, slots=2), cost,
+                    Load(b_sent, np.full(2, 100), np.full(2, 8)))  # fmt: skip
+    call4_2 = cost.decode_call_s(2, 128, 4)
+    assert both.t_first[1] == pytest.approx(pre + gap + call4_2 + gap + pre)
+    with pytest.raises(ValueError, match="gap_s"):
+        ServerShape(gap_s=-1e-3)
+
+
 def test_a_request_arriving_during_a_pass_waits_for_the_next():
     """The scheduler's pass: the requests waiting at its start are prefilled, then one generate
     call runs. B arrives (t = 1 ms) during A's prefill (2 + 12.8 ms): it is prefilled after

@@ -93,9 +93,10 @@ def test_floor_on_cpu_shares_the_host_among_virtual_devices():
 def test_expected_simulates_the_scheduler_on_a_stored_fit(monkeypatch):
     """4 slots, closed loop at 4, 32 tokens out, 4 steps per call on the hand fit: 7 calls of
     2 + 4 x 1 ms and one of 2 + 3 ms = 47 ms per request, all four in lockstep (with no intake
-    time: the server's staggers a burst of sends, tested in test_simulate). The decode step is
+    time and no host gap between calls: both are tested in test_simulate). The decode step is
     a call's time over its steps averaged over the calls, as /stats per_token_mean is."""
     monkeypatch.setattr(tui_expect, "INTAKE_S", 0.0)
+    monkeypatch.setattr(tui_expect, "HOST_GAP_S", 0.0)
     save_fit(hand_fit())
     m = serving()
     e = m.expectation()
@@ -195,9 +196,9 @@ def test_open_loop_below_capacity_carries_the_offered_load():
         ServerConfig(max_seq_len=256),
     )
     # 2 req/s x 32 tokens, far below the 2.7k tok/s the hand fit carries; one request at a
-    # time: 47 ms each, so TPOT is the lockstep's 47 / 31 ms
+    # time: 47 ms of calls each and the scheduler's gap before each of its 8 calls
     assert e.tok_s == pytest.approx(64, rel=0.25)
-    assert e.tpot_p50_ms == pytest.approx(47 / 31, rel=1e-6)
+    assert e.tpot_p50_ms == pytest.approx((47 + 8 * tui_expect.HOST_GAP_S * 1e3) / 31, rel=1e-6)
 
 
 def test_sweep_gets_an_expected_curve_on_a_finer_grid():

@@ -26,6 +26,11 @@ What it replays, as the server does it:
    `call_spread` (how much one call varies on the host that made the fit; seeded): a run at
    concurrency 1 has a p99 TTFT above its p50, and a closed loop's waves break up as they do
    on the host. Without a spread (an assumed model) every call takes its expected time.
+6. Between two engine calls the scheduler's worker spends `gap_s` on the host (its bookkeeping,
+   inserting a prefilled request, fanning the tokens out, the GIL it shares with the HTTP
+   side): the next call starts that much after one ends, unless the worker had nothing to do.
+   The server measures it (/stats `step_times_ms.host_gap`); the engine's call times (the fit)
+   leave it out.
 Not modelled: EOS before max_tokens (loadgen ignores EOS), cancels, the client's back-off after
 a failure, the time a token takes from the engine to the client, and on CPU the two
 disaggregated threads sharing cores.
@@ -43,11 +48,15 @@ import numpy as np
 from scaletui.roofline import simreport
 from scaletui.roofline.costmodel import CostModel
 
-__all__ = ["BOS_TOKENS", "INTAKE_S", "Load", "ServerShape", "SimResult", "pow2_buckets", "simulate"]
+__all__ = ["BOS_TOKENS", "HOST_GAP_S", "INTAKE_S", "Load", "ServerShape", "SimResult",
+           "pow2_buckets", "simulate"]  # fmt: skip
 
 MODES = ("interleaved", "disaggregated")
 BOS_TOKENS = 1  # what our server puts before a text prompt (its tokenizer's BOS), not before ids
 INTAKE_S = 1e-3  # our server's intake per request (aiohttp, JSON, tokenizer; ~0.5-2 ms on CPU)
+# our scheduler's host time between two engine calls (bookkeeping, insert, token fan-out): mean
+# 0.86 ms between generate calls, 1.0-1.6 around a prefill (`small`, 8 slots, 2 Zen 4 cores)
+HOST_GAP_S = 0.9e-3
 
 
 def pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
@@ -77,6 +86,7 @@ class ServerShape:
     max_batched_tokens: int = 0  # interleaved: prompt tokens between two generate calls (0: all)
     padded_decode: bool = True  # a step costs slots rows x KV bucket (the JAX engine's shapes)
     intake_s: float = 0.0  # a request's HTTP + tokenizer time before it queues, one at a time
+    gap_s: float = 0.0  # the scheduler's host time between two engine calls while it has work
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -87,8 +97,9 @@ class ServerShape:
                 raise ValueError(f"{name} should be >= 1, got {vars(self)[name]}")
         if self.max_seq_len < 2:
             raise ValueError(f"max_seq_len should be >= 2, got {self.max_seq_len}")
-        if not 0 <= self.intake_s < 1:
-            raise ValueError(f"intake_s should be in [0, 1) s, got {self.intake_s}")
+        for name in ("intake_s", "gap_s"):
+            if not 0 <= vars(self)[name] < 1:
+                raise ValueError(f"{name} should be in [0, 1) s, got {vars(self)[name]}")
         if self.max_batched_tokens < 0:
             raise ValueError(f"max_batched_tokens should be >= 0, got {self.max_batched_tokens}")
 
@@ -368,7 +379,7 @@ def _interleaved(sim: _Sim) -> None:
     the next pass); their prompt tokens run, at most `budget` of them with --max-batched-tokens
     (in pieces that end on a page boundary or with the prompt), then one generate call for the
     sequences already decoding."""
-    now, slots, page = 0.0, sim.shape.slots, sim.shape.page_size
+    now, slots, page, gap = 0.0, sim.shape.slots, sim.shape.page_size, sim.shape.gap_s
     budget = sim.shape.budget or math.inf
     jobs: deque[list[int]] = deque()  # [request, prompt tokens in its pages so far]
     while True:
@@ -388,17 +399,18 @@ def _interleaved(sim: _Sim) -> None:
             t = now + sim.varied(sim.piece_s(done, done + n), sim.prefill_cost)
             sim.prefill_calls += 1
             sim.prefill_call_s += t - now
-            sim.occupied_s += len(sim.active) * (t - now)
-            now, left = t, left - n
+            sim.occupied_s += len(sim.active) * (t + gap - now)
+            now, left = t + gap, left - n
             if done + n < sim.inp[i]:
                 jobs[0][1] = done + n
                 continue
             jobs.popleft()
-            sim.first_token(i, now)
+            sim.first_token(i, t)
             if sim.out[i] > 1:
                 sim.insert(i, now)
         if sim.active:
-            now = sim.generate(now)
+            now = sim.generate(now) + gap
+            sim.occupied_s += len(sim.active) * gap
         elif not jobs:
             if not sim.arrivals:
                 return
@@ -409,7 +421,7 @@ def _disaggregated(sim: _Sim) -> None:
     """Two clocks: the prefill thread's and the generate thread's; the earlier one moves.
     A thread that waits on the other (an empty hand-over queue, a full one, no request yet)
     parks at inf and is woken at the other's clock."""
-    t_pf, t_gen = 0.0, 0.0
+    t_pf, t_gen, gap = 0.0, 0.0, sim.shape.gap_s
     slots, cap = sim.shape.slots, max(2, sim.shape.slots)
     handover: deque[int] = deque()
     put: tuple[int, float] | None = None  # a prefilled request waiting to enter the queue
@@ -431,6 +443,7 @@ def _disaggregated(sim: _Sim) -> None:
                 t_pf = sim.next_arrival()  # inf: wait for the client (woken by generate)
                 continue
             i, t_pf = got
+            t_pf += gap
             if sim.out[i] > 1:
                 t_pf += sim.prefill_cost.transfer_s(sim.inp[i])
                 put = (i, t_pf)
@@ -442,7 +455,8 @@ def _disaggregated(sim: _Sim) -> None:
             if not sim.active:
                 t_gen = math.inf
                 continue
-            t_gen = sim.generate(t_gen)
+            t_gen = sim.generate(t_gen) + gap
+            sim.occupied_s += len(sim.active) * gap
             if t_pf == math.inf and not pf_on_queue and put is None and sim.arrivals:
                 t_pf = sim.next_arrival()  # a permit freed: the client sent again
     assert not sim.active and not handover and put is None, "simulation stopped with work left"
@@ -484,6 +498,7 @@ def _result(sim: _Sim) -> SimResult:
         # slots in use averaged over the whole run (the server's num_requests_running)
         "mean_running": sim.occupied_s / span if span > 0 else None,
         "generate_busy_frac": sim.call_s / span if span > 0 else None,
+        "host_gap_ms": sim.shape.gap_s * 1e3,  # what it charged between two engine calls
     }
     summary = simreport.summary(
         t_sched=t_sched, t_send=t_send, t_first=t_first, t_second=arr(sim.second),

@@ -20,7 +20,8 @@ _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
             2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
 _STEP = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _COMPILE = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
-PHASES = ("prefill", "generate", "transfer")
+PHASES = ("prefill", "generate", "transfer")  # engine calls
+GAP = "host_gap"  # the scheduler worker's host time between two engine calls while it has work
 
 
 class ServerMetrics:
@@ -66,6 +67,8 @@ class ServerMetrics:
             P + "iteration_tokens", "Tokens produced per engine call.",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r,
         )  # fmt: skip
+        self.gap = Histogram(P + "scheduler_gap_seconds", "Host time between two engine calls "
+                             "of a busy scheduler worker.", buckets=_STEP, registry=r)  # fmt: skip
         self.compile = Histogram(P + "jit_compile_seconds", "Warm-up compile time per config.",
                                  buckets=_COMPILE, registry=r)  # fmt: skip
         self._lock = threading.Lock()
@@ -90,13 +93,21 @@ class ServerMetrics:
         with self._lock:
             self._steps.append((time.perf_counter(), phase, seconds, tokens, active, steps))
 
+    def record_gap(self, seconds: float) -> None:
+        """The scheduler worker's host time from one engine call's end to the next one's start
+        (its bookkeeping, inserts, token fan-out), while it had work: what the simulator adds
+        after each call (`ServerShape.gap_s`)."""
+        self.gap.observe(seconds)
+        with self._lock:
+            self._steps.append((time.perf_counter(), GAP, seconds, 0, 0, 1))
+
     def window(self, window_s: float) -> dict:
         """Rates and step-time summaries over the last `window_s` seconds (the /stats part)."""
         since = time.perf_counter() - window_s
         with self._lock:
             events = [e for e in self._steps if e[0] >= since]
         step_times: dict[str, dict] = {}
-        for phase in PHASES:
+        for phase in (*PHASES, GAP):
             rows = [e for e in events if e[1] == phase]
             if not rows:
                 continue
@@ -112,7 +123,8 @@ class ServerMetrics:
             step_times[phase] = summary
         prompt = sum(e[3] for e in events if e[1] == "prefill")
         # every prefill also samples one token (the first)
-        generated = sum(e[3] if e[1] == "generate" else 1 for e in events if e[1] != "transfer")
+        generated = sum(e[3] if e[1] == "generate" else 1 for e in events
+                        if e[1] in ("prefill", "generate"))  # fmt: skip
         gen = [e[4] for e in events if e[1] == "generate"]
         return {
             "window_s": window_s,

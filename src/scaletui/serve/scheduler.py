@@ -17,7 +17,9 @@
    prefill its prompt and output again and carry on; nothing is lost.
 4. Interleaved: one thread alternates (prefill while a slot is free and requests wait, then
    generate). Disaggregated: a prefill thread and a generate thread on separate device sets;
-   transfer time is measured.
+   transfer time is measured. The interleaved worker and the generate worker measure their host
+   time between two engine calls while busy (`GapClock`, /stats `host_gap`): the simulator's
+   `gap_s`, which the engine's call times leave out.
 5. `cancel` (client disconnect, stop string) marks the request; its slot is released before the
    next decode call.
 6. `reconfigure` stops admitting (`Unavailable`, HTTP 503), drains in-flight requests (aborting
@@ -60,6 +62,29 @@ class PrefillJob:
     @property
     def left(self) -> int:
         return len(self.tokens) - self.done
+
+
+class GapClock:
+    """One worker's host time between its engine calls while it has work (/stats `host_gap`,
+    the simulator's `gap_s`): from one call's end to the next one's start; `idle` before the
+    worker waits for work, so a wait is never counted."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.last_end: float | None = None
+
+    def start(self) -> float:
+        now = time.perf_counter()
+        if self.last_end is not None:
+            self.metrics.record_gap(now - self.last_end)
+        return now
+
+    def end(self) -> float:
+        self.last_end = time.perf_counter()
+        return self.last_end
+
+    def idle(self) -> None:
+        self.last_end = None
 
 
 class Scheduler:
@@ -228,6 +253,7 @@ class Scheduler:
         state = engine.init_decode_state()
         admit = lambda req: self._slot_for(len(resume_input(req)[0])) is not None
         jobs: list[PrefillJob] = []  # FCFS, each in its slot, prefilling into its pages
+        clock = GapClock(self.metrics)
         while not self._stop.is_set():
             state = self._release_cancelled(engine, state)
             jobs = [j for j in jobs if book.slots[j.slot] is j.req]  # cancelled ones are gone
@@ -241,16 +267,17 @@ class Scheduler:
                 n = left if left <= budget else budget // size * size  # the next piece starts
                 if n == 0:  # on a page boundary: a piece ends on one, or with the prompt
                     break
-                state = self._prefill_job(engine, state, jobs[0], n)
+                state = self._prefill_job(engine, state, jobs[0], n, clock)
                 budget -= n
                 if jobs[0].left == 0:
                     jobs.pop(0)
             prefilling = {j.slot for j in jobs}
             if any(r is not None and b not in prefilling for b, r in enumerate(book.slots)):
-                state = self._generate(engine, state, prefilling)
+                state = self._generate(engine, state, clock, prefilling)
             elif not jobs:
                 with book.cv:
                     if not book.waiting and not self._stop.is_set():
+                        clock.idle()
                         book.cv.wait(0.1)
 
     def _budget(self, jobs: list[PrefillJob]) -> int:
@@ -280,22 +307,25 @@ class Scheduler:
             self.metrics.queue.observe(req.t_scheduled - req.t_arrival)
         return PrefillJob(req, slot, tokens, params, pages, done=hit)
 
-    def _prefill_job(self, engine: Engine, state: object, job: PrefillJob, n: int) -> object:
+    def _prefill_job(
+        self, engine: Engine, state: object, job: PrefillJob, n: int, clock: GapClock
+    ) -> object:
         """The next `n` prompt tokens of `job`; at the prompt's end, its first token out and
         the slot active (or given back, when that token ends it)."""
         req, slot = job.req, job.slot
-        t0 = time.perf_counter()
+        t0 = clock.start()
         try:
             state, prefix = engine.prefill_pages(state, job.tokens, job.params, slot, job.pages,
                                                  job.done, job.done + n)  # fmt: skip
         except ValueError as e:  # this request's input, not the device: fail it alone
+            clock.end()
             log.warning("request %d rejected by the engine: %s", req.id, e)
             self.book.vacate(slot, req)
             self.pages.free(slot)
             self.book.rejected(req, e)
             job.done = len(job.tokens)
             return state
-        now = time.perf_counter()
+        now = clock.end()
         job.done += n
         self.metrics.record_step("prefill", now - t0, n)
         if prefix is None:
@@ -332,9 +362,12 @@ class Scheduler:
     def _generate_loop(self) -> None:
         engine, book = self.engines[1], self.book
         state = engine.init_decode_state()
+        clock = GapClock(self.metrics)
         while not self._stop.is_set():
             state = self._release_cancelled(engine, state)
             busy = any(r is not None for r in book.slots)
+            if not busy:  # waits for a hand-over below
+                clock.idle()
             while None in book.slots:
                 if self._pending is None:
                     try:
@@ -346,7 +379,7 @@ class Scheduler:
                     break
                 self._pending, busy = None, True
             if busy:
-                state = self._generate(engine, state)
+                state = self._generate(engine, state, clock)
 
     def _slot_for(self, tokens: int) -> int | None:
         """A free slot whose replica has pages for `tokens` positions and the next decode
@@ -409,7 +442,7 @@ class Scheduler:
         return state
 
     def _generate(
-        self, engine: Engine, state: object, prefilling: frozenset = frozenset()
+        self, engine: Engine, state: object, clock: GapClock, prefilling: frozenset = frozenset()
     ) -> object:
         # no more steps than any running request still needs: a request 3 tokens from its
         # max_tokens does not wait for the other decode_steps - 3 steps of an idle batch
@@ -421,9 +454,9 @@ class Scheduler:
         running = decoding()
         if not running:  # every sequence was preempted (a pool smaller than their steps)
             return state
-        t0 = time.perf_counter()
+        t0 = clock.start()
         state, out = engine.generate(state, steps, self.pages.table)
-        now = time.perf_counter()
+        now = clock.end()
         self.metrics.record_step("generate", now - t0, int(out.valid.sum()), len(running), steps)
         self.book.deliver(out, now)
         for b, req in enumerate(self.book.slots):  # finished sequences give their pages back
