@@ -90,24 +90,24 @@ def test_one_slot_slow_constant_arrivals_give_exact_latencies():
     assert np.allclose(r.t_first - r.t_send, ttft)
 
 
-def test_the_schedulers_host_gap_delays_each_next_engine_call():
-    """gap_s after every engine call while the worker has work: one request's 7 tokens after
-    the first come in a call of 4 steps and one of 3, each started a gap after the call before
-    it (its prefill, then the first generate call); its TTFT is the prefill alone. B, sent
-    during A's decoding, is prefilled a gap after the generate call it waited for."""
+def test_the_schedulers_host_gap_comes_before_each_engine_call():
+    """gap_s before every engine call: one request's prefill starts a gap after it arrives, and
+    its 7 tokens after the first come in a call of 4 steps and one of 3, each a gap after the
+    call before it. B, sent while A's first generate call is being set up, waits for the pass
+    after that call: the pass looked at the queue when A's prefill ended, before the gap."""
     cost, gap = flat(), 0.9e-3
     shape = ServerShape(slots=1, decode_steps=4, max_seq_len=1024, gap_s=gap)
     r = simulate(shape, cost, fixed(2, gap=1.0, inp=100, out=8))
     pre, call4 = cost.prefill_s(128), cost.decode_call_s(1, 128, 4)
     call3 = cost.decode_call_s(1, 128, 3)
-    assert r.t_first[0] == pytest.approx(pre)
-    assert r.t_last[0] == pytest.approx(pre + gap + call4 + gap + call3)
+    assert r.t_first[0] == pytest.approx(gap + pre)
+    assert r.t_last[0] == pytest.approx(gap + pre + gap + call4 + gap + call3)
     assert r.summary["median_tpot_ms"] == pytest.approx((2 * gap + call4 + call3) / 7 * 1e3)
-    b_sent = np.array([0.0, pre + gap + 1e-4])
+    b_sent = np.array([0.0, gap + pre + gap / 2])
     both = simulate(dataclasses.replace(shape, slots=2), cost,
                     Load(b_sent, np.full(2, 100), np.full(2, 8)))  # fmt: skip
     call4_2 = cost.decode_call_s(2, 128, 4)
-    assert both.t_first[1] == pytest.approx(pre + gap + call4_2 + gap + pre)
+    assert both.t_first[1] == pytest.approx(gap + pre + gap + call4_2 + gap + pre)
     with pytest.raises(ValueError, match="gap_s"):
         ServerShape(gap_s=-1e-3)
 

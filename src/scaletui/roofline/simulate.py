@@ -26,11 +26,12 @@ What it replays, as the server does it:
    `call_spread` (how much one call varies on the host that made the fit; seeded): a run at
    concurrency 1 has a p99 TTFT above its p50, and a closed loop's waves break up as they do
    on the host. Without a spread (an assumed model) every call takes its expected time.
-6. Between two engine calls the scheduler's worker spends `gap_s` on the host (its bookkeeping,
-   inserting a prefilled request, fanning the tokens out, the GIL it shares with the HTTP
-   side): the next call starts that much after one ends, unless the worker had nothing to do.
-   The server measures it (/stats `step_times_ms.host_gap`); the engine's call times (the fit)
-   leave it out.
+6. Before each engine call the scheduler's worker spends `gap_s` on the host (its bookkeeping,
+   inserting a prefilled request, fanning the last call's tokens out, the GIL it shares with
+   the HTTP side). A pass looks at the waiting queue at its start, right after the last call
+   ended: the worker's own gap does not let a request sent on that call's tokens (a client's
+   next one) into that pass; the client is slower than that. The server measures the gap
+   (/stats `step_times_ms.host_gap`); the engine's call times (the fit) leave it out.
 Not modelled: EOS before max_tokens (loadgen ignores EOS), cancels, the client's back-off after
 a failure, the time a token takes from the engine to the client, and on CPU the two
 disaggregated threads sharing cores.
@@ -396,21 +397,21 @@ def _interleaved(sim: _Sim) -> None:
                 n = n // page * page  # a piece ends on a page boundary, or with the prompt
             if n == 0:
                 break
-            t = now + sim.varied(sim.piece_s(done, done + n), sim.prefill_cost)
+            t = now + gap + sim.varied(sim.piece_s(done, done + n), sim.prefill_cost)
             sim.prefill_calls += 1
-            sim.prefill_call_s += t - now
-            sim.occupied_s += len(sim.active) * (t + gap - now)
-            now, left = t + gap, left - n
+            sim.prefill_call_s += t - now - gap
+            sim.occupied_s += len(sim.active) * (t - now)
+            now, left = t, left - n
             if done + n < sim.inp[i]:
                 jobs[0][1] = done + n
                 continue
             jobs.popleft()
-            sim.first_token(i, t)
+            sim.first_token(i, now)
             if sim.out[i] > 1:
                 sim.insert(i, now)
         if sim.active:
-            now = sim.generate(now) + gap
             sim.occupied_s += len(sim.active) * gap
+            now = sim.generate(now + gap)
         elif not jobs:
             if not sim.arrivals:
                 return
@@ -438,12 +439,11 @@ def _disaggregated(sim: _Sim) -> None:
                     t_gen = t_pf
                 continue
             sim.admit(t_pf)
-            got = sim.pop_prefill(t_pf)
+            got = sim.pop_prefill(t_pf + gap)  # taken now, run after the worker's host time
             if got is None:
                 t_pf = sim.next_arrival()  # inf: wait for the client (woken by generate)
                 continue
             i, t_pf = got
-            t_pf += gap
             if sim.out[i] > 1:
                 t_pf += sim.prefill_cost.transfer_s(sim.inp[i])
                 put = (i, t_pf)
@@ -455,8 +455,8 @@ def _disaggregated(sim: _Sim) -> None:
             if not sim.active:
                 t_gen = math.inf
                 continue
-            t_gen = sim.generate(t_gen) + gap
             sim.occupied_s += len(sim.active) * gap
+            t_gen = sim.generate(t_gen + gap)
             if t_pf == math.inf and not pf_on_queue and put is None and sim.arrivals:
                 t_pf = sim.next_arrival()  # a permit freed: the client sent again
     assert not sim.active and not handover and put is None, "simulation stopped with work left"
