@@ -452,3 +452,22 @@ def test_the_fit_keeps_how_much_one_call_varies_and_stores_it():
     with pytest.raises(ValueError, match="call_spread"):
         dataclasses.replace(got, call_spread=(1.0, -0.5))
 
+
+def test_scaled_is_the_same_model_on_a_slower_host():
+    """scaled(decode=a, prefill=p): every generate call takes a times as long (table or form),
+    a prefill p times as long where it was timed; the spread (relative) is kept."""
+    _, decode, prefill = _samples(noise=0.0)
+    fitted = rl.fit(_base(), decode, prefill)
+    slower = fitted.scaled(decode=1.25, prefill=0.8)
+    for b, c, k in ((1, 128, 1), (3, 700, 4), (8, 1536, 8), (64, 4096, 2)):
+        assert slower.decode_call_s(b, c, k) == pytest.approx(1.25 * fitted.decode_call_s(b, c, k))
+        form = dataclasses.replace(fitted, decode_knots=())
+        assert form.scaled(1.25, 0.8).decode_call_s(b, c, k) == pytest.approx(
+            1.25 * form.decode_call_s(b, c, k)
+        )
+    for n, _ in fitted.prefill_knots:
+        assert slower.prefill_s(n) == pytest.approx(0.8 * fitted.prefill_s(n))
+    assert slower.call_spread == fitted.call_spread
+    assert slower.info["scaled"] == {"decode": 1.25, "prefill": 0.8}
+    with pytest.raises(ValueError, match="scale factors"):
+        fitted.scaled(decode=0.0, prefill=1.0)

@@ -108,8 +108,17 @@ def test_the_schedulers_host_gap_comes_before_each_engine_call():
                     Load(b_sent, np.full(2, 100), np.full(2, 8)))  # fmt: skip
     call4_2 = cost.decode_call_s(2, 128, 4)
     assert both.t_first[1] == pytest.approx(gap + pre + gap + call4_2 + gap + pre)
+    # and per running request: none before A's prefill, one before each generate call
+    row = 0.1e-3
+    r = simulate(dataclasses.replace(shape, gap_per_row_s=row), cost,
+                 fixed(2, gap=1.0, inp=100, out=8))  # fmt: skip
+    assert r.t_first[0] == pytest.approx(gap + pre)
+    assert r.t_last[0] == pytest.approx(gap + pre + 2 * (gap + row) + call4 + call3)
+    assert r.summary["host_gap_ms"] == pytest.approx((gap + 2 * row / 3) * 1e3)
     with pytest.raises(ValueError, match="gap_s"):
         ServerShape(gap_s=-1e-3)
+    with pytest.raises(ValueError, match="gap_per_row_s"):
+        ServerShape(gap_per_row_s=-1e-3)
 
 
 def test_a_request_arriving_during_a_pass_waits_for_the_next():

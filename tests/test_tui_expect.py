@@ -97,6 +97,7 @@ def test_expected_simulates_the_scheduler_on_a_stored_fit(monkeypatch):
     a call's time over its steps averaged over the calls, as /stats per_token_mean is."""
     monkeypatch.setattr(tui_expect, "INTAKE_S", 0.0)
     monkeypatch.setattr(tui_expect, "HOST_GAP_S", 0.0)
+    monkeypatch.setattr(tui_expect, "HOST_GAP_PER_ROW_S", 0.0)
     save_fit(hand_fit())
     m = serving()
     e = m.expectation()
@@ -198,7 +199,8 @@ def test_open_loop_below_capacity_carries_the_offered_load():
     # 2 req/s x 32 tokens, far below the 2.7k tok/s the hand fit carries; one request at a
     # time: 47 ms of calls each and the scheduler's gap before each of its 8 calls
     assert e.tok_s == pytest.approx(64, rel=0.25)
-    assert e.tpot_p50_ms == pytest.approx((47 + 8 * tui_expect.HOST_GAP_S * 1e3) / 31, rel=1e-6)
+    gap = tui_expect.HOST_GAP_S + tui_expect.HOST_GAP_PER_ROW_S  # with one request running
+    assert e.tpot_p50_ms == pytest.approx((47 + 8 * gap * 1e3) / 31, rel=1e-6)
 
 
 def test_sweep_gets_an_expected_curve_on_a_finer_grid():

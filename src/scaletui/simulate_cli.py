@@ -27,6 +27,7 @@ from scaletui.roofline.costmodel import COMPUTE_DTYPES, DTYPE_BYTES, CostModel
 from scaletui.roofline.fitstore import find_fit, load_fit
 from scaletui.roofline.simulate import (
     BOS_TOKENS,
+    HOST_GAP_PER_ROW_S,
     HOST_GAP_S,
     INTAKE_S,
     MODES,
@@ -76,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--intake-ms", type=float, default=INTAKE_S * 1e3, help="a request's HTTP + "
                    "tokenizer time before it queues, one request at a time")  # fmt: skip
     s.add_argument("--gap-ms", type=float, default=HOST_GAP_S * 1e3, help="the scheduler's "
-                   "host time between two engine calls while busy (/stats host_gap)")  # fmt: skip
+                   "host time before each engine call while busy (/stats host_gap)")  # fmt: skip
+    s.add_argument("--gap-per-row-ms", type=float, default=HOST_GAP_PER_ROW_S * 1e3,
+                   help="and its growth per running request")  # fmt: skip
     s.add_argument("--max-waiting", type=int, default=256)
     s.add_argument("--max-waiting-tokens", type=int, default=262144)
     s.add_argument("--max-prefill-bucket", type=int, default=0, help="0 = max_seq_len; longer "
@@ -210,7 +213,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         max_waiting_tokens=args.max_waiting_tokens, max_prefill_bucket=args.max_prefill_bucket,
         page_size=args.page_size, prefix_cache=args.prefix_cache,
         max_batched_tokens=args.max_batched_tokens, intake_s=args.intake_ms / 1e3,
-        gap_s=args.gap_ms / 1e3,
+        gap_s=args.gap_ms / 1e3, gap_per_row_s=args.gap_per_row_ms / 1e3,
     )  # fmt: skip
     decode, prefill, words = cost_models(args, model, shape)
     workload = workload_from(args)

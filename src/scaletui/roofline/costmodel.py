@@ -222,6 +222,27 @@ class CostModel:
         """Disaggregated: one prompt's KV to the generate devices (tp shards in parallel)."""
         return prompt_len * self.kv_bytes_per_token / self.tp / self.transfer_bw
 
+    def scaled(self, decode: float, prefill: float) -> CostModel:
+        """The same model on a host `decode` (`prefill`) times slower at generate (prefill)
+        calls: every decode time scales exactly; a prefill scales exactly at its timed lengths
+        (its knots) and where the form has no weight-read term. Used to ask what the simulator
+        says at the engine speed a run measured, apart from the speed the fit saw."""
+        if not (decode > 0 and prefill > 0):
+            raise ValueError(f"scale factors should be > 0, got decode={decode} prefill={prefill}")
+        return replace(
+            self,
+            step_overhead_s=self.step_overhead_s * decode,
+            sync_s=self.sync_s * decode,
+            read_bw=self.read_bw / decode,
+            decode_flops_per_s=self.decode_flops_per_s / decode,
+            decode_knots=tuple((b, c, s * decode) for b, c, s in self.decode_knots),
+            prefill_overhead_s=self.prefill_overhead_s * prefill,
+            prefill_flops_per_s=self.prefill_flops_per_s / prefill,
+            prefill_attn_flops_per_s=self.prefill_attn_flops_per_s / prefill,
+            prefill_knots=tuple((n, s * prefill) for n, s in self.prefill_knots),
+            info={**self.info, "scaled": {"decode": decode, "prefill": prefill}},
+        )
+
     # -- construction and storage --------------------------------------------------------------
 
     @classmethod

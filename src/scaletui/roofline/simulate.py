@@ -26,12 +26,13 @@ What it replays, as the server does it:
    `call_spread` (how much one call varies on the host that made the fit; seeded): a run at
    concurrency 1 has a p99 TTFT above its p50, and a closed loop's waves break up as they do
    on the host. Without a spread (an assumed model) every call takes its expected time.
-6. Before each engine call the scheduler's worker spends `gap_s` on the host (its bookkeeping,
-   inserting a prefilled request, fanning the last call's tokens out, the GIL it shares with
-   the HTTP side). A pass looks at the waiting queue at its start, right after the last call
-   ended: the worker's own gap does not let a request sent on that call's tokens (a client's
-   next one) into that pass; the client is slower than that. The server measures the gap
-   (/stats `step_times_ms.host_gap`); the engine's call times (the fit) leave it out.
+6. Before each engine call the scheduler's worker spends `gap_s` + `gap_per_row_s` per running
+   request on the host (its bookkeeping, inserting a prefilled request, fanning the last call's
+   tokens out, the GIL it shares with the HTTP side writing each stream's chunk). A pass looks
+   at the waiting queue at its start, right after the last call ended: the worker's own gap
+   does not let a request sent on that call's tokens (a client's next one) into that pass; the
+   client is slower than that. The server measures the gap (/stats `step_times_ms.host_gap`);
+   the engine's call times (the fit) leave it out.
 Not modelled: EOS before max_tokens (loadgen ignores EOS), cancels, the client's back-off after
 a failure, the time a token takes from the engine to the client, and on CPU the two
 disaggregated threads sharing cores.
@@ -49,15 +50,17 @@ import numpy as np
 from scaletui.roofline import simreport
 from scaletui.roofline.costmodel import CostModel
 
-__all__ = ["BOS_TOKENS", "HOST_GAP_S", "INTAKE_S", "Load", "ServerShape", "SimResult",
-           "pow2_buckets", "simulate"]  # fmt: skip
+__all__ = ["BOS_TOKENS", "HOST_GAP_PER_ROW_S", "HOST_GAP_S", "INTAKE_S", "Load", "ServerShape",
+           "SimResult", "pow2_buckets", "simulate"]  # fmt: skip
 
 MODES = ("interleaved", "disaggregated")
 BOS_TOKENS = 1  # what our server puts before a text prompt (its tokenizer's BOS), not before ids
 INTAKE_S = 1e-3  # our server's intake per request (aiohttp, JSON, tokenizer; ~0.5-2 ms on CPU)
-# our scheduler's host time between two engine calls (bookkeeping, insert, token fan-out): mean
-# 0.86 ms between generate calls, 1.0-1.6 around a prefill (`small`, 8 slots, 2 Zen 4 cores)
-HOST_GAP_S = 0.9e-3
+# our scheduler's host time before an engine call (bookkeeping, insert, token fan-out) and its
+# growth per running request: the server's /stats host_gap read 0.75 / 1.04-1.14 / 1.38-1.44 ms
+# at 1 / 4 / 8 running (`small`, 8 slots, 2 Zen 4 cores)
+HOST_GAP_S = 0.65e-3
+HOST_GAP_PER_ROW_S = 0.09e-3
 
 
 def pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
@@ -87,7 +90,8 @@ class ServerShape:
     max_batched_tokens: int = 0  # interleaved: prompt tokens between two generate calls (0: all)
     padded_decode: bool = True  # a step costs slots rows x KV bucket (the JAX engine's shapes)
     intake_s: float = 0.0  # a request's HTTP + tokenizer time before it queues, one at a time
-    gap_s: float = 0.0  # the scheduler's host time between two engine calls while it has work
+    gap_s: float = 0.0  # the scheduler's host time before each engine call while it has work
+    gap_per_row_s: float = 0.0  # and its growth per running request (each one's tokens fan out)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -98,7 +102,7 @@ class ServerShape:
                 raise ValueError(f"{name} should be >= 1, got {vars(self)[name]}")
         if self.max_seq_len < 2:
             raise ValueError(f"max_seq_len should be >= 2, got {self.max_seq_len}")
-        for name in ("intake_s", "gap_s"):
+        for name in ("intake_s", "gap_s", "gap_per_row_s"):
             if not 0 <= vars(self)[name] < 1:
                 raise ValueError(f"{name} should be in [0, 1) s, got {vars(self)[name]}")
         if self.max_batched_tokens < 0:
@@ -192,6 +196,7 @@ class _Sim:
         self.call_batch_s = 0.0  # running requests x call time
         self.occupied_s = 0.0  # slots in use x time, all the time
         self.calls = 0
+        self.gap_s, self.gaps = 0.0, 0  # host time charged before engine calls, and how often
         self.per_step_s = 0.0  # sum over generate calls of the call's time / its steps
         self.prefill_calls, self.prefill_call_s = 0, 0.0  # prefill calls (pieces) and time
         self._prefill_memo: dict[tuple[int, int], float] = {}
@@ -251,6 +256,13 @@ class _Sim:
         return self.arrivals[0][0] if self.arrivals else math.inf
 
     # -- the server's verbs -----------------------------------------------------------------
+
+    def host_gap(self, running: int) -> float:
+        """The worker's host time before its next engine call, with `running` requests."""
+        s = self.shape.gap_s + self.shape.gap_per_row_s * running
+        self.gap_s += s
+        self.gaps += 1
+        return s
 
     def varied(self, seconds: float, cost: CostModel) -> float:
         """One call of expected time `seconds` as it runs: times a draw from `cost`'s spread."""
@@ -380,7 +392,7 @@ def _interleaved(sim: _Sim) -> None:
     the next pass); their prompt tokens run, at most `budget` of them with --max-batched-tokens
     (in pieces that end on a page boundary or with the prompt), then one generate call for the
     sequences already decoding."""
-    now, slots, page, gap = 0.0, sim.shape.slots, sim.shape.page_size, sim.shape.gap_s
+    now, slots, page = 0.0, sim.shape.slots, sim.shape.page_size
     budget = sim.shape.budget or math.inf
     jobs: deque[list[int]] = deque()  # [request, prompt tokens in its pages so far]
     while True:
@@ -397,6 +409,7 @@ def _interleaved(sim: _Sim) -> None:
                 n = n // page * page  # a piece ends on a page boundary, or with the prompt
             if n == 0:
                 break
+            gap = sim.host_gap(len(sim.active))
             t = now + gap + sim.varied(sim.piece_s(done, done + n), sim.prefill_cost)
             sim.prefill_calls += 1
             sim.prefill_call_s += t - now - gap
@@ -410,6 +423,7 @@ def _interleaved(sim: _Sim) -> None:
             if sim.out[i] > 1:
                 sim.insert(i, now)
         if sim.active:
+            gap = sim.host_gap(len(sim.active))
             sim.occupied_s += len(sim.active) * gap
             now = sim.generate(now + gap)
         elif not jobs:
@@ -422,7 +436,7 @@ def _disaggregated(sim: _Sim) -> None:
     """Two clocks: the prefill thread's and the generate thread's; the earlier one moves.
     A thread that waits on the other (an empty hand-over queue, a full one, no request yet)
     parks at inf and is woken at the other's clock."""
-    t_pf, t_gen, gap = 0.0, 0.0, sim.shape.gap_s
+    t_pf, t_gen = 0.0, 0.0
     slots, cap = sim.shape.slots, max(2, sim.shape.slots)
     handover: deque[int] = deque()
     put: tuple[int, float] | None = None  # a prefilled request waiting to enter the queue
@@ -439,7 +453,7 @@ def _disaggregated(sim: _Sim) -> None:
                     t_gen = t_pf
                 continue
             sim.admit(t_pf)
-            got = sim.pop_prefill(t_pf + gap)  # taken now, run after the worker's host time
+            got = sim.pop_prefill(t_pf + sim.host_gap(0))  # taken now, run after the host time
             if got is None:
                 t_pf = sim.next_arrival()  # inf: wait for the client (woken by generate)
                 continue
@@ -455,6 +469,7 @@ def _disaggregated(sim: _Sim) -> None:
             if not sim.active:
                 t_gen = math.inf
                 continue
+            gap = sim.host_gap(len(sim.active))
             sim.occupied_s += len(sim.active) * gap
             t_gen = sim.generate(t_gen + gap)
             if t_pf == math.inf and not pf_on_queue and put is None and sim.arrivals:
@@ -498,7 +513,8 @@ def _result(sim: _Sim) -> SimResult:
         # slots in use averaged over the whole run (the server's num_requests_running)
         "mean_running": sim.occupied_s / span if span > 0 else None,
         "generate_busy_frac": sim.call_s / span if span > 0 else None,
-        "host_gap_ms": sim.shape.gap_s * 1e3,  # what it charged between two engine calls
+        # the host time it charged before an engine call, averaged over the calls (/stats's)
+        "host_gap_ms": 1e3 * sim.gap_s / sim.gaps if sim.gaps else None,
     }
     summary = simreport.summary(
         t_sched=t_sched, t_send=t_send, t_first=t_first, t_second=arr(sim.second),

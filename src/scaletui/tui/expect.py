@@ -25,7 +25,14 @@ from scaletui.loadgen.workload import arrival_offsets
 from scaletui.roofline.costmodel import DTYPE_BYTES, CostModel
 from scaletui.roofline.fitstore import fits_dir, load_fit
 from scaletui.roofline.simulate import BOS_TOKENS as BOS
-from scaletui.roofline.simulate import HOST_GAP_S, INTAKE_S, Load, ServerShape, simulate
+from scaletui.roofline.simulate import (
+    HOST_GAP_PER_ROW_S,
+    HOST_GAP_S,
+    INTAKE_S,
+    Load,
+    ServerShape,
+    simulate,
+)
 from scaletui.tui.host import FitKey, kernels_of, serve_max_seq_len
 from scaletui.tui.knobs import Knobs, Precision
 from scaletui.tui.predict import host_devices
@@ -192,6 +199,7 @@ def server_shape(knobs: Knobs, cfg: ServerConfig) -> ServerShape:
         max_batched_tokens=knobs.max_batched_tokens,  # the knob the TUI applies
         intake_s=INTAKE_S,
         gap_s=HOST_GAP_S,
+        gap_per_row_s=HOST_GAP_PER_ROW_S,
     )
 
 
