@@ -96,7 +96,7 @@ class ServerMetrics:
     def record_gap(self, seconds: float) -> None:
         """The scheduler worker's host time from one engine call's end to the next one's start
         (its bookkeeping, inserts, token fan-out), while it had work: what the simulator adds
-        after each call (`ServerShape.gap_s`)."""
+        before each call (`ServerShape.gap_s`, `gap_per_row_s`)."""
         self.gap.observe(seconds)
         with self._lock:
             self._steps.append((time.perf_counter(), GAP, seconds, 0, 0, 1))
