@@ -152,6 +152,7 @@ def test_a_fit_older_than_fit_version_is_not_found(private_config):
     del data["info"]["fit_version"]  # as fits were written before versions
     path.write_text(yaml.safe_dump(data))
     assert fitstore.fit_version(path) == 0 and find("native") is None and find("auto") is None
+    assert fitstore.stale(path).startswith("fit version 0, now ")
 
 
 def test_a_fit_made_under_another_jax_is_not_found(private_config):
@@ -168,6 +169,9 @@ def test_a_fit_made_under_another_jax_is_not_found(private_config):
     data["info"]["versions"]["jax"] = "0.0.1"
     path.write_text(yaml.safe_dump(data))
     assert fitstore.other_engine(path) == f"jax 0.0.1, now {versions['jax']}" and find() is None
+    assert fitstore.stale_fits("small", "f32", 1, 1, "xla", host="box") == [
+        (path, f"made under jax 0.0.1, now {versions['jax']}")
+    ]
     del data["info"]["versions"]
     path.write_text(yaml.safe_dump(data))
     assert fitstore.other_engine(path) is None and find() == path

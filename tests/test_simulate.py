@@ -326,6 +326,14 @@ def test_simulate_cli_takes_the_precision_flags_and_finds_the_fit_for_that_preci
     assert "assumed" in capsys.readouterr().out
     assert simulate_main([*argv, "--fit", str(stored), "--kv-dtype", "int8"]) == 0
     assert "the fit is for bf16 compute, int8 weights, bf16 KV" in capsys.readouterr().err
+    # a stored fit made under another JAX is passed over, and the assumed costs say so
+    data = yaml.safe_load(stored.read_text())
+    data["info"]["versions"] = {"jax": "0.0.1"}
+    stored.write_text(yaml.safe_dump(data))
+    assert simulate_main([*local, "--weight-dtype", "int8"]) == 0
+    out = capsys.readouterr().out
+    assert "assumed" in out and f"fit {stored} was passed over (made under jax 0.0.1" in out
+    assert "`scaletui calibrate --model small` fits again" in out
 
 
 def test_prefix_cache_prefills_a_groups_shared_pages_once():

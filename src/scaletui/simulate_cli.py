@@ -24,7 +24,7 @@ from scaletui.loadgen import cli as loadgen_cli
 from scaletui.loadgen.output import table
 from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Workload, iter_requests
 from scaletui.roofline.costmodel import COMPUTE_DTYPES, DTYPE_BYTES, CostModel
-from scaletui.roofline.fitstore import find_fit, load_fit
+from scaletui.roofline.fitstore import find_fit, load_fit, stale_fits
 from scaletui.roofline.simulate import (
     BOS_TOKENS,
     HOST_GAP_PER_ROW_S,
@@ -165,12 +165,17 @@ def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
     """(decode, prefill, words saying where the costs come from)."""
     path = Path(args.fit) if args.fit else None
     dtype = args.dtype
+    passed_over = ""  # a stored fit for this configuration that is no longer trusted, and why
     if dtype is None and args.hardware == "local":
         dtype = server_dtype(args, load_hardware("local"))
     if path is None and not args.no_fit and args.hardware == "local":
         p = precision(args, dtype)
-        path = find_fit(model.name, dtype, args.tp, args.dp, args.kernels,
-                        weight_dtype=p["weight_dtype"], kv_dtype=p["kv_dtype"])  # fmt: skip
+        where = dict(weight_dtype=p["weight_dtype"], kv_dtype=p["kv_dtype"])
+        path = find_fit(model.name, dtype, args.tp, args.dp, args.kernels, **where)
+        stale = stale_fits(model.name, dtype, args.tp, args.dp, args.kernels, **where)
+        if path is None and stale:
+            passed_over = (f"; the stored fit {stale[0][0]} was passed over ({stale[0][1]}): "
+                           f"`scaletui calibrate --model {model.name}` fits again")  # fmt: skip
     if path is not None:
         cost = load_fit(path)
         if (cost.model, cost.tp, cost.dp) != (model.name, args.tp, args.dp):
@@ -202,7 +207,7 @@ def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
              f"its FLOP/s, {args.overhead_ms:g} ms overhead (no fit)")  # fmt: skip
     if hw.kind == "cpu" and host > 1:
         words += f"; {host} virtual devices share the host's roofs"
-    return decode, prefill, words
+    return decode, prefill, words + passed_over
 
 
 def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
