@@ -169,7 +169,7 @@ def test_a_fit_made_under_another_jax_is_not_found(private_config):
     data["info"]["versions"]["jax"] = "0.0.1"
     path.write_text(yaml.safe_dump(data))
     assert fitstore.other_engine(path) == f"jax 0.0.1, now {versions['jax']}" and find() is None
-    assert fitstore.stale_fits("small", "f32", 1, 1, "xla", host="box") == [
+    assert fitstore.stored_fits("small", "f32", 1, 1, "xla", host="box") == [
         (path, f"made under jax 0.0.1, now {versions['jax']}")
     ]
     del data["info"]["versions"]

@@ -24,7 +24,7 @@ from scaletui.loadgen import cli as loadgen_cli
 from scaletui.loadgen.output import table
 from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Workload, iter_requests
 from scaletui.roofline.costmodel import COMPUTE_DTYPES, DTYPE_BYTES, CostModel
-from scaletui.roofline.fitstore import find_fit, load_fit, stale_fits
+from scaletui.roofline.fitstore import load_fit, stored_fits
 from scaletui.roofline.simulate import (
     BOS_TOKENS,
     HOST_GAP_PER_ROW_S,
@@ -170,11 +170,11 @@ def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
         dtype = server_dtype(args, load_hardware("local"))
     if path is None and not args.no_fit and args.hardware == "local":
         p = precision(args, dtype)
-        where = dict(weight_dtype=p["weight_dtype"], kv_dtype=p["kv_dtype"])
-        path = find_fit(model.name, dtype, args.tp, args.dp, args.kernels, **where)
-        stale = stale_fits(model.name, dtype, args.tp, args.dp, args.kernels, **where)
-        if path is None and stale:
-            passed_over = (f"; the stored fit {stale[0][0]} was passed over ({stale[0][1]}): "
+        found = stored_fits(model.name, dtype, args.tp, args.dp, args.kernels, None,
+                            p["weight_dtype"], p["kv_dtype"])  # fmt: skip
+        path = next((f for f, why in found if why is None), None)
+        if path is None and found:  # each one there is stale
+            passed_over = (f"; the stored fit {found[0][0]} was passed over ({found[0][1]}): "
                            f"`scaletui calibrate --model {model.name}` fits again")  # fmt: skip
     if path is not None:
         cost = load_fit(path)

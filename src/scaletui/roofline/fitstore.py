@@ -27,7 +27,7 @@ from scaletui.specs import user_config_dir
 
 __all__ = [
     "FIT_VERSION", "engine_versions", "find_fit", "fit_path", "fits_dir", "fit_version", "load_fit",
-    "precision_tag", "save_fit", "stale", "stale_fits",
+    "precision_tag", "save_fit", "stale", "stored_fits",
 ]  # fmt: skip
 
 # 2: the native bf16 kernels stopped copying a table per generate call (2026-12-02), the fit
@@ -107,16 +107,35 @@ def _info(path: Path) -> dict:
 
 def fit_version(path: Path) -> int:
     """The fit_version a stored fit was written with (0: none, or not readable as a fit)."""
-    try:
-        return int(_info(path).get("fit_version") or 0)
-    except (TypeError, ValueError):
-        return 0
+    return _version(_info(path))
 
 
 def other_engine(path: Path) -> str | None:
     """How the packages a stored fit was made under differ from those installed ('jax 0.10.2,
     now 0.11.0'), or None (the same, or the fit does not say)."""
-    made, now = _info(path).get("versions") or {}, engine_versions()
+    return _other_engine(_info(path))
+
+
+def stale(path: Path) -> str | None:
+    """Why a stored fit is not trusted ('fit version 1, now 2 ...'; 'made under jax 0.10.2,
+    now 0.11.0'), or None when it is current."""
+    info = _info(path)
+    version = _version(info)
+    if version < FIT_VERSION:
+        return f"fit version {version}, now {FIT_VERSION} (the engine or the fit changed since)"
+    other = _other_engine(info)
+    return f"made under {other}" if other else None
+
+
+def _version(info: dict) -> int:
+    try:
+        return int(info.get("fit_version") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _other_engine(info: dict) -> str | None:
+    made, now = info.get("versions") or {}, engine_versions()
     if not isinstance(made, dict):
         return None
     differ = [f"{k} {made[k]}, now {now[k]}" for k in ENGINE_PACKAGES
@@ -153,44 +172,21 @@ def find_fit(
     `dtype`), or None. `kernels="auto"` takes whichever kernels were fitted (the newest file),
     as the server's auto resolves to one of them. A fit older than FIT_VERSION, or made under
     another jax / jaxlib, is not found."""
-    found = _stored(model, dtype, tp, dp, kernels, host, weight_dtype, kv_dtype)
-    return next((p for p in found if stale(p) is None), None)
+    found = stored_fits(model, dtype, tp, dp, kernels, host, weight_dtype, kv_dtype)
+    return next((p for p, why in found if why is None), None)
 
 
-def stale_fits(
-    model: str,
-    dtype: str,
-    tp: int,
-    dp: int,
-    kernels: str = "auto",
-    host: str | None = None,
-    *,
-    weight_dtype: str | None = None,
-    kv_dtype: str | None = None,
-) -> list[tuple[Path, str]]:
-    """The stored fits for this configuration that `find_fit` passes over, each with why."""
-    found = _stored(model, dtype, tp, dp, kernels, host, weight_dtype, kv_dtype)
-    return [(p, why) for p in found if (why := stale(p)) is not None]
-
-
-def stale(path: Path) -> str | None:
-    """Why a stored fit is not trusted ('fit version 1, now 2'; 'jax 0.10.2, now 0.11.0'), or
-    None when it is current."""
-    version = fit_version(path)
-    if version < FIT_VERSION:
-        return f"fit version {version}, now {FIT_VERSION} (the engine or the fit changed since)"
-    other = other_engine(path)
-    return f"made under {other}" if other else None
-
-
-def _stored(
-    model: str, dtype: str, tp: int, dp: int, kernels: str, host: str | None,
-    weight_dtype: str | None, kv_dtype: str | None,
-) -> list[Path]:  # fmt: skip
-    """The stored fit files for this configuration, newest first under kernels auto."""
+def stored_fits(
+    model: str, dtype: str, tp: int, dp: int, kernels: str = "auto", host: str | None = None,
+    weight_dtype: str | None = None, kv_dtype: str | None = None,
+) -> list[tuple[Path, str | None]]:  # fmt: skip
+    """Every stored fit file for this configuration (`find_fit`'s arguments), newest first
+    under kernels auto, each with why it is not trusted (`stale`; None: current)."""
     exact = fit_path(model, dtype, kernels, tp, dp, host, weight_dtype=weight_dtype,
                      kv_dtype=kv_dtype)  # fmt: skip
     if kernels != "auto":
-        return [exact] if exact.exists() else []
-    pattern = exact.name.replace("--auto--", "--*--")
-    return sorted(exact.parent.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+        found = [exact] if exact.exists() else []
+    else:
+        pattern = exact.name.replace("--auto--", "--*--")
+        found = sorted(exact.parent.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    return [(p, stale(p)) for p in found]
