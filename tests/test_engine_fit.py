@@ -18,9 +18,15 @@ def test_the_default_grid_brackets_the_servers_slots_contexts_and_steps():
     cfg = ServeConfig(model=load_model("small"), slots=16, max_seq_len=1024, decode_steps=4)
     grid = grid_for(cfg, (128, 256, 512, 1024), (16, 32, 64, 128, 256, 512, 1024))
     assert sorted({p.batch for p in grid.decode}) == [1, 4, 16]
-    assert sorted({p.context for p in grid.decode}) == [128, 512, 1024]
     assert sorted({p.steps for p in grid.decode}) == [1, 4]
-    assert len(grid.decode) == 3 * 3 * 2
+    # three KV buckets at every batch, both step counts ...
+    for b in (1, 4):
+        assert {(p.context, p.steps) for p in grid.decode if p.batch == b} == {
+            (c, s) for c in (128, 512, 1024) for s in (1, 4)}  # fmt: skip
+    # ... and at the slots the server decodes at, every bucket it can run, at its decode_steps
+    at_slots = {(p.context, p.steps) for p in grid.decode if p.batch == 16}
+    assert at_slots == {(c, s) for c in (128, 512, 1024) for s in (1, 4)} | {(256, 4)}
+    assert len(grid.decode) == 3 * 3 * 2 + 1
     # the prompts that fill those KV buckets fill 128, 512 and 1024 (one compile serves both),
     # and every prompt bucket below the longest is timed: the server pads prompts to them
     assert grid.prefill == (16, 32, 64, 128, 256, 512, 1024)

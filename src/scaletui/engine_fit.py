@@ -89,7 +89,10 @@ def grid_for(config: ServeConfig, decode_buckets: Sequence[int], prefill_buckets
              quick: bool = False) -> Grid:  # fmt: skip
     """The default grid for a server configuration: batches dp, ~slots/4, slots (multiples of
     dp: the slot counts a user turns to around this one), three KV buckets (first, middle, last),
-    steps {1, decode_steps}, and the prompt buckets that those contexts' prompts fill (so the
+    steps {1, decode_steps}; at `slots` rows, the batch the server always decodes at, also every
+    other KV bucket at decode_steps (a step is concave in the context on a CPU: the chord between
+    buckets 256 and 1024 read 5 % low at 512 for `small` on Zen 4, and a loaded server spends
+    most of its calls there). Then the prompt buckets that those contexts' prompts fill (so the
     prefill compiles serve both) and every smaller one. `quick` times 2 calls in 2 passes."""
     s, dp = config.slots, config.dp
     quarter = max(dp, round(s / 4 / dp) * dp)
@@ -97,8 +100,11 @@ def grid_for(config: ServeConfig, decode_buckets: Sequence[int], prefill_buckets
     steps = sorted({1, config.decode_steps})
     how = {"calls": 2, "rounds": 2} if quick else {"calls": 3, "rounds": 3}
     contexts = _spread(decode_buckets, 3)
+    points = [DecodePoint(b, c, n) for b in batches for c in contexts for n in steps]
+    points += [DecodePoint(s, c, config.decode_steps) for c in sorted(set(decode_buckets))
+               if c not in contexts]  # fmt: skip
     prefill = set()
-    for c in contexts:
+    for c in sorted({p.context for p in points}):
         prev = max((b for b in decode_buckets if b < c), default=0)
         n = min(prompt_len_for(c, prev, max(steps), how["calls"]), config.max_seq_len - 2)
         prefill.add(next((b for b in prefill_buckets if b >= n), prefill_buckets[-1]))
@@ -107,7 +113,7 @@ def grid_for(config: ServeConfig, decode_buckets: Sequence[int], prefill_buckets
     # every prompt bucket up to the longest: the server pads a prompt to one of them, and its
     # prefill is then the measured time, not the form's guess between two (-10 % at 128 here)
     prefill |= {b for b in prefill_buckets if b <= max(prefill)}
-    return Grid.product(batches, contexts, steps, sorted(prefill), **how)
+    return Grid(tuple(points), tuple(sorted(prefill)), **how)
 
 
 def prompt_len_for(bucket: int, prev_bucket: int, steps: int, calls: int) -> int:
