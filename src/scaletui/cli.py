@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from scaletui import compile_cache
+
 SUBCOMMANDS = {
     "serve": ("scaletui.serve.cli", "run the JAX inference server (OpenAI-compatible HTTP)"),
     "roofline": ("scaletui.roofline.cli", "print the book's roofline estimates for a config"),
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args[0] if args and args[0] in SUBCOMMANDS else "tui"
     if args and args[0] == name:
         args = args[1:]
+    compile_cache.enable()  # before any subcommand imports jax; its children inherit it
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(args) or 0)
 

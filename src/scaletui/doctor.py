@@ -19,6 +19,7 @@ import sys
 
 import orjson
 
+from scaletui import compile_cache
 from scaletui.specs import SpecError, load_hardware, local_hardware_path, user_config_dir
 
 __all__ = ["facts", "main"]
@@ -127,11 +128,18 @@ def facts() -> dict:
         "kernels": k,
         "calibration": _calibration(),
         "paths": {"config_dir": str(user_config_dir()), "cache_dir": _cache_home()},
+        "compile_cache": _compile_cache(),
         "optional": {
             "uvloop": _version("uvloop"),
             "cxx": k["compiler"],
         },
     }
+
+
+def _compile_cache() -> dict:
+    path = compile_cache.cache_dir()
+    entries, nbytes = compile_cache.usage(path)
+    return {"dir": str(path) if path else None, "entries": entries, "bytes": nbytes}
 
 
 def _lines(f: dict) -> list[str]:
@@ -172,6 +180,9 @@ def _lines(f: dict) -> list[str]:
         f"uvloop {opt['uvloop']}" if opt["uvloop"] else "no uvloop (pip install scaletui[fast])"
     )
     paths = f"config {f['paths']['config_dir']}, cache {f['paths']['cache_dir']}"
+    cc = f["compile_cache"]
+    compiled = (f"{cc['dir']}: {cc['entries']} programs, {cc['bytes'] / 2**20:.1f} MiB"
+                if cc["dir"] else f"off ({compile_cache.DIR_ENV} is empty)")  # fmt: skip
     verdict = "ready to serve" if f["ok"] else "; ".join(f["problems"])
     rows = [
         ("python", f["python"]),
@@ -181,6 +192,7 @@ def _lines(f: dict) -> list[str]:
         ("kernels", kernels),
         ("calibration", calib),
         ("paths", paths),
+        ("compiled", compiled),
         ("optional", f"{uvloop}; {cxx}"),
         *(("warning", w) for w in f["warnings"]),
         ("ok" if f["ok"] else "problem", verdict),
