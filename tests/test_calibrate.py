@@ -190,3 +190,28 @@ def test_calibrate_one_device_uses_memory_bandwidth_for_ici() -> None:
     assert "ici_latency_s" not in spec
     assert spec["chips_per_host"] == 1
     assert any("one device" in note for note in spec["notes"])
+
+
+def test_a_roof_is_the_fastest_pass_so_a_slow_spell_costs_one_pass_of_each(monkeypatch):
+    """Two figures timed round robin in 3 passes on a fake clock: the host runs 2x slow during
+    the middle pass of `a` and the first of `b`; each figure is its fastest pass's median."""
+    clock = [0.0]
+    monkeypatch.setattr(cal.time, "perf_counter", lambda: clock[0])
+    calls = {"a": 0, "b": 0}
+    # each name's cost per call, by pass (the warm-up call is pass 0)
+    cost = {"a": [9.0, 1.0, 2.0, 1.0], "b": [9.0, 4.0, 2.0, 2.0]}
+    runs_per_pass = 2  # reps 6 over 3 passes, no minimum time
+
+    def timed(name):
+        def run():
+            n = calls[name]
+            calls[name] += 1
+            p = 0 if n == 0 else 1 + (n - 1) // runs_per_pass
+            clock[0] += cost[name][p]
+
+        return run
+
+    got = cal._fastest_window({"a": timed("a"), "b": timed("b")}, windows=3, reps=6)
+    assert got["a"][0] == 1.0 and got["a"][2] == [1.0, 2.0, 1.0]
+    assert got["b"][0] == 2.0 and got["b"][2] == [4.0, 2.0, 2.0]
+    assert len(got["a"][1]) == len(got["b"][1]) == 6  # every run kept, the warm-up left out

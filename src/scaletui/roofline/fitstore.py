@@ -32,7 +32,8 @@ __all__ = [
 
 # 2: the native bf16 kernels stopped copying a table per generate call (2026-12-02), the fit
 # records the kernels auto resolved to, and prefill is timed into pages as the server runs it
-FIT_VERSION = 2
+# 3: every KV bucket timed at the server's slots (2026-12-03): a fit of 2 interpolated there
+FIT_VERSION = 3
 
 
 ENGINE_PACKAGES = ("jax", "jaxlib")
