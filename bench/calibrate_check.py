@@ -41,8 +41,8 @@ def figures(spec: dict) -> dict[str, float]:
     m = spec["measured"]
     if m["all_reduce"]:
         out["ici_bw"] = spec["ici_bw"]
-    # The same figures from each test's fastest run: what the hardware does when the host's other
-    # load leaves it alone (the spec keeps the median, as the issue asks).
+    # The same figures from each test's single fastest run, for reference (the spec keeps each
+    # figure's fastest pass's median: one lucky run is not a rate the device sustains).
     out["best hbm_bw"] = m["memory"]["bytes_moved"] / m["memory"]["min_s"]
     for dtype in ("f32", "bf16"):
         mm = m["matmul"][dtype]
@@ -50,19 +50,22 @@ def figures(spec: dict) -> dict[str, float]:
     return out
 
 
-def engine_read_bw(min_bytes: int = 1 << 30) -> tuple[float, str]:
+def engine_read_bw(min_bytes: int = 1 << 30, passes: int = 3) -> tuple[float, str]:
     """(bytes/s, what): the weight-read bandwidth the engine's own batch-1 decode step reaches
     over >= `min_bytes` of f32 weights: llama3.2-1b's layer shape with a 32k vocabulary (the
     1.1B shape of issue 13) and as few layers as reach it, so the layers' GEMVs carry the read
     (with the 128k vocabulary one layer reaches 1 GiB and the step is mostly the lm head and an
     argmax over 128k logits), one slot, a short context, per-step time from generate calls of 4
-    and 1 steps (the host sync cancels)."""
+    and 1 steps (the host sync cancels). Timed in `passes` separate passes over the same weights
+    and judged by the fastest, as calibrate judges hbm_bw: on a shared host two medians taken a
+    minute apart differ by 20 % by themselves."""
     import dataclasses
 
     import jax
 
     from scaletui.engine_fit import Grid, measure
     from scaletui.roofline import costs
+    from scaletui.serve import weights
     from scaletui.serve.config import ServeConfig
     from scaletui.specs import load_model
 
@@ -72,12 +75,20 @@ def engine_read_bw(min_bytes: int = 1 << 30) -> tuple[float, str]:
         if costs.param_count(m) * 4 >= min_bytes:
             break
     config = ServeConfig(model=m, slots=1, max_seq_len=256, decode_steps=4, dtype="f32")
-    grid = Grid.product([1], [64], [1, 4], calls=5, rounds=2)
-    decode, _ = measure(config, jax.devices()[:1], grid)
-    by_steps = {s.steps: s.seconds for s in decode}
-    step = (by_steps[4] - by_steps[1]) / 3
+    grid = Grid.product([1], [64], [1, 4], calls=5, rounds=1)
+    params = weights.dummy_params(m, config.seed, config.dtype)  # once for every pass
+    steps = []
+    for _ in range(passes):
+        decode, _ = measure(config, jax.devices()[:1], grid, host_params=params)
+        by_steps = {s.steps: s.seconds for s in decode}
+        steps.append((by_steps[4] - by_steps[1]) / 3)
     nbytes = costs.param_count(m) * 4
-    return nbytes / step, f"{m.name}: {nbytes / 2**30:.2f} GiB f32, step {step * 1e3:.1f} ms"
+    step = min(steps)
+    each = ", ".join(f"{s * 1e3:.1f}" for s in steps)
+    return (
+        nbytes / step,
+        f"{m.name}: {nbytes / 2**30:.2f} GiB f32, step {step * 1e3:.1f} ms, the fastest of {each}",
+    )  # noqa: E501
 
 
 def main() -> int:

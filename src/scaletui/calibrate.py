@@ -141,40 +141,58 @@ def _median_time(
     return statistics.median(times), times
 
 
-def _fastest_window(
-    fns: dict[str, Callable[[], object]], windows: int, reps: int, min_time_s: float = 0.0
-) -> dict[str, tuple[float, list[float], list[float]]]:
-    """Time each of `fns` in `windows` passes, round robin (each pass >= reps / windows runs
-    and >= min_time_s / windows s of each, after one warm-up call of each). Per name: (the
-    fastest pass's median, every run, each pass's median). A roof is what the device does when
-    the host leaves it alone: on a shared 2-core Zen 4 whole 2-second windows ran 25-40 %
-    slow, so two calibrations timing one prefill GEMM in one window each disagreed by up to
-    1.7x while the same GEMM's fastest runs agreed within 7 %; spread over the run, a slow
-    spell lands in one pass of each figure, not in all of one figure's."""
-    for fn in fns.values():
-        fn()
-    per = max(1, -(-reps // windows))
-    runs: dict[str, list[float]] = {k: [] for k in fns}
-    medians: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(windows):
-        for name, fn in fns.items():
+class _Passes:
+    """Figures timed in passes, each pass a short window of each (>= reps / windows runs and
+    >= min_time_s / windows s, after one warm-up call of each at the start); `result` gives per
+    name (the fastest pass's median, every run, each pass's median). A roof is what the device
+    does when the host leaves it alone: on a shared 2-core Zen 4 whole 2-second windows ran
+    25-40 % slow, so two calibrations timing one prefill GEMM in one window each disagreed by
+    up to 1.7x while the same GEMM's fastest runs agreed within 7 %. Passes apart in time (round
+    robin with other figures, or between other tests) put a slow spell in one pass of a
+    figure, not in all of it."""
+
+    def __init__(self, fns: dict, windows: int, reps: int, min_time_s: float = 0.0) -> None:
+        self.fns, self.windows = fns, windows
+        self.per, self.min_s = max(1, -(-reps // windows)), min_time_s / windows
+        self.runs: dict = {k: [] for k in fns}
+        self.medians: dict = {k: [] for k in fns}
+        for fn in fns.values():
+            fn()
+
+    def run(self) -> None:
+        """One pass over every figure."""
+        for name, fn in self.fns.items():
             times: list[float] = []
             start = time.perf_counter()
-            while len(times) < per or time.perf_counter() - start < min_time_s / windows:
+            while len(times) < self.per or time.perf_counter() - start < self.min_s:
                 t0 = time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - t0)
-            runs[name] += times
-            medians[name].append(statistics.median(times))
-    return {k: (min(medians[k]), runs[k], medians[k]) for k in fns}
+            self.runs[name] += times
+            self.medians[name].append(statistics.median(times))
+
+    def result(self) -> dict[object, tuple[float, list[float], list[float]]]:
+        return {k: (min(self.medians[k]), self.runs[k], self.medians[k]) for k in self.fns}
+
+
+def _fastest_window(
+    fns: dict[str, Callable[[], object]], windows: int, reps: int, min_time_s: float = 0.0
+) -> dict[str, tuple[float, list[float], list[float]]]:
+    """`fns` timed round robin in `windows` passes back to back (`_Passes`)."""
+    passes = _Passes(fns, windows, reps, min_time_s)
+    for _ in range(windows):
+        passes.run()
+    return passes.result()
 
 
 def _summary(median: float, runs: list[float]) -> dict:
     return {"median_s": median, "min_s": min(runs), "max_s": max(runs), "runs": len(runs)}
 
 
-def _read_bw(jax, jnp, device, sizes: Sizes) -> dict:
-    """Read-only stream over each working set of `sizes.read_points`; `bw` is the plateau.
+def _read_stream(jax, jnp, device, sizes: Sizes) -> _Passes:
+    """Read-only stream over each working set of `sizes.read_points`, ready to time in passes
+    (`calibrate` spreads its `sizes.windows` passes over the whole run: memory bandwidth on a
+    shared host drifts over tens of seconds; `_read_figure` then takes the plateau).
 
     The decode step's own op at batch 1: `h[1, D] @ W[D, F]` for each of a list of f32 weight
     matrices, in one jitted call (contracting the weight's leading axis, as the model's dense
@@ -187,24 +205,29 @@ def _read_bw(jax, jnp, device, sizes: Sizes) -> dict:
     gemvs = jax.jit(lambda h, ws: [h @ w for w in ws])
     h = jax.device_put(jnp.ones((1, READ_SHAPE[0]), jnp.float32), device)
     mat = READ_SHAPE[0] * READ_SHAPE[1] * 4
-    curve, last = [], {}
-    for nbytes in sizes.read_points:
-        ws = [
-            jax.device_put(jnp.ones(READ_SHAPE, jnp.float32), device) for _ in range(nbytes // mat)
-        ]
-        t, runs = _median_time(
-            lambda ws=ws: jax.block_until_ready(gemvs(h, ws)), sizes.reps, sizes.min_time_s / 3
-        )
-        del ws
-        curve.append({"bytes": nbytes, "bw": nbytes / t})
-        last = _summary(t, runs)
+    # one list of matrices; the smaller working sets are its first matrices (no more memory)
+    ws = [jax.device_put(jnp.ones(READ_SHAPE, jnp.float32), device)
+          for _ in range(sizes.read_points[-1] // mat)]  # fmt: skip
+    calls = {n: (lambda k=n // mat: jax.block_until_ready(gemvs(h, ws[:k])))
+             for n in sizes.read_points}  # fmt: skip
+    return _Passes(calls, sizes.windows, sizes.reps, sizes.min_time_s / 3)
+
+
+def _read_figure(passes: _Passes, sizes: Sizes) -> dict:
+    timed = passes.result()
+    curve = [{"bytes": n, "bw": n / t, "pass_bws": [n / x for x in passes]}
+             for n, (t, _, passes) in timed.items()]  # fmt: skip
+    t, runs, _ = timed[sizes.read_points[-1]]
+    last = _summary(t, runs)
     bw = pick_read_bw(curve, sizes.llc_bytes)
     llc = f"LLC {sizes.llc_bytes} B" if sizes.llc_bytes else "LLC unknown"
     method = (
         f"read-only GEMVs h[1, {READ_SHAPE[0]}] @ W[{READ_SHAPE[0]}, {READ_SHAPE[1]}] f32 over a "
         "list of matrices in one call (jit, block_until_ready) "
-        f"at working sets {[p['bytes'] for p in curve]} B ({llc}); median of >= {sizes.reps} "
-        "runs each after a warm-up; bw = median of the points >= 8x LLC; bytes read only"
+        f"at working sets {[p['bytes'] for p in curve]} B ({llc}), timed round robin in "
+        f"{sizes.windows} passes spread over the calibration, each point its fastest pass's "
+        f"median (>= {sizes.reps} runs in all after a warm-up); bw = median of the points >= 8x "
+        "LLC; bytes read only"
     )
     return {
         "bw": bw,
@@ -391,8 +414,10 @@ def calibrate(
     log(f"calibrate: {len(devices)} {backend} device(s) ({dev.device_kind}); {sizes}")
 
     log(f"calibrate: [1/5] memory bandwidth, read-only stream over {sizes.read_points} B ...")
-    read = _read_bw(jax, jnp, dev, sizes)
-    log(f"calibrate:       {read['bw'] / 1e9:.1f} GB/s read (past the cache)")
+    # the read stream's passes go first, after the thin matmuls and after the GEMMs (the rest)
+    read_passes, w = _read_stream(jax, jnp, dev, sizes), sizes.windows
+    for _ in range(min(1, w)):
+        read_passes.run()
     copy = _copy_bw(jax, jnp, dev, sizes.copy_bytes, sizes.reps, sizes.min_time_s)
     log(f"calibrate:       {copy['bw'] / 1e9:.1f} GB/s copy (read + write, reference)")
     d, f = sizes.d, sizes.f
@@ -402,6 +427,8 @@ def calibrate(
     for dtype, figs in thin.items():
         text = ", ".join(f"B={b} {m['flops_per_s'] / 1e9:.0f}" for b, m in figs.items())
         log(f"calibrate:       {dtype} GFLOP/s {text}")
+    for _ in range(min(1, w - 1)):
+        read_passes.run()
     log(f"calibrate: [3/5] prefill GEMM [{sizes.prefill_t}, {d}] x [{d}, {f}], f32 and bf16, "
         f"XLA's and the native kernel's, round robin in {sizes.windows} passes ...")  # fmt: skip
     xla_flops, native_flops = _prefill_gemms(jax, jnp, dev, sizes)
@@ -411,6 +438,11 @@ def calibrate(
         flops[dtype] = own if own and own["flops_per_s"] > fig["flops_per_s"] else fig
         log(f"calibrate:       {dtype} GFLOP/s XLA {fig['flops_per_s'] / 1e9:.0f}"
             + (f", native kernel {own['flops_per_s'] / 1e9:.0f}" if own else ""))  # fmt: skip
+    for _ in range(max(w - 2, 0)):
+        read_passes.run()
+    read = _read_figure(read_passes, sizes)
+    log(f"calibrate:       {read['bw'] / 1e9:.1f} GB/s read (past the cache; passes at the "
+        f"start, after the thin matmuls and after the GEMMs)")  # fmt: skip
     log("calibrate: [4/5] dispatch floor ...")
     dispatch_s, dispatch_method = _dispatch(jax, jnp, dev, sizes.dispatch_calls)
     log(f"calibrate:       {dispatch_s * 1e6:.1f} us per jitted call + sync")
