@@ -356,16 +356,25 @@ def test_prefix_cache_prefills_a_groups_shared_pages_once():
 def test_native_kernels_pay_attention_for_active_rows_only():
     """XLA's engine computes every slot row over the bucket; on the native kernels the matmuls
     still run every row but attention reads only the active ones: one running request of four
-    slots pays the 4-row call at the smallest bucket plus a quarter of what its bucket adds."""
+    slots pays the 4-row call at the smallest bucket plus a quarter of what 4 rows at its
+    mid-call length (104 of the 128 bucket) add; two running rows pay each at its own length."""
     cost = dataclasses.replace(flat(step=1e-3, sync=3e-3), kv_bytes_per_token=1e-4)
-    load = fixed(1, 1.0, inp=100, out=9)  # one call of 8 steps, lengths 100..108: bucket 128
+    load = fixed(1, 1.0, inp=100, out=9)  # one call of 8 steps, positions 100..107: bucket 128
     shape = ServerShape(slots=4, decode_steps=8, max_seq_len=1024)
     xla = simulate(shape, dataclasses.replace(cost, kernels="xla"), load).summary
-    native = simulate(shape, dataclasses.replace(cost, kernels="native"), load).summary
+    native_cost = dataclasses.replace(cost, kernels="native")
+    native = simulate(shape, native_cost, load).summary
     full, base = cost.decode_call_s(4, 128, 8), cost.decode_call_s(4, 64, 8)
-    assert full > base
+    own = cost.decode_call_s(4, 104, 8)
+    assert full > own > base
     assert xla["median_icl_ms"] == pytest.approx(full * 1e3)
-    assert native["median_icl_ms"] == pytest.approx((base + (full - base) / 4) * 1e3)
+    assert native["median_icl_ms"] == pytest.approx((base + (own - base) / 4) * 1e3)
+    # a 100- and a 20-token prompt together (both at 0 s, prefilled in turn, then one call):
+    # positions 100..107 and 20..27; the short row's mid-call 24 is under the smallest bucket
+    # and adds nothing, so the second one's only chunk comes one such call after its first
+    both = simulate(shape, native_cost, Load(np.array([0.0, 0.0]), np.array([100, 20]),
+                                             np.array([9, 9])))  # fmt: skip
+    assert both.t_last[1] - both.t_first[1] == pytest.approx(base + (own - base) / 4)
 
 
 def test_a_token_budget_runs_a_long_prompt_in_pieces_between_generate_calls():

@@ -20,8 +20,9 @@ What it replays, as the server does it:
    reach the clients together at the call's end (one chunk per request: this drives TPOT/ITL).
    The engine computes every slot row over the KV bucket of the longest row (`padded_decode`).
    On the native CPU kernels (the cost model's `kernels`), every slot row runs the matmuls but
-   attention reads only the active rows: a call with b of S rows active costs the S-row call
-   at the smallest bucket plus b / S of what the longest row's bucket adds to it.
+   attention reads only the active rows, each over its own positions: a call costs the S-row
+   call at the smallest bucket plus, per active row, 1 / S of what S rows at that row's
+   mid-call length (rounded up to ROW_GRAIN positions, at most the bucket) add to it.
 5. A call's time is the cost model's expected (median) time, times a draw from its fitted
    `call_spread` (how much one call varies on the host that made the fit; seeded): a run at
    concurrency 1 has a p99 TTFT above its p50, and a closed loop's waves break up as they do
@@ -61,6 +62,7 @@ INTAKE_S = 1e-3  # our server's intake per request (aiohttp, JSON, tokenizer; ~0
 # at 1 / 4 / 8 running (`small`, 8 slots, 2 Zen 4 cores)
 HOST_GAP_S = 0.65e-3
 HOST_GAP_PER_ROW_S = 0.09e-3
+ROW_GRAIN = 8  # native kernels: a running row's attention cost at its length rounded up to this
 
 
 def pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
@@ -201,7 +203,8 @@ class _Sim:
         self.prefill_calls, self.prefill_call_s = 0, 0.0  # prefill calls (pieces) and time
         self._prefill_memo: dict[tuple[int, int], float] = {}
         self._cached_groups: set[int] = set()  # shared prefixes prefilled once already
-        self._call_memo: dict[tuple[int, int, int, int], float] = {}
+        self._call_memo: dict[tuple[int, int, int], float] = {}  # (batch, bucket, steps)
+        self._row_memo: dict[tuple[int, int, int], tuple] = {}  # native: _row_costs
         buckets = shape.prefill_buckets
         self._pbuckets, self._chunk = buckets, buckets[-1]
         self._dbuckets = shape.decode_buckets
@@ -335,13 +338,35 @@ class _Sim:
         self.length[i], self.left[i], self.prev[i] = self.inp[i], self.out[i] - 1, now
         self.active.append(i)
 
-    def _call_s(self, batch: int, ctx: int, steps: int, active: int) -> float:
-        """One generate call at `batch` rows over bucket `ctx`, `active` of them running."""
-        full = self.decode.decode_call_s(batch, ctx, steps)
-        if not self._live_rows or active >= batch:
+    def _call_s(self, batch: int, ctx: int, steps: int, active: list[int]) -> float:
+        """One generate call at `batch` rows over bucket `ctx` for the `active` requests. XLA's
+        engine computes every row over the bucket; the native attention reads each running
+        row's own positions (0..pos, `kernels.cc`), so there the call is the `batch`-row call at
+        the smallest bucket plus, per running row, 1 / batch of what `batch` rows at that row's
+        mid-call length add to it (`small` bf16 native, 8 slots, 4 steps, bucket 512: 28.2 ms
+        with 8 rows at 470 positions, 23.5 with one there and 7 at 40; charging each row the
+        bucket over-read a loaded server's calls by 5-13 %)."""
+        key = (batch, ctx, steps)
+        if not self._live_rows:
+            full = self._call_memo.get(key)
+            if full is None:
+                full = self._call_memo[key] = self.decode.decode_call_s(batch, ctx, steps)
             return full
+        table = self._row_memo.get(key)
+        if table is None:
+            table = self._row_memo[key] = self._row_costs(batch, ctx, steps)
+        base, rows = table
+        length, up = self.length, steps // 2 + ROW_GRAIN - 1  # mid-call, rounded up
+        return base + sum(rows[(length[i] + up) // ROW_GRAIN] for i in active)
+
+    def _row_costs(self, batch: int, ctx: int, steps: int) -> tuple[float, list[float]]:
+        """(the call at the smallest bucket, each running row's share by its positions //
+        ROW_GRAIN): at most the bucket, never below the smallest bucket's."""
         base = self.decode.decode_call_s(batch, self._dbuckets[0], steps)
-        return base + active / batch * max(full - base, 0.0)
+        top = self.shape.max_seq_len // ROW_GRAIN + steps + 2
+        at = [min(k * ROW_GRAIN, ctx) for k in range(top)]
+        return base, [max(self.decode.decode_call_s(batch, n, steps) - base, 0.0) / batch
+                      for n in at]  # fmt: skip
 
     def generate(self, now: float) -> float:
         """One generate call from `now`; returns when its tokens reach the clients."""
@@ -354,11 +379,7 @@ class _Sim:
         else:
             ctx = sum(length[i] for i in active) // len(active) + steps // 2
             batch = len(active)
-        key = (batch, ctx, steps, len(active) if self._live_rows else batch)
-        dt = self._call_memo.get(key)
-        if dt is None:
-            dt = self._call_memo[key] = self._call_s(batch, ctx, steps, len(active))
-        dt = self.varied(dt, self.decode)
+        dt = self.varied(self._call_s(batch, ctx, steps, active), self.decode)
         t = now + dt
         self.calls += 1
         self.per_step_s += dt / steps
