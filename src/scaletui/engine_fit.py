@@ -93,12 +93,14 @@ def grid_for(config: ServeConfig, decode_buckets: Sequence[int], prefill_buckets
     other KV bucket at decode_steps (a step is concave in the context on a CPU: the chord between
     buckets 256 and 1024 read 5 % low at 512 for `small` on Zen 4, and a loaded server spends
     most of its calls there). Then the prompt buckets that those contexts' prompts fill (so the
-    prefill compiles serve both) and every smaller one. `quick` times 2 calls in 2 passes."""
+    prefill compiles serve both) and every smaller one. `quick` times 2 calls in 3 passes (in 2,
+    one slow spell of a shared host skewed a third of a quick fit's points: the TUI's first
+    screen then read 1.25x its expected decode step)."""
     s, dp = config.slots, config.dp
     quarter = max(dp, round(s / 4 / dp) * dp)
     batches = sorted({dp, quarter, s})
     steps = sorted({1, config.decode_steps})
-    how = {"calls": 2, "rounds": 2} if quick else {"calls": 3, "rounds": 3}
+    how = {"calls": 2, "rounds": 3} if quick else {"calls": 3, "rounds": 3}
     contexts = _spread(decode_buckets, 3)
     points = [DecodePoint(b, c, n) for b in batches for c in contexts for n in steps]
     points += [DecodePoint(s, c, config.decode_steps) for c in sorted(set(decode_buckets))
@@ -350,7 +352,7 @@ def build_parser():
       "and KV head); default: --dtype")  # fmt: skip
     a("--kernels", choices=KERNELS, default="auto")
     a("--host-devices", type=int, help="JAX CPU: virtual devices (default: tp * dp)")
-    a("--quick", action="store_true", help="2 passes of 2 calls (about half the time)")
+    a("--quick", action="store_true", help="3 passes of 2 calls (about two thirds of the time)")
     a("--out", help="write here instead of the fit store")
     a("--no-write", action="store_true", help="print the fit only")
     return p
