@@ -12,16 +12,24 @@ from pathlib import Path
 from scaletui import compile_cache
 
 
-def test_enable_points_jax_at_the_scaletui_cache_unless_the_user_chose():
-    env = {"XDG_CACHE_HOME": "/somewhere"}
-    assert compile_cache.enable(env) == Path("/somewhere/scaletui/jax")
-    assert env[compile_cache.DIR_ENV] == "/somewhere/scaletui/jax"
+def test_enable_points_jax_at_the_scaletui_cache_unless_the_user_chose(tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    assert compile_cache.enable(env) == tmp_path / "scaletui" / "jax"
+    assert env[compile_cache.DIR_ENV] == str(tmp_path / "scaletui" / "jax")
+    assert (tmp_path / "scaletui" / "jax").is_dir()
     assert float(env[compile_cache.MIN_TIME_ENV]) == compile_cache.MIN_COMPILE_S
     mine = {"XDG_CACHE_HOME": "/somewhere", compile_cache.DIR_ENV: "/mine"}
     assert compile_cache.enable(mine) == Path("/mine")
     assert compile_cache.MIN_TIME_ENV not in mine  # the user's cache, the user's settings
     off = {compile_cache.DIR_ENV: ""}
     assert compile_cache.enable(off) is None and off[compile_cache.DIR_ENV] == ""
+
+
+def test_a_cache_home_that_cannot_be_written_leaves_the_cache_off(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    env = {"XDG_CACHE_HOME": str(blocked)}
+    assert compile_cache.enable(env) is None and compile_cache.DIR_ENV not in env
 
 
 def test_usage_counts_the_files_under_the_cache(tmp_path):

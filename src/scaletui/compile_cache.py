@@ -35,10 +35,18 @@ def default_dir(environ: MutableMapping[str, str] = os.environ) -> Path:
 
 
 def enable(environ: MutableMapping[str, str] = os.environ) -> Path | None:
-    """Turn the cache on in `environ` unless the user chose (a dir, or empty: off); the dir in
-    use, or None when off. Takes effect in processes that import jax after it."""
+    """Turn the cache on in `environ` unless the user chose (a dir, or empty: off) or the
+    default dir cannot be written (JAX would warn at every compile); the dir in use, or None
+    when off. Takes effect in processes that import jax after it."""
     if DIR_ENV not in environ:
-        environ[DIR_ENV] = str(default_dir(environ))
+        path = default_dir(environ)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return None
+        if not os.access(path, os.W_OK):
+            return None
+        environ[DIR_ENV] = str(path)
         environ.setdefault(MIN_TIME_ENV, str(MIN_COMPILE_S))
     return cache_dir(environ)
 
