@@ -1,11 +1,13 @@
 """`scaletui calibrate`: measure this host's JAX devices and write the `local` hardware spec.
 
-Measures, on device 0 unless stated, each figure the median of several timed runs after a warm-up
-(compile) run, and writes beside each how it was measured (`method`):
+Measures, on device 0 unless stated, each figure from several timed runs after a warm-up
+(compile) run (the roofs, read bandwidth and prefill GEMMs: the fastest of 3 passes' medians;
+the rest: the median), and writes beside each how it was measured (`method`):
 1. `hbm_bw`: the READ bandwidth a decode step meets: `h[1, D] @ W[D, F]` over a list of
    weight-shaped matrices (the decode step's own GEMVs, D x F = 2048 x 8192) in one jitted call,
    working sets past the last-level cache (>= 1 GiB and 8x the LLC on CPU, 2 GiB on GPU/TPU), the
-   plateau past the cache; the old in-place scale (read + write) stays as `measured.memory_copy`;
+   plateau past the cache, its passes spread over the run; the old in-place scale (read +
+   write) stays as `measured.memory_copy`;
 2. matmul FLOP/s at serving shapes: thin [B, D] x [D, F] (decode, B = 16/64/256) and a
    prefill-sized [T, D] x [D, F] GEMM in f32 and bf16; `flops_per_s` is the prefill GEMM, through
    XLA or, on CPU, the server's native dense kernel, whichever is faster, those GEMMs timed
@@ -95,7 +97,7 @@ class Sizes:
     min_time_s: float = 0.0  # ... and keep timing until this long has passed (a loaded host)
     dispatch_calls: int = 200  # timed calls of the tiny jitted op
     llc_bytes: int | None = None  # the LLC the OS reports (None: unknown / not a CPU)
-    windows: int = 3  # passes the prefill GEMMs are timed in, round robin (the fastest counts)
+    windows: int = 3  # passes the read stream and prefill GEMMs are timed in (fastest counts)
 
     @property
     def read_points(self) -> list[int]:
@@ -215,8 +217,8 @@ def _read_stream(jax, jnp, device, sizes: Sizes) -> _Passes:
 
 def _read_figure(passes: _Passes, sizes: Sizes) -> dict:
     timed = passes.result()
-    curve = [{"bytes": n, "bw": n / t, "pass_bws": [n / x for x in passes]}
-             for n, (t, _, passes) in timed.items()]  # fmt: skip
+    curve = [{"bytes": n, "bw": n / t, "pass_bws": [n / x for x in medians]}
+             for n, (t, _, medians) in timed.items()]  # fmt: skip
     t, runs, _ = timed[sizes.read_points[-1]]
     last = _summary(t, runs)
     bw = pick_read_bw(curve, sizes.llc_bytes)
@@ -309,8 +311,6 @@ def _prefill_gemms(jax, jnp, device, sizes: Sizes) -> tuple[dict, dict]:
     """The prefill-sized [T, D] x [D, F] in each dtype through XLA and (CPU) the native kernel,
     all four timed round robin in `sizes.windows` passes (`_fastest_window`). Returns
     ({dtype: XLA's figure}, {dtype: the native kernel's figure, where it runs})."""
-    from scaletui.serve import native
-
     t, d, f = sizes.prefill_t, sizes.d, sizes.f
     calls: dict[str, Callable] = {}
     for dtype in ("f32", "bf16"):
@@ -327,6 +327,8 @@ def _prefill_gemms(jax, jnp, device, sizes: Sizes) -> tuple[dict, dict]:
         if kind == "xla":
             method = f"[{t}, {d}] x [{d}, {f}] {dtype} (jit), {how}"
         else:
+            from scaletui.serve import native  # imported: _native_call ran it
+
             pairs = "bf16 pairs, vdpbf16ps" if native.pairs_for(dtype) else "FMA"
             method = (f"[{t}, {d}] x [{d}, {f}] {dtype} through scaletui's native CPU dense "
                       f"kernel (packed panels, {pairs}), {how}")  # fmt: skip
