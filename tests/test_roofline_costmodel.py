@@ -164,17 +164,17 @@ def test_a_fit_made_under_another_jax_is_not_found(private_config):
     versions = fitstore.engine_versions()
     assert versions["jax"] and fitstore.load_fit(path).info["versions"] == versions
     find = lambda: fitstore.find_fit("small", "f32", 1, 1, "xla", host="box")  # noqa: E731
-    assert find() == path and fitstore.other_engine(path) is None
+    assert find() == path and fitstore.stale(path) is None
     data = yaml.safe_load(path.read_text())
     data["info"]["versions"]["jax"] = "0.0.1"
     path.write_text(yaml.safe_dump(data))
-    assert fitstore.other_engine(path) == f"jax 0.0.1, now {versions['jax']}" and find() is None
+    assert fitstore.stale(path) == f"made under jax 0.0.1, now {versions['jax']}" and find() is None
     assert fitstore.stored_fits("small", "f32", 1, 1, "xla", host="box") == [
         (path, f"made under jax 0.0.1, now {versions['jax']}")
     ]
     del data["info"]["versions"]
     path.write_text(yaml.safe_dump(data))
-    assert fitstore.other_engine(path) is None and find() == path
+    assert fitstore.stale(path) is None and find() == path
     # a loaded fit saved again keeps the versions it was made under
     data["info"]["versions"] = {"jax": "0.0.1"}
     path.write_text(yaml.safe_dump(data))

@@ -111,12 +111,6 @@ def fit_version(path: Path) -> int:
     return _version(_info(path))
 
 
-def other_engine(path: Path) -> str | None:
-    """How the packages a stored fit was made under differ from those installed ('jax 0.10.2,
-    now 0.11.0'), or None (the same, or the fit does not say)."""
-    return _other_engine(_info(path))
-
-
 def stale(path: Path) -> str | None:
     """Why a stored fit is not trusted ('fit version 1, now 2 ...'; 'made under jax 0.10.2,
     now 0.11.0'), or None when it is current."""
