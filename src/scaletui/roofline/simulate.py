@@ -22,7 +22,7 @@ What it replays, as the server does it:
    On the native CPU kernels (the cost model's `kernels`), every slot row runs the matmuls but
    attention reads only the active rows, each over its own positions: a call costs the S-row
    call at the smallest bucket plus, per active row, 1 / S of what S rows at that row's
-   mid-call length (rounded up to ROW_GRAIN positions, at most the bucket) add to it.
+   mid-call length (rounded up to ROW_GRAIN positions) add to it.
 5. A call's time is the cost model's expected (median) time, times a draw from its fitted
    `call_spread` (how much one call varies on the host that made the fit; seeded): a run at
    concurrency 1 has a p99 TTFT above its p50, and a closed loop's waves break up as they do
@@ -204,7 +204,7 @@ class _Sim:
         self._prefill_memo: dict[tuple[int, int], float] = {}
         self._cached_groups: set[int] = set()  # shared prefixes prefilled once already
         self._call_memo: dict[tuple[int, int, int], float] = {}  # (batch, bucket, steps)
-        self._row_memo: dict[tuple[int, int, int], tuple] = {}  # native: _row_costs
+        self._row_memo: dict[tuple[int, int], tuple] = {}  # native: (batch, steps) -> _row_costs
         buckets = shape.prefill_buckets
         self._pbuckets, self._chunk = buckets, buckets[-1]
         self._dbuckets = shape.decode_buckets
@@ -352,21 +352,21 @@ class _Sim:
             if full is None:
                 full = self._call_memo[key] = self.decode.decode_call_s(batch, ctx, steps)
             return full
-        table = self._row_memo.get(key)
+        table = self._row_memo.get((batch, steps))
         if table is None:
-            table = self._row_memo[key] = self._row_costs(batch, ctx, steps)
+            table = self._row_memo[batch, steps] = self._row_costs(batch, steps)
         base, rows = table
         length, up = self.length, steps // 2 + ROW_GRAIN - 1  # mid-call, rounded up
         return base + sum(rows[(length[i] + up) // ROW_GRAIN] for i in active)
 
-    def _row_costs(self, batch: int, ctx: int, steps: int) -> tuple[float, list[float]]:
+    def _row_costs(self, batch: int, steps: int) -> tuple[float, list[float]]:
         """(the call at the smallest bucket, each running row's share by its positions //
-        ROW_GRAIN): at most the bucket, never below the smallest bucket's."""
+        ROW_GRAIN, never below the smallest bucket's): one table for every bucket, as a row's
+        cost is its own length's (rounded up, it may pass its bucket by < ROW_GRAIN)."""
         base = self.decode.decode_call_s(batch, self._dbuckets[0], steps)
         top = self.shape.max_seq_len // ROW_GRAIN + steps + 2
-        at = [min(k * ROW_GRAIN, ctx) for k in range(top)]
-        return base, [max(self.decode.decode_call_s(batch, n, steps) - base, 0.0) / batch
-                      for n in at]  # fmt: skip
+        return base, [max(self.decode.decode_call_s(batch, k * ROW_GRAIN, steps) - base, 0.0)
+                      / batch for k in range(top)]  # fmt: skip
 
     def generate(self, now: float) -> float:
         """One generate call from `now`; returns when its tokens reach the clients."""
