@@ -123,7 +123,7 @@ def app_argv(args: argparse.Namespace, tp: int, devices: int | None, log_dir: Pa
     argv = ["--model", args.model, "--tp", str(tp), "--log-dir", str(log_dir)]
     if devices is not None:
         argv += ["--host-devices", str(devices)]
-    for flag in ("slots", "input_len", "output_len", "run_seconds"):
+    for flag in ("slots", "input_len", "output_len", "length_spread", "run_seconds"):
         value = getattr(args, flag)
         if value is not None:
             argv += ["--" + flag.replace("_", "-"), f"{value:g}"]
@@ -303,9 +303,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a(
         "--input-len",
         type=int,
-        help="the app's --input-len (default 128; tiny: input + output <= 255)",
+        help="the app's --input-len (default 128; tiny: the longest input + output <= 255)",
     )
     a("--output-len", type=int, help="the app's --output-len (default 128)")
+    a("--length-spread", type=float, help="the app's --length-spread (default 0.25)")
     a("--run-seconds", type=float, help="the app's --run-seconds (default 30)")
     where = p.add_mutually_exclusive_group()
     where.add_argument(
@@ -338,11 +339,19 @@ def check_lengths(args: argparse.Namespace) -> str | None:
         model_max = specs.load_model(args.model).max_seq_len
     except specs.SpecError as exc:
         return str(exc)
-    need = (args.input_len or 128) + (args.output_len or 128) + 1  # the app's defaults + BOS
+    from scaletui.tui.knobs import Knobs
+
+    given = {k: getattr(args, k) for k in ("input_len", "output_len", "length_spread")}
+    try:  # the app's defaults for what is not given
+        knobs = Knobs(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        return str(exc)
+    need = knobs.longest + 1  # + BOS
     if model_max and need > model_max:
         return (
-            f"input + output + BOS = {need} is past {args.model}'s max_seq_len {model_max}: "
-            "pass shorter --input-len / --output-len"
+            f"the longest input + output + BOS = {need} ({knobs.lengths_label()}) is past "
+            f"{args.model}'s max_seq_len {model_max}: pass shorter --input-len / --output-len "
+            "or a smaller --length-spread"
         )
     return None
 

@@ -337,6 +337,10 @@ async def test_palette_commands_edit_load_and_hardware(tmp_path):
         assert app.state.prediction().hardware == "tpu-v5e"
         app.command("hardware nosuchchip")
         assert app.state.knobs.hardware == "tpu-v5e"
+        app.command("spread 0")
+        assert app.state.knobs.length_spread == 0
+        app.command("spread 1.5")  # refused, said, nothing lost
+        assert app.state.knobs.length_spread == 0 and app.state.knobs.input_len == 64
         await pilot.press("colon")
         await pilot.pause()
         assert app.screen.__class__.__name__ == "CommandPalette"

@@ -22,7 +22,7 @@ from scaletui.tui.knobs import Knobs
 from scaletui.tui.predict import predict
 from scaletui.tui.state import SessionState
 
-KNOBS = Knobs(slots=4, input_len=32, output_len=32)
+KNOBS = Knobs(slots=4, input_len=32, output_len=32, length_spread=0)  # lengths by hand
 CONFIG = {  # the /stats "config" of a tiny server
     "model": "tiny",
     "slots": 4,
@@ -193,7 +193,7 @@ def test_open_loop_below_capacity_carries_the_offered_load():
     e = expect(
         load_model("tiny"),
         None,
-        Knobs(slots=4, input_len=32, output_len=32, load="qps", rate=2.0),
+        Knobs(slots=4, input_len=32, output_len=32, length_spread=0, load="qps", rate=2.0),
         ServerConfig(max_seq_len=256),
     )
     # 2 req/s x 32 tokens, far below the 2.7k tok/s the hand fit carries; one request at a
@@ -234,3 +234,43 @@ def test_fits_are_looked_up_by_the_kernels_that_run():
     # a staged mesh runs what auto resolves to there, not what runs now
     assert ServerConfig.from_stats(config, Knobs(tp=2), 2048).kernels == "auto"
     assert fit_lookup({**config, "kernels_running": "none"}).kernels == "auto"
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        Knobs(),
+        Knobs(length_spread=0),
+        Knobs(slots=4, load="qps", rate=3.0, input_len=64, output_len=32, length_spread=0.5),
+    ],
+    ids=["default", "fixed", "open-loop"],
+)
+def test_the_simulated_load_is_the_request_list_loadgen_sends(knobs):
+    """The TUI's loadgen command, parsed as loadgen parses it, draws the very offsets and
+    lengths the expectation simulates (+ the server's BOS on each prompt)."""
+    from scaletui.loadgen import cli as loadgen_cli
+    from scaletui.loadgen.workload import schedule
+    from scaletui.tui.loadrun import LoadRunner
+
+    cmd = LoadRunner("http://x", "py", None, lambda *_: None, set()).command(knobs, 30)
+    sent = loadgen_cli.workload_from(loadgen_cli.build_parser().parse_args(cmd[3:]))
+    load = tui_expect.tui_load(knobs, ServerConfig(max_seq_len=512))
+    offsets, inp, out = schedule(sent, len(load.offsets))
+    assert load.offsets.tolist() == pytest.approx(offsets.tolist())
+    assert (load.input_len == inp + 1).all() and (load.output_len == out).all()
+    assert load.closed_loop == (knobs.load == "concurrency")
+    lo, hi = knobs.output_len - knobs.output_spread, knobs.output_len + knobs.output_spread
+    assert out.min() >= lo and out.max() <= hi
+    assert (out.min() < out.max()) == (knobs.length_spread > 0)  # spread only when asked
+    assert inp.max() + 1 + out.max() <= knobs.longest + 1
+
+
+def test_the_longest_request_must_fit_the_server():
+    """A spread that takes the longest request past max_seq_len is refused, with the lengths."""
+    save_fit(hand_fit())
+    knobs = Knobs(slots=4, input_len=100, output_len=100)  # fixed: 201 fits 256, +-30%: 261 not
+    assert expect(load_model("tiny"), None, replace(knobs, length_spread=0),
+                  ServerConfig(max_seq_len=256)).tok_s  # fmt: skip
+    with pytest.raises(ValueError, match=r"261 \(in 100±30 out 100±30\).*max_seq_len 256"):
+        expect(load_model("tiny"), None, replace(knobs, length_spread=0.3),
+               ServerConfig(max_seq_len=256))  # fmt: skip

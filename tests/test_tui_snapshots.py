@@ -13,7 +13,9 @@ FIXTURE = "tests/data/tui_tiny_session.jsonl"
 
 
 def replay_app() -> ScaleTUI:
-    knobs = Knobs(slots=4, input_len=32, output_len=32, hardware="h100")
+    knobs = Knobs(
+        slots=4, input_len=32, output_len=32, length_spread=0, hardware="h100"
+    )  # as recorded
     model = SessionState(knobs, "tiny", phase="replay")
     return ScaleTUI(source=ReplaySource(read_replay(FIXTURE)), state=model, refresh_interval=None)
 

@@ -11,18 +11,16 @@ table, or (`--json`, `--out FILE`) loadgen's summary JSON keys.
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-import numpy as np
 import orjson
 
 from scaletui.loadgen import cli as loadgen_cli
 from scaletui.loadgen.output import table
-from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Workload, iter_requests
+from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Workload, schedule
 from scaletui.roofline.costmodel import COMPUTE_DTYPES, DTYPE_BYTES, CostModel
 from scaletui.roofline.fitstore import load_fit, stored_fits
 from scaletui.roofline.simulate import (
@@ -126,18 +124,6 @@ def workload_from(args: argparse.Namespace) -> Workload:
     return loadgen_cli.workload_from(as_loadgen)
 
 
-def draw(workload: Workload, n: int | None, duration: float | None) -> tuple[np.ndarray, ...]:
-    """(offsets, input_len, output_len) of the first n requests, or of those an open loop
-    schedules before `duration`."""
-    rows = []
-    for spec in itertools.islice(iter_requests(workload), n or MAX_REQUESTS):
-        if n is None and not workload.closed_loop and spec.offset >= duration:
-            break
-        rows.append((spec.offset, spec.input_len, spec.max_tokens))
-    offsets, inp, out = zip(*rows, strict=True) if rows else ((), (), ())
-    return np.array(offsets, float), np.array(inp, int), np.array(out, int)
-
-
 def precision(args: argparse.Namespace, dtype: str) -> dict:
     """dtype, weight_dtype and kv_dtype for `dtype` (the compute dtype) and the flags; like the
     server, refuses weights or KV stored wider than they are computed."""
@@ -228,7 +214,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     bos = BOS_TOKENS if args.prompt_format == "text" or args.dataset else 0  # BOS, then the prompt
     t0 = time.perf_counter()
     while True:
-        offsets, inp, out = draw(workload, take, args.duration)
+        offsets, inp, out = schedule(workload, take, args.duration, MAX_REQUESTS)
         inp = inp + bos
         load = Load(offsets, inp, out, concurrency=args.concurrency,
                     closed_loop=workload.closed_loop, duration=args.duration,

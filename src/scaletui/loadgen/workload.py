@@ -9,6 +9,7 @@ precomputed and absolute (seconds after the run's t0): Poisson, gamma with vLLM'
 
 from __future__ import annotations
 
+import itertools
 import math
 import string
 from collections.abc import Iterator
@@ -213,3 +214,17 @@ def iter_requests(workload: Workload) -> Iterator[RequestSpec]:
         if i and gaps is not None:
             offset += next(gaps)
         yield RequestSpec(i, offset, body, input_len + w.prefix_len, max_tokens, cancel_after)
+
+
+def schedule(
+    workload: Workload, n: int | None, duration: float | None = None, most: int = 1_000_000
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets, input_len, output_len) of the first n requests as `iter_requests` draws them,
+    or (n None) of those an open loop schedules before `duration`, at most `most`."""
+    rows = []
+    for spec in itertools.islice(iter_requests(workload), n or most):
+        if n is None and not workload.closed_loop and spec.offset >= (duration or 0.0):
+            break
+        rows.append((spec.offset, spec.input_len, spec.max_tokens))
+    offsets, inp, out = zip(*rows, strict=True) if rows else ((), (), ())
+    return np.array(offsets, float), np.array(inp, int), np.array(out, int)

@@ -56,6 +56,12 @@ def parser() -> argparse.ArgumentParser:
     a("--concurrency", type=int, default=0, help="closed-loop concurrency (default: = slots)")
     a("--input-len", type=int, default=128)
     a("--output-len", type=int, default=128)
+    a(
+        "--length-spread",
+        type=float,
+        default=0.25,
+        help="input and output lengths uniform within +- this fraction of each (0: fixed)",
+    )
     a("--run-seconds", type=float, default=30.0, help="length of one run")
     a("--once", action="store_true", help="one run, then wait for r (default: runs repeat)")
     a("--no-load", action="store_true", help="start the server but no load until r")
@@ -95,6 +101,7 @@ def build(
         rate=args.qps or float(args.concurrency),
         input_len=args.input_len,
         output_len=args.output_len,
+        length_spread=args.length_spread,
         hardware=args.hardware,
     )
 

@@ -4,9 +4,10 @@ The cost model is the stored fit for the server's configuration (`fitstore.find_
 precision, tp, dp, kernels; written by `scaletui calibrate --model M`), else the hardware spec's
 roofs times assumed efficiencies (`CostModel.assumed`, at the same precision), said plainly. The
 precision is the knobs' (a pending `w`/`k` edit), else the server's. The load is the TUI's
-own: fixed input/output lengths (the server prepends a BOS token to each prompt), a closed loop
-at the knobs' concurrency or loadgen's own Poisson offsets at the knobs' rate (seed 0, as a
-loadgen run draws them), a few hundred requests. Results are memoized on every input, the fits'
+own, drawn by loadgen's own `schedule` with the run's flags and seed 0, so the same request
+list: input/output lengths uniform within the knobs' spread (the server prepends a BOS token to
+each prompt), a closed loop at the knobs' concurrency or Poisson offsets at the knobs' rate, a
+few hundred requests. Results are memoized on every input, the fits'
 `generation` included (the session bumps it whenever a fit is written), as `predict_cached` does.
 """
 
@@ -18,10 +19,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from scaletui import specs
-from scaletui.loadgen.workload import arrival_offsets
+from scaletui.loadgen.workload import Lengths, Workload, schedule
 from scaletui.roofline.costmodel import DTYPE_BYTES, CostModel
 from scaletui.roofline.fitstore import fits_dir, load_fit
 from scaletui.roofline.simulate import BOS_TOKENS as BOS
@@ -203,27 +202,33 @@ def server_shape(knobs: Knobs, cfg: ServerConfig) -> ServerShape:
     )
 
 
+def tui_workload(knobs: Knobs) -> Workload:
+    """The workload a TUI run sends (`LoadRun.command`'s loadgen flags, seed 0)."""
+    dist = "uniform" if knobs.length_spread else "fixed"
+    return Workload(
+        input=Lengths(knobs.input_len, dist, knobs.input_spread),
+        output=Lengths(knobs.output_len, dist, knobs.output_spread),
+        qps=knobs.rate if knobs.load == "qps" else None,
+        concurrency=None if knobs.load == "qps" else knobs.concurrency,
+    )
+
+
 def tui_load(knobs: Knobs, cfg: ServerConfig, budget: int = TOKEN_CHUNKS) -> Load:
     """The TUI's load as loadgen sends it: closed loop at the knobs' concurrency (16 waves of
-    it), or Poisson arrivals at the knobs' rate (loadgen's own offsets, seed 0); as many
-    requests as `budget` generate-call chunks allow, at least 32."""
+    it), or Poisson arrivals at the knobs' rate; as many requests as `budget` generate-call
+    chunks allow, at least 32."""
     chunks = math.ceil(knobs.output_len / cfg.decode_steps)
     most = max(32, budget // chunks)
-    if knobs.load == "qps":
-        n = min(100, most)
-        offsets = arrival_offsets(n, knobs.rate)
-        closed, concurrency = False, None
-    else:
-        concurrency = knobs.concurrency
-        n = max(32, min(16 * concurrency, 512, most))
-        offsets, closed = np.zeros(n), True
+    closed = knobs.load != "qps"
+    n = max(32, min(16 * knobs.concurrency, 512, most)) if closed else min(100, most)
+    offsets, inp, out = schedule(tui_workload(knobs), n)
     return Load(
         offsets,
-        np.full(n, knobs.input_len + BOS),
-        np.full(n, knobs.output_len),
-        concurrency=concurrency,
+        inp + BOS,
+        out,
+        concurrency=knobs.concurrency if closed else None,
         closed_loop=closed,
-        requested_rate=knobs.rate if knobs.load == "qps" else None,
+        requested_rate=None if closed else knobs.rate,
     )
 
 
@@ -233,7 +238,7 @@ def decode_step_s(cost: CostModel, knobs: Knobs, cfg: ServerConfig) -> float:
     generate call (else its `mean_step_ms`, averaged over its calls as /stats
     `per_token_mean` averages the server's)."""
     shape = server_shape(knobs, cfg)
-    need = min(knobs.input_len + BOS + knobs.output_len, cfg.max_seq_len)
+    need = min(knobs.longest + BOS, cfg.max_seq_len)
     ctx = next((b for b in shape.decode_buckets if b >= need), shape.decode_buckets[-1])
     return cost.decode_call_s(knobs.slots, ctx, cfg.decode_steps) / cfg.decode_steps
 
@@ -248,10 +253,10 @@ def expect(
 ) -> Expectation:
     """Simulate the knobs' load on the server they describe (ValueError: why not)."""
     decode, prefill, choice = cost_models(model, hardware, knobs, cfg, use_fits)
-    if knobs.input_len + BOS + knobs.output_len > cfg.max_seq_len:
+    if knobs.longest + BOS > cfg.max_seq_len:
         raise ValueError(
-            f"input + output + BOS = {knobs.input_len + knobs.output_len + BOS} is past the "
-            f"server's max_seq_len {cfg.max_seq_len}: every request would fail"
+            f"the longest input + output + BOS = {knobs.longest + BOS} ({knobs.lengths_label()}) "
+            f"is past the server's max_seq_len {cfg.max_seq_len}: requests would fail"
         )
     s = simulate(server_shape(knobs, cfg), decode, tui_load(knobs, cfg, budget), prefill).summary
     ms = lambda key: s.get(key)  # noqa: E731 - None when nothing completed

@@ -106,10 +106,10 @@ def serve_command(
 
 def serve_max_seq_len(knobs: Knobs, model_max: int | None) -> int:
     """The embedded server's --max-seq-len: fewer prompt buckets to compile than the server's
-    1024 default, room for 512 tokens, or the next power of two above input + output + 1 (the
-    tokenizer's BOS), capped at the model's own limit."""
+    1024 default, room for 512 tokens, or the next power of two above the longest input + output
+    + 1 (the tokenizer's BOS), capped at the model's own limit."""
     need = 512
-    while need < knobs.input_len + knobs.output_len + 1:
+    while need < knobs.longest + 1:
         need *= 2
     return min(need, model_max) if model_max else need
 

@@ -33,6 +33,7 @@ class Knobs:
     rate: float = 0.0  # concurrency or req/s; concurrency 0 = follow slots
     input_len: int = 128  # prompt tokens per request
     output_len: int = 128  # generated tokens per request
+    length_spread: float = 0.25  # lengths uniform within +- this fraction of each (0: fixed)
     hardware: str = ""  # spec for predictions; "" = local if calibrated, else a fallback
 
     def __post_init__(self) -> None:
@@ -60,6 +61,8 @@ class Knobs:
             raise ValueError(
                 f"input/output lengths must be >= 1, got {self.input_len}/{self.output_len}"
             )
+        if not 0 <= self.length_spread < 1:
+            raise ValueError(f"length_spread must be in [0, 1), got {self.length_spread}")
         if self.slots % self.dp:
             raise ValueError(f"slots ({self.slots}) must be a multiple of dp ({self.dp})")
 
@@ -71,6 +74,30 @@ class Knobs:
     def concurrency(self) -> int:
         """Closed-loop concurrency: the explicit value, or the slot count when following it."""
         return int(self.rate) if self.rate >= 1 else self.slots
+
+    @property
+    def input_spread(self) -> int:
+        """Prompt tokens either side of `input_len` (loadgen's `--input-spread`)."""
+        return round(self.length_spread * self.input_len)
+
+    @property
+    def output_spread(self) -> int:
+        """Generated tokens either side of `output_len` (loadgen's `--output-spread`)."""
+        return round(self.length_spread * self.output_len)
+
+    @property
+    def longest(self) -> int:
+        """The most tokens one request holds: its longest prompt plus its longest output."""
+        return self.input_len + self.input_spread + self.output_len + self.output_spread
+
+    def lengths_label(self) -> str:
+        """'in 128±32 out 128±32', or 'in 128 out 128' when the lengths are fixed."""
+
+        def pm(mean: int, spread: int) -> str:
+            return f"{mean}±{spread}" if spread else str(mean)
+
+        inp, out = pm(self.input_len, self.input_spread), pm(self.output_len, self.output_spread)
+        return f"in {inp} out {out}"
 
     def load_label(self, short: bool = False) -> str:
         if self.load == "qps":
@@ -92,8 +119,10 @@ class Knobs:
 
     @classmethod
     def from_dict(cls, data: dict) -> Knobs:
+        """Knobs from `to_dict`'s output (a recorded session's); a recording made before the
+        lengths had a spread ran them fixed."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**{"length_spread": 0.0, **{k: v for k, v in data.items() if k in names}})
 
     def with_server(self, config: dict) -> Knobs:
         """These knobs with the server-side keys taken from a /stats "config"."""

@@ -46,6 +46,9 @@ class LoadRunner:
         else:
             cmd += ["--concurrency", str(knobs.concurrency)]
         cmd += ["--input-len", str(knobs.input_len), "--output-len", str(knobs.output_len)]
+        if knobs.length_spread:  # loadgen draws them (seed 0), as the expectation does
+            for side, spread in (("input", knobs.input_spread), ("output", knobs.output_spread)):
+                cmd += [f"--{side}-dist", "uniform", f"--{side}-spread", str(spread)]
         return cmd + ["--duration", f"{duration:g}", "--jsonl", "-", "--quiet"]
 
     @property
@@ -63,8 +66,7 @@ class LoadRunner:
             "config", {"run": self._run, "kind": kind, "first": first, "knobs": knobs.to_dict()}
         )
         self.event(
-            f"run {self._run}: {knobs.load_label()} in {knobs.input_len} "
-            f"out {knobs.output_len} for {duration:g} s"
+            f"run {self._run}: {knobs.load_label()} {knobs.lengths_label()} for {duration:g} s"
         )
         with self.log_path.open("ab") as err:
             self.proc = proc = await asyncio.create_subprocess_exec(

@@ -21,8 +21,13 @@ ROWS = (
     ("load", "load", ":"),
     ("input_len", "input len", ":"),
     ("output_len", "output len", ":"),
+    ("length_spread", "len spread", ":"),
     ("hardware", "predict on", ":"),
 )
+
+
+def spread_label(spread: float) -> str:
+    return f"±{spread:.0%}" if spread else "fixed"
 
 
 class KnobsPanel(Static):
@@ -36,6 +41,9 @@ class KnobsPanel(Static):
                 now, new = v.applied.load_label(), v.knobs.load_label()
             elif key in ("weights", "kv"):  # resolved: "" reads as the server's own dtype
                 now, new = getattr(v.precision_applied, key), getattr(v.precision, key)
+            elif key == "length_spread":  # 0.25 -> ±25%
+                now = spread_label(v.applied.length_spread)
+                new = spread_label(v.knobs.length_spread)
             elif key == "hardware":
                 now = v.applied.hardware or f"auto ({v.hardware})"
                 new = v.knobs.hardware or now
