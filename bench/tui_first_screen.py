@@ -4,21 +4,21 @@ TTFT p50, TPOT p50, decode step and output tok/s, at tp 1 and tp 2 on virtual CP
 Per tp, the real app (`scaletui --model M --tp T --host-devices N`, every other flag at its
 default) runs headless under Textual's `App.run_test()`: it calibrates this host, starts the
 server, fits the server's cost model (`scaletui calibrate --model M ... --quick`) and starts the
-default load (closed loop at concurrency = slots, 30 s runs back to back), all as a user would
-see it. The app is built by `scaletui.tui.app.build`, as `scaletui` builds it. Once the
-state says the fit is ready (`state.fit`: fitted now, or a stored fit found) and requests
-complete, the bench waits --warmup s, then samples the KPI panel's view model
-(`build_view(app.state).kpi(key)`, whose measured latencies pool the run's last 5 s) once a
-second for --seconds and judges the median of the measured values against the expected one;
+default load (closed loop at concurrency = slots, 128 / 128 tokens within +-25 %, 30 s runs back
+to back), all as a user would see it. The app is built by `scaletui.tui.app.build`, as
+`scaletui` builds it. Once the state says the fit is ready (`state.fit`: fitted now, or a stored
+fit found) and requests complete, the bench waits --warmup s, then samples the KPI panel's view
+model (`build_view(app.state).kpi(key)`, whose measured latencies pool the run's last 5 s) once
+a second for --seconds and judges the median of the measured values against the expected one;
 then it quits the app with `q` (which stops its children). The config dir is a fresh temporary
 one (no `local` spec, no fits: a fresh machine; shared by the tps of one invocation) unless
 --config-dir or --keep-config.
 
-How long, on a busy 2-core CPU with `small`: about 3 min per tp on a fresh config dir (host
-calibration ~15 s, once; server start ~45 s; cost-model fit ~60 s; first completions ~130 s after
-start; then --warmup 15 + --seconds 45), so ~6.5 min for tp 1 and 2; about 2 min per tp when
---config-dir already holds the fits. `tiny` is a smoke test only (overheads dominate its sub-ms
-steps, so its ratios are not meant to pass).
+How long, on a busy 2-core CPU with `small` and JAX's compile cache warm: about 2 min per tp on
+a fresh config dir (host calibration ~15 s, once; server start ~10 s; cost-model fit 20-50 s;
+first completions 50-85 s after start; then --warmup 15 + --seconds 45), 4.4 min for tp 1 and 2;
+add about 30 s per tp with a cold compile cache. `tiny` is a smoke test only (overheads dominate
+its sub-ms steps, so its ratios are not meant to pass).
 
     .venv/bin/python bench/tui_first_screen.py                    # small, tp 1 and 2
     .venv/bin/python bench/tui_first_screen.py --model tiny --input-len 32 --output-len 32 \
