@@ -203,7 +203,7 @@ def server_shape(knobs: Knobs, cfg: ServerConfig) -> ServerShape:
 
 
 def tui_workload(knobs: Knobs) -> Workload:
-    """The workload a TUI run sends (`LoadRun.command`'s loadgen flags, seed 0)."""
+    """The workload a TUI run sends (`LoadRunner.command`'s loadgen flags, seed 0)."""
     dist = "uniform" if knobs.length_spread else "fixed"
     return Workload(
         input=Lengths(knobs.input_len, dist, knobs.input_spread),
