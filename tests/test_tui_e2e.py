@@ -75,7 +75,8 @@ async def wait_for(predicate, seconds: float) -> bool:
 async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))  # no `local` spec yet
     assert "local" not in specs.hardware_names()
-    knobs = Knobs(slots=2, input_len=6, output_len=8)  # hardware "": local, calibrated if missing
+    # fixed lengths (one prompt bucket: BOS+6+8 <= 16); hardware "": local, calibrated if missing
+    knobs = Knobs(slots=2, input_len=6, output_len=8, length_spread=0)
     ctl = Controller(
         model="tiny",
         knobs=knobs,
