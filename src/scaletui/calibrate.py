@@ -134,13 +134,19 @@ def _median_time(
     """Warm up once (compiles), then time at least `reps` runs and for at least `min_time_s`;
     `fn` must block until its result is ready. A longer window evens out a busy host's load."""
     fn()
+    times = _runs(fn, reps, min_time_s)
+    return statistics.median(times), times
+
+
+def _runs(fn: Callable[[], object], reps: int, min_time_s: float) -> list[float]:
+    """Seconds of each of at least `reps` calls of `fn`, timed for at least `min_time_s`."""
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < reps or time.perf_counter() - start < min_time_s:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
+    return times
 
 
 class _Passes:
@@ -164,12 +170,7 @@ class _Passes:
     def run(self) -> None:
         """One pass over every figure."""
         for name, fn in self.fns.items():
-            times: list[float] = []
-            start = time.perf_counter()
-            while len(times) < self.per or time.perf_counter() - start < self.min_s:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
+            times = _runs(fn, self.per, self.min_s)
             self.runs[name] += times
             self.medians[name].append(statistics.median(times))
 
