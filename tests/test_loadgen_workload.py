@@ -116,3 +116,19 @@ def test_bad_workloads_name_the_value(kwargs, message):
 def test_missing_dataset_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="cannot read ShareGPT dataset"):
         next(iter_requests(Workload(qps=1.0, dataset=str(tmp_path / "none.json"))))
+
+
+@pytest.mark.parametrize("qps", [None, 20.0], ids=["closed", "poisson"])
+def test_schedule_draws_the_requests_iter_requests_sends(qps):
+    """schedule skips the prompt text, not a request's offset or lengths (each has its own
+    random stream), with a spread, a normal output and a shared prefix."""
+    from scaletui.loadgen.workload import schedule
+
+    w = Workload(input=Lengths(64, "uniform", 16), output=Lengths(32, "normal", 8), qps=qps,
+                 concurrency=None if qps else 4, prefix_len=5, prefix_groups=3, seed=7)  # fmt: skip
+    offsets, inp, out = schedule(w, 200)
+    sent = list(islice(iter_requests(w), 200))
+    assert offsets.tolist() == [r.offset for r in sent]
+    assert inp.tolist() == [r.input_len for r in sent]
+    assert out.tolist() == [r.max_tokens for r in sent]
+    assert len(set(inp.tolist())) > 10  # the spread is drawn

@@ -180,13 +180,26 @@ def _ids(rng: np.random.Generator, n: int) -> list[int]:
     return rng.integers(ID_LOW, ID_HIGH, size=n).tolist()
 
 
-def iter_requests(workload: Workload) -> Iterator[RequestSpec]:
-    """The endless, deterministic request stream of a workload (take what the run needs)."""
+def _no_ids(rng: np.random.Generator, n: int) -> list[int]:
+    return []
+
+
+def _no_text(rng: np.random.Generator, n: int) -> str:
+    return ""
+
+
+def iter_requests(workload: Workload, prompts: bool = True) -> Iterator[RequestSpec]:
+    """The endless, deterministic request stream of a workload (take what the run needs).
+    `prompts=False` leaves synthetic prompts empty (their lengths, offsets and cancels are the
+    same: each has its own random stream) for a caller that needs only the shapes."""
     w = workload
     rng_len = np.random.default_rng([w.seed, 2])
     rng_prompt = np.random.default_rng([w.seed, 3])
     rng_cancel = np.random.default_rng([w.seed, 4])
-    make = _ids if w.prompt_format == "ids" else _text
+    if prompts:
+        make = _ids if w.prompt_format == "ids" else _text
+    else:
+        make = _no_ids if w.prompt_format == "ids" else _no_text
     prefixes = [make(rng_prompt, w.prefix_len) for _ in range(w.prefix_groups)]
     pairs = load_sharegpt(w.dataset) if w.dataset else None
     if pairs is not None:
@@ -220,9 +233,10 @@ def schedule(
     workload: Workload, n: int | None, duration: float | None = None, most: int = 1_000_000
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(offsets, input_len, output_len) of the first n requests as `iter_requests` draws them,
-    or (n None) of those an open loop schedules before `duration`, at most `most`."""
+    or (n None) of those an open loop schedules before `duration`, at most `most`; no prompt
+    text is made."""
     rows = []
-    for spec in itertools.islice(iter_requests(workload), n or most):
+    for spec in itertools.islice(iter_requests(workload, prompts=False), n or most):
         if n is None and not workload.closed_loop and spec.offset >= (duration or 0.0):
             break
         rows.append((spec.offset, spec.input_len, spec.max_tokens))
