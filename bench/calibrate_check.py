@@ -88,7 +88,7 @@ def engine_read_bw(min_bytes: int = 1 << 30, passes: int = 3) -> tuple[float, st
     return (
         nbytes / step,
         f"{m.name}: {nbytes / 2**30:.2f} GiB f32, step {step * 1e3:.1f} ms, the fastest of {each}",
-    )  # noqa: E501
+    )
 
 
 def main() -> int:
