@@ -514,7 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--calls", type=int, default=3, help="timed calls per point and pass")
     a("--rounds", type=int, default=8, help="round-robin passes over the grid (median of all "
       "calls; on the 2-vCPU Zen 4, 3 passes let a slow spell move single held-out points 30-56 "
-      "%% off their neighbours, 16 of 108 past 20 %%; 8 passes: 4 of 108, twice the time)")
+      "%% off their neighbours, 16 of 108 past 20 %%; 8 passes: 4 of 108, twice the time)",
+      )  # fmt: skip
     a("--max-seq-len", type=int, default=2048, help="decode engines (capped at the model's)")
     a("--decode-steps", type=int, default=4, help="steps per generate call (and 1)")
     a("--dtype", choices=("auto", "f32", "bf16"), default="auto",
