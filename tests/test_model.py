@@ -63,18 +63,19 @@ def test_chunked_prefill_equals_full_forward(tiny):
     np.testing.assert_allclose(last, full[39], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kv", ["f32", "int8"])
+@pytest.mark.parametrize("kv", ["f32", "int8", "bf16-bits"])
 def test_paged_prefill_in_chunks_and_over_a_shared_prefix_equals_full_forward(tiny, kv):
     """Prefill straight into pages, in chunks that end mid-page, then a second sequence that
     shares the first two pages (a cached prefix) and prefills only its own tokens; both then
-    decode. Logits equal the full forward's (int8: close to it)."""
+    decode. Logits equal the full forward's (int8, bf16 stored as its bits: close to it)."""
     m, params = tiny
     rng = np.random.default_rng(2)
     a = rng.integers(0, m.vocab_size, 40).astype(np.int32)
     b = np.concatenate([a[:16], rng.integers(0, m.vocab_size, 14)]).astype(np.int32)
     tol = {"rtol": 1e-4, "atol": 1e-4} if kv == "f32" else {"rtol": 0.1, "atol": 0.1}
-    dtype = jnp.float32 if kv == "f32" else jnp.int8
-    state = kv_cache.empty_state(m, 2, 12, 8, dtype)
+    dtype = {"f32": jnp.float32, "int8": jnp.int8, "bf16-bits": jnp.bfloat16}[kv]
+    state = kv_cache.empty_state(m, 2, 12, 8, dtype, bits=kv == "bf16-bits")
+    assert state.cache[0]["k"].dtype == kv_cache.pool_dtype(dtype, bits=kv == "bf16-bits")
     cache = state.cache
     pages_a = jnp.asarray([7, 2, 9, 4, 11, 0], jnp.int32)  # 0: scratch past its 5 pages
     pages_b = jnp.asarray([7, 2, 5, 1, 0, 0], jnp.int32)  # a's first two pages, then its own
@@ -134,3 +135,29 @@ class _Params:
     ignore_eos: bool = True
     temperature: float = 0.0
     top_p: float = 1.0
+
+
+def test_a_bf16_pool_stored_as_bits_is_written_in_place_and_reads_back_exactly(tiny):
+    """XLA CPU runs a bf16 dynamic-update-slice in f32 over the whole operand; a pool stored as
+    its uint16 bits takes a page write without any pool-sized conversion (the compiled write
+    holds no f32 or bf16 buffer of the pool's shape), and its pages read back bit for bit."""
+    import jax
+
+    m, _ = tiny
+    pool = kv_cache.empty_state(m, 2, 64, 8, jnp.bfloat16, bits=True).cache[0]
+    assert pool["k"].dtype == jnp.uint16
+    rng = np.random.default_rng(3)
+    entry = tuple(jnp.asarray(rng.standard_normal((16, m.n_kv_heads, m.head_dim)), jnp.bfloat16)
+                  for _ in range(2))  # fmt: skip
+    pages = jnp.asarray([5, 9], jnp.int32)
+    write = jax.jit(kv_cache.write_pages, donate_argnums=0)
+    hlo = write.lower(pool, entry, pages).compile().as_text()
+    pool_dims = ",".join(map(str, pool["k"].shape))
+    assert f"f32[{pool_dims}]" not in hlo and f"bf16[{pool_dims}]" not in hlo
+    pool = write(pool, entry, pages)
+    got = model.gather_pages([pool], pages)[0]  # page-major: k [W, K, H, S], v [W, K, S, H]
+    assert got["k"].dtype == jnp.bfloat16
+    k = np.asarray(got["k"]).transpose(0, 3, 1, 2).reshape(16, m.n_kv_heads, m.head_dim)
+    v = np.asarray(got["v"]).transpose(0, 2, 1, 3).reshape(16, m.n_kv_heads, m.head_dim)
+    np.testing.assert_array_equal(k, np.asarray(entry[0]))
+    np.testing.assert_array_equal(v, np.asarray(entry[1]))

@@ -33,7 +33,9 @@ __all__ = [
 # 2: the native bf16 kernels stopped copying a table per generate call (2026-12-02), the fit
 # records the kernels auto resolved to, and prefill is timed into pages as the server runs it
 # 3: every KV bucket timed at the server's slots (2026-12-03): a fit of 2 interpolated there
-FIT_VERSION = 3
+# 4: a bf16 KV pool on CPU is written in place (kv_cache.pool_dtype, 2026-12-03): a paged
+# prefill no longer rewrites the whole pool, so its time stopped growing with slots x max_seq_len
+FIT_VERSION = 4
 
 
 ENGINE_PACKAGES = ("jax", "jaxlib")

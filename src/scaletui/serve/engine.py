@@ -108,6 +108,9 @@ class JaxEngine:
             else:
                 self.ops = model.xla_ops(compute=self.dtype, panel=panel, replicas=dp)
             self.params = weights.place(host_params, m, self.mesh)
+        # a bf16 pool as its bits on CPU (kv_cache: XLA CPU would rewrite the whole pool per page
+        # written); Pallas' kernels, interpreted on CPU as well, read bf16
+        self.kv_bits = platform == "cpu" and kernels != "pallas"
         buckets = tuple(b for b in config.prefill_buckets if b <= self.max_seq_len)
         self.prefill_buckets = buckets or (self.max_seq_len,)
         self.chunk = self.prefill_buckets[-1]
@@ -259,7 +262,7 @@ class JaxEngine:
     def _empty_state(self) -> DecodeState:
         pages = self.replicas * self.pages
         return kv_cache.empty_state(self.model, self.rows, pages, self.page_size, self.kv_dtype,
-                                    self.ops.layout)  # fmt: skip
+                                    self.ops.layout, self.kv_bits)  # fmt: skip
 
     def _insert_exe(self, t: int) -> object:
         if ("insert", t) in self._exes:

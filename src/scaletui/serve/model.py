@@ -147,7 +147,9 @@ def native_out(p: dict, o: jax.Array, m: ModelSpec) -> jax.Array:
 def native_decode_attention(q, k, v, positions, pages, layer: dict) -> tuple:
     """The native kernel over an f32, bf16 or int8 pool (unsharded: page ids are global):
     writes and attends exactly each row's live positions, reading its pages in place."""
-    step = quant.store_kv(k, v, layer["k"].dtype)
+    stored = layer["k"].dtype
+    step = quant.store_kv(k, v, kv_cache.value_dtype(stored))
+    step = (*(kv_cache.to_pool(a, stored) for a in step[:2]), *step[2:])  # the kernel's types
     o, layer = native_ops.decode_attention(q.astype(jnp.float32), step, positions, pages, layer)
     return o.astype(q.dtype), layer
 
@@ -245,11 +247,12 @@ def gather_pages(
     {"k": [W, K, H, S], "v": [W, K, S, H]} (int8: and scales [W, K, S]), for
     `prefill_paged`'s `prior`."""
     if layout == kv_cache.PAGE_MAJOR:
-        return [{name: buf[pages] for name, buf in layer.items()} for layer in cache]
+        return [{name: kv_cache.take_pages(buf, pages) for name, buf in layer.items()}
+                for layer in cache]  # fmt: skip
     # head-major [K, P, S, H] -> page-major (a sequence's pages only, so the transpose is small)
     perm = {"k": (1, 0, 3, 2), "v": (1, 0, 2, 3), "k_scale": (1, 0, 2), "v_scale": (1, 0, 2)}
-    return [{name: jnp.transpose(buf[:, pages], perm[name]) for name, buf in layer.items()}
-            for layer in cache]  # fmt: skip
+    return [{name: jnp.transpose(kv_cache.take_pages(buf, pages, axis=1), perm[name])
+             for name, buf in layer.items()} for layer in cache]  # fmt: skip
 
 
 def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
@@ -325,7 +328,7 @@ def prefill_paged(
     out = []
     for layer, seen, p in zip(cache, prior, params["layers"], strict=True):
         q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
-        entry = quant.store_kv(k[0], v[0], layer["k"].dtype)  # [T, K, H] (+ scales [T, K])
+        entry = quant.store_kv(k[0], v[0], kv_cache.value_dtype(layer["k"].dtype))  # [T, K, H]
         o = _attend_chunk(q[0], quant.load_kv(entry, q.dtype), seen, start)
         first = jnp.minimum(start // layer["v"].shape[2], pages.shape[0])
         ids = lax.dynamic_slice_in_dim(jnp.append(pages, jnp.full_like(pages, scratch)), first,
@@ -380,8 +383,8 @@ def _replica_attention(q: jax.Array, step: dict, positions, pages, pool: dict) -
     s = pool["v"].shape[2]
     new = kv_cache.write_positions(pool, step, positions, pages)
     kh = pool["k"].shape[1]
-    kp = new["k"][pages].astype(q.dtype)  # [b, W, K, H, S]
-    vp = new["v"][pages].astype(q.dtype)  # [b, W, K, S, H]
+    kp = kv_cache.take_pages(new["k"], pages).astype(q.dtype)  # [b, W, K, H, S]
+    vp = kv_cache.take_pages(new["v"], pages).astype(q.dtype)  # [b, W, K, S, H]
     qg = q.reshape(b, kh, n // kh, hd)
     sc = jnp.einsum("bKGH,bWKHS->bKGWS", qg, kp, preferred_element_type=jnp.float32)
     if "k_scale" in new:  # int8: [b, W, K, S] -> [b, K, 1, W, S]
@@ -405,10 +408,8 @@ def _paged_attention(q, k, v, positions, pages, layer: dict, replicas: int = 1) 
     b = positions.shape[0]
     pad = lambda a: jnp.pad(a, [(0, b - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
     q, k, v = pad(q), pad(k), pad(v)
-    scaled = "k_scale" in layer  # an int8 cache
-    step = dict(zip(("k", "v", "k_scale", "v_scale"),
-                    quant.store_kv(k, v, jnp.int8 if scaled else layer["k"].dtype),
-                    strict=False))  # fmt: skip
+    values = kv_cache.value_dtype(layer["k"].dtype)  # int8, or bf16 stored as its bits
+    step = dict(zip(("k", "v", "k_scale", "v_scale"), quant.store_kv(k, v, values), strict=False))
     if replicas == 1:
         return _replica_attention(q, step, positions, pages, layer)
     split = lambda a: a.reshape(replicas, a.shape[0] // replicas, *a.shape[1:])

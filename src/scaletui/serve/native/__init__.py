@@ -45,12 +45,14 @@ DENSE_I8_DOT = "scaletui_dense_i8_dot"  # bf16 x on int8 panels as bf16 pairs, I
 I8_DOT_ROWS = 8  # below it the widening int8 kernel is as fast (the step reads the weight)
 ATTENTION = {"float32": "scaletui_decode_attention_f32",
              "bfloat16": "scaletui_decode_attention_bf16",
+             "uint16": "scaletui_decode_attention_bf16_bits",  # bf16 stored as bits (kv_cache)
              "int8": "scaletui_decode_attention_i8"}  # fmt: skip
 _SYMBOLS = {DENSE["float32"]: "ScaletuiDenseF32", DENSE["bfloat16"]: "ScaletuiDenseBF16",
             DENSE["int8"]: "ScaletuiDenseI8", DENSE_BF16_DOT: "ScaletuiDenseBF16Dot",
             DENSE_BF16_DOT_BITS: "ScaletuiDenseBF16DotBits", DENSE_I8_DOT: "ScaletuiDenseI8Dot",
             ATTENTION["float32"]: "ScaletuiDecodeAttentionF32",
             ATTENTION["bfloat16"]: "ScaletuiDecodeAttentionBF16",
+            ATTENTION["uint16"]: "ScaletuiDecodeAttentionBF16Bits",
             ATTENTION["int8"]: "ScaletuiDecodeAttentionI8"}  # fmt: skip
 CACHE_PARTS = ("k", "v", "k_scale", "v_scale")  # an f32 / bf16 cache has the first two
 _panel: list[int] = []  # the loaded kernels' panel width
@@ -312,8 +314,8 @@ def decode_attention(
     page_table: jax.Array,
     pool: dict[str, jax.Array],
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """One decode step for rows R = q.shape[0] over one layer's paged KV cache in f32, bf16 or
-    int8.
+    """One decode step for rows R = q.shape[0] over one layer's paged KV cache in f32, bf16 (or
+    its uint16 bits, kv_cache.pool_dtype) or int8.
 
     q [R, N, H] f32; `step` the step's K/V in the pool's storage (`quant.store_kv`): (k, v)
     [R, K, H], int8 with (k_scale, v_scale) [R, K] f32; positions int32 [>= R]; page_table int32
@@ -335,8 +337,8 @@ def decode_attention(
     names = CACHE_PARTS if dtype == jnp.int8 else CACHE_PARTS[:2]
     if set(pool) != set(names) or dtype is None or dtype.name not in ATTENTION:
         raise ValueError(
-            "decode_attention needs a pool of k, v (f32 or bf16) or k, v, k_scale, v_scale "
-            f"(int8), got {sorted(pool)} in {dtype}"
+            "decode_attention needs a pool of k, v (f32, bf16 or its uint16 bits) or k, v, "
+            f"k_scale, v_scale (int8), got {sorted(pool)} in {dtype}"
         )
     if len(step) != len(names) or step[0].dtype != dtype or step[1].dtype != dtype:
         raise ValueError(f"decode_attention: the step's K/V must be in the pool's {dtype}")

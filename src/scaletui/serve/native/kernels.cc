@@ -832,7 +832,9 @@ ffi::Error DecodeAttentionAny(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32, 3>
                               ffi::Buffer<ffi::S32, 1>& positions,
                               ffi::Buffer<ffi::S32, 2>& page_table, ffi::RemainingArgs& pool_in,
                               ffi::ResultBuffer<ffi::F32, 3>& out, ffi::RemainingRets& pool_out) {
-  using T = std::conditional_t<D == ffi::DataType::BF16, uint16_t, Native<D>>;
+  // bf16, or U16 holding bf16 bits (kv_cache stores a CPU pool's bf16 that way)
+  using T = std::conditional_t<D == ffi::DataType::BF16 || D == ffi::DataType::U16, uint16_t,
+                               Native<D>>;
   constexpr bool kScaled = D == ffi::DataType::S8;
   constexpr int64_t kParts = kScaled ? 4 : 2;  // k, v (, k_scale, v_scale)
   auto qd = q.dimensions();
@@ -905,6 +907,16 @@ ffi::Error DecodeAttentionBF16(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3>
                                ffi::Buffer<ffi::S32, 1> positions,
                                ffi::Buffer<ffi::S32, 2> page_table, ffi::RemainingArgs pool,
                                ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets pool_out) {
+  return DecodeAttentionAny(threads, q, k_new, v_new, nullptr, nullptr, positions, page_table,
+                            pool, out, pool_out);
+}
+
+ffi::Error DecodeAttentionBF16Bits(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
+                                   ffi::Buffer<ffi::U16, 3> k_new, ffi::Buffer<ffi::U16, 3> v_new,
+                                   ffi::Buffer<ffi::S32, 1> positions,
+                                   ffi::Buffer<ffi::S32, 2> page_table, ffi::RemainingArgs pool,
+                                   ffi::ResultBuffer<ffi::F32, 3> out,
+                                   ffi::RemainingRets pool_out) {
   return DecodeAttentionAny(threads, q, k_new, v_new, nullptr, nullptr, positions, page_table,
                             pool, out, pool_out);
 }
@@ -1002,6 +1014,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionBF16, DecodeAttentionBF16,
                                   .Arg<F32x3>()
                                   .Arg<BF16x3>()
                                   .Arg<BF16x3>()
+                                  .Arg<S32x1>()
+                                  .Arg<S32x2>()
+                                  .RemainingArgs()
+                                  .Ret<F32x3>()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionBF16Bits, DecodeAttentionBF16Bits,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<F32x3>()
+                                  .Arg<U16x3>()
+                                  .Arg<U16x3>()
                                   .Arg<S32x1>()
                                   .Arg<S32x2>()
                                   .RemainingArgs()
