@@ -156,6 +156,8 @@ def test_a_bf16_pool_stored_as_bits_is_written_in_place_and_reads_back_exactly(t
     assert f"f32[{pool_dims}]" not in hlo and f"bf16[{pool_dims}]" not in hlo
     pool = write(pool, entry, pages)
     got = model.gather_pages([pool], pages)[0]  # page-major: k [W, K, H, S], v [W, K, S, H]
+    assert got["k"].dtype == jnp.uint16  # as stored; a page at a time back to values
+    got = {name: kv_cache.from_pool(x) for name, x in got.items()}
     assert got["k"].dtype == jnp.bfloat16
     k = np.asarray(got["k"]).transpose(0, 3, 1, 2).reshape(16, m.n_kv_heads, m.head_dim)
     v = np.asarray(got["v"]).transpose(0, 2, 1, 3).reshape(16, m.n_kv_heads, m.head_dim)

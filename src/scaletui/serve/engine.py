@@ -305,7 +305,9 @@ class JaxEngine:
     def _prior_spec(self) -> list:
         """A sequence's pages of every layer (model.gather_pages), replicated."""
         w = self.pages_per_seq
-        shapes = kv_cache.pool_shapes(self.model, w, self.page_size, self.kv_dtype)
+        shapes = kv_cache.pool_shapes(
+            self.model, w, self.page_size, self.kv_dtype, bits=self.kv_bits
+        )  # as the pool stores them
         layer = {name: self._small(shape, dt) for name, (shape, dt) in shapes.items()}
         return [dict(layer) for _ in range(self.model.n_layers)]
 

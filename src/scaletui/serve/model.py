@@ -245,21 +245,21 @@ def gather_pages(
 ) -> list[dict]:
     """A sequence's pages `pages` [W] of every layer, page-major whatever the pool's layout:
     {"k": [W, K, H, S], "v": [W, K, S, H]} (int8: and scales [W, K, S]), for
-    `prefill_paged`'s `prior`."""
+    `prefill_paged`'s `prior`, as the pool stores them (bf16 bits stay bits: `_attend_chunk`
+    reads them a page at a time, where a bf16 slice would convert the whole prior to f32)."""
     if layout == kv_cache.PAGE_MAJOR:
-        return [{name: kv_cache.take_pages(buf, pages) for name, buf in layer.items()}
-                for layer in cache]  # fmt: skip
+        return [{name: buf[pages] for name, buf in layer.items()} for layer in cache]
     # head-major [K, P, S, H] -> page-major (a sequence's pages only, so the transpose is small)
     perm = {"k": (1, 0, 3, 2), "v": (1, 0, 2, 3), "k_scale": (1, 0, 2), "v_scale": (1, 0, 2)}
-    return [{name: jnp.transpose(kv_cache.take_pages(buf, pages, axis=1), perm[name])
-             for name, buf in layer.items()} for layer in cache]  # fmt: skip
+    return [{name: jnp.transpose(buf[:, pages], perm[name]) for name, buf in layer.items()}
+            for layer in cache]  # fmt: skip
 
 
 def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
     """Attention of a prompt chunk: q [T, N, H] at positions start..start+T-1, causal over its
     own K/V (own: k, v [T, K, H] as stored, read back in q's dtype) and over every earlier
     position, in the sequence's pages as gathered before this chunk's write (`prior`: {"k":
-    [W, K, H, S], "v": [W, K, S, H]}, int8 with scales [W, K, S]).
+    [W, K, H, S], "v": [W, K, S, H]} in the pool's storage, int8 with scales [W, K, S]).
     The earlier pages run in a loop as long as `start` needs (none for a fresh prompt), merged
     with a running max and sum (flash attention's online softmax), in f32. -> [T, N, H].
     Everything runs KV-head-major ([K, G, T, .]): XLA CPU's batched dots want the batch axis
@@ -279,7 +279,7 @@ def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
 
     def page(i, carry):
         m_i, l_i, acc = carry  # [K, G, T], [K, G, T], [K, G, T, H]
-        sc = jnp.einsum("KGTH,KHS->KGTS", q32, prior["k"][i].astype(f32))
+        sc = jnp.einsum("KGTH,KHS->KGTS", q32, kv_cache.from_pool(prior["k"][i]).astype(f32))
         if "k_scale" in prior:
             sc = sc * prior["k_scale"][i][:, None, None, :]
         sc = sc * hd**-0.5
@@ -289,7 +289,7 @@ def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
         l_new = l_i * fade + pr.sum(-1)
         if "v_scale" in prior:
             pr = pr * prior["v_scale"][i][:, None, None, :]
-        pv = jnp.einsum("KGTS,KSH->KGTH", pr, prior["v"][i].astype(f32))
+        pv = jnp.einsum("KGTS,KSH->KGTH", pr, kv_cache.from_pool(prior["v"][i]).astype(f32))
         return m_new, l_new, acc * fade[..., None] + pv
 
     n_prior = (start + s - 1) // s
