@@ -893,32 +893,29 @@ ffi::Error DecodeAttentionAny(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32, 3>
   return ffi::Error::Success();
 }
 
-ffi::Error DecodeAttentionF32(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
-                              ffi::Buffer<ffi::F32, 3> k_new, ffi::Buffer<ffi::F32, 3> v_new,
-                              ffi::Buffer<ffi::S32, 1> positions,
-                              ffi::Buffer<ffi::S32, 2> page_table, ffi::RemainingArgs pool,
-                              ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets pool_out) {
+// f32, bf16, or U16 holding bf16 bits: the pool's storage type, no scales
+template <ffi::DataType D>
+ffi::Error DecodeAttentionPlain(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
+                                ffi::Buffer<D, 3> k_new, ffi::Buffer<D, 3> v_new,
+                                ffi::Buffer<ffi::S32, 1> positions,
+                                ffi::Buffer<ffi::S32, 2> page_table, ffi::RemainingArgs pool,
+                                ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets pool_out) {
   return DecodeAttentionAny(threads, q, k_new, v_new, nullptr, nullptr, positions, page_table,
                             pool, out, pool_out);
 }
 
-ffi::Error DecodeAttentionBF16(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
-                               ffi::Buffer<ffi::BF16, 3> k_new, ffi::Buffer<ffi::BF16, 3> v_new,
-                               ffi::Buffer<ffi::S32, 1> positions,
-                               ffi::Buffer<ffi::S32, 2> page_table, ffi::RemainingArgs pool,
-                               ffi::ResultBuffer<ffi::F32, 3> out, ffi::RemainingRets pool_out) {
-  return DecodeAttentionAny(threads, q, k_new, v_new, nullptr, nullptr, positions, page_table,
-                            pool, out, pool_out);
-}
-
-ffi::Error DecodeAttentionBF16Bits(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
-                                   ffi::Buffer<ffi::U16, 3> k_new, ffi::Buffer<ffi::U16, 3> v_new,
-                                   ffi::Buffer<ffi::S32, 1> positions,
-                                   ffi::Buffer<ffi::S32, 2> page_table, ffi::RemainingArgs pool,
-                                   ffi::ResultBuffer<ffi::F32, 3> out,
-                                   ffi::RemainingRets pool_out) {
-  return DecodeAttentionAny(threads, q, k_new, v_new, nullptr, nullptr, positions, page_table,
-                            pool, out, pool_out);
+template <ffi::DataType D>
+auto DecodeAttentionPlainBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32, 3>>()
+      .template Arg<ffi::Buffer<D, 3>>()
+      .template Arg<ffi::Buffer<D, 3>>()
+      .template Arg<ffi::Buffer<ffi::S32, 1>>()
+      .template Arg<ffi::Buffer<ffi::S32, 2>>()
+      .RemainingArgs()
+      .template Ret<ffi::Buffer<ffi::F32, 3>>()
+      .RemainingRets();
 }
 
 ffi::Error DecodeAttentionI8(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
@@ -996,41 +993,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDenseI8, DenseI8,
                                   .Arg<F32x1>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionF32, DecodeAttentionF32,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32x3>()
-                                  .Arg<F32x3>()
-                                  .Arg<F32x3>()
-                                  .Arg<S32x1>()
-                                  .Arg<S32x2>()
-                                  .RemainingArgs()
-                                  .Ret<F32x3>()
-                                  .RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionF32, DecodeAttentionPlain<ffi::F32>,
+                              DecodeAttentionPlainBinding<ffi::F32>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionBF16, DecodeAttentionBF16,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32x3>()
-                                  .Arg<BF16x3>()
-                                  .Arg<BF16x3>()
-                                  .Arg<S32x1>()
-                                  .Arg<S32x2>()
-                                  .RemainingArgs()
-                                  .Ret<F32x3>()
-                                  .RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionBF16, DecodeAttentionPlain<ffi::BF16>,
+                              DecodeAttentionPlainBinding<ffi::BF16>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionBF16Bits, DecodeAttentionBF16Bits,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32x3>()
-                                  .Arg<U16x3>()
-                                  .Arg<U16x3>()
-                                  .Arg<S32x1>()
-                                  .Arg<S32x2>()
-                                  .RemainingArgs()
-                                  .Ret<F32x3>()
-                                  .RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionBF16Bits, DecodeAttentionPlain<ffi::U16>,
+                              DecodeAttentionPlainBinding<ffi::U16>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionI8, DecodeAttentionI8,
                               ffi::Ffi::Bind()
