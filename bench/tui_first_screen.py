@@ -9,7 +9,8 @@ to back), all as a user would see it. The app is built by `scaletui.tui.app.buil
 `scaletui` builds it. Once the state says the fit is ready (`state.fit`: fitted now, or a stored
 fit found) and requests complete, the bench waits --warmup s, then samples the KPI panel's view
 model (`build_view(app.state).kpi(key)`, whose measured latencies pool the run's last 5 s) once
-a second for --seconds and judges the median of the measured values against the expected one;
+a second for --seconds and judges the median of the samples' measured / expected (the
+expectation is the same part of the simulated run as the pool, so it moves with the run);
 then it quits the app with `q` (which stops its children). The config dir is a fresh temporary
 one (no `local` spec, no fits: a fresh machine; shared by the tps of one invocation) unless
 --config-dir or --keep-config.
@@ -61,9 +62,9 @@ class KpiResult:
     label: str
     unit: str
     floor: float | None
-    expected: float | None
+    expected: float | None  # median over the samples
     measured: float | None  # median over the samples
-    ratio: float | None  # measured / expected
+    ratio: float | None  # median of the samples' measured / expected
     ratio_p10: float | None  # spread of the per-sample ratios
     ratio_p90: float | None
     samples: int
@@ -103,7 +104,9 @@ def summarize(key: str, samples: list) -> KpiResult:
     last = samples[-1] if samples else None
     ratios = [k.measured / k.expected for k in got if k.expected]
     measured = statistics.median(k.measured for k in got) if got else None
-    expected = last.expected if last else None
+    # the expectation follows the part of the run the pool holds: judged sample by sample
+    expected_values = [k.expected for k in got if k.expected]
+    expected = statistics.median(expected_values) if expected_values else None
     return KpiResult(
         key=key,
         label=last.label if last else key,
@@ -111,7 +114,7 @@ def summarize(key: str, samples: list) -> KpiResult:
         floor=last.floor if last else None,
         expected=expected,
         measured=measured,
-        ratio=measured / expected if measured is not None and expected else None,
+        ratio=statistics.median(ratios) if ratios else None,
         ratio_p10=quantile(ratios, 0.1) if ratios else None,
         ratio_p90=quantile(ratios, 0.9) if ratios else None,
         samples=len(got),

@@ -274,3 +274,83 @@ def test_the_longest_request_must_fit_the_server():
     with pytest.raises(ValueError, match=r"261 \(in 100±30 out 100±30\).*max_seq_len 256"):
         expect(load_model("tiny"), None, replace(knobs, length_spread=0.3),
                ServerConfig(max_seq_len=256))  # fmt: skip
+
+
+def test_a_part_of_the_simulated_run_reads_as_the_pool_reads_the_measured_one():
+    """Four requests by hand, sent at 0, 0, 1, 1; they finish at 0.9 (TTFT 200 ms), 1.0
+    (100 ms), 2.0 and 2.1 (50 ms each). The last send is at 1 s, so the two after it are the
+    closed loop's drain. Completions 0-1 in one window: median (200, 100) = 150; in two
+    windows of one each: the same; a part past the steady completions reads the last part of
+    its size before them. Tokens: first tokens at 0.1 and 0.2 and chunks of 3, 4 and 5 up to
+    1 s: 14 in (0, 1]."""
+    import numpy as np
+
+    from scaletui.roofline.simulate import SimResult
+    from scaletui.tui.simrun import SimRun
+
+    r = SimResult(
+        t_sched=np.array([0.0, 0.0, 1.0, 1.0]),
+        t_send=np.array([0.0, 0.0, 1.0, 1.0]),
+        t_first=np.array([0.1, 0.2, 1.05, 1.05]),
+        t_last=np.array([1.0, 0.9, 2.0, 2.1]),
+        outcome=np.array(["ok"] * 4),
+        summary={},
+        chunk_t=np.array([0.5, 0.9, 1.0, 1.5, 2.0, 2.1]),
+        chunk_n=np.array([3, 4, 5, 9, 9, 9]),
+    )
+    run = SimRun.of(r, np.array([10, 10, 10, 1]))
+    assert run.steady == 2 and run.last_send == 1.0
+    assert run.ttft_ms.tolist() == pytest.approx([200, 100, 50, 50])
+    assert run.tpot_ms[0] == pytest.approx((0.9 - 0.2) / 9 * 1e3)
+    assert np.isnan(run.tpot_ms[3])  # one token: no TPOT
+    assert run.latency("ttft", 50, 0, [2]) == pytest.approx(150)
+    assert run.latency("ttft", 50, 0, [1, 1]) == pytest.approx(150)
+    assert run.latency("ttft", 99, 0, [1, 0, 1]) == pytest.approx(199)  # 100 + .99 x (200 - 100)
+    assert run.latency("ttft", 50, 2, [2]) == pytest.approx(150)  # past the last send
+    assert run.latency("ttft", 50, 0, [0, 0]) is None
+    assert run.tok_s(0.0, 1.0) == pytest.approx(14)
+    assert run.tok_s(1.0, 3.0) == pytest.approx(14)  # the same span ending at the last send
+
+
+def test_expected_latency_follows_the_part_of_the_run_the_pool_measures():
+    """A closed loop's first wave queues behind its own prefills (here 300 ms TTFT, 100 after
+    it). The pool of the run's first windows holds only that wave, so its expectation is the
+    same requests simulated, not the whole run's median (999 here, to tell them apart); five
+    windows on, the pool and the expectation both read the later requests. Pending knobs show
+    the whole run's numbers for those knobs."""
+    import numpy as np
+
+    from scaletui.tui.expect import Expectation, FitChoice
+    from scaletui.tui.simrun import SimRun
+
+    run = SimRun(
+        ttft_ms=np.array([300.0, 300.0] + [100.0] * 8),
+        tpot_ms=np.array([20.0, 20.0] + [10.0] * 8),
+        steady=10,
+        token_t=np.arange(0.5, 10.0, 1.0),
+        token_n=np.full(10, 10),
+        last_send=10.0,
+    )
+    whole = Expectation(999.0, 999.0, 99.0, 99.0, 5.0, 999.0, 4.0, FitChoice("fit", "hand"), run)
+    m = SessionState(Knobs(slots=4), "tiny")
+    m.expectation_or_error = lambda knobs=None, budget=0: whole
+    m.add(Record(0.0, "config", {"run": 1}))
+    m.add(window(1.0, 2, (310, 320)))
+    kpi = kpis(m)
+    assert kpi["ttft_p50"].expected == 300 and kpi["ttft_p50"].ratio == pytest.approx(310 / 300)
+    assert kpi["tpot_p50"].expected == 20
+    assert kpi["tok_s"].expected == pytest.approx(10)  # tokens in (0, 1] s of the run
+    for t in range(2, 7):
+        m.add(window(float(t), 1, (105, 105)))
+    kpi = kpis(m)
+    assert kpi["ttft_p50"].expected == 100 and kpi["ttft_p99"].expected == 100
+    assert kpi["tok_s"].expected == pytest.approx(10)
+    m.pending = replace(m.applied, slots=8)
+    assert kpis(m)["ttft_p50"].expected == 999
+
+
+def window(t: float, completed: int, ttft: tuple[float, float]) -> Record:
+    """A loadgen window line: `completed` requests with this TTFT (p50, p99) and TPOT 20 ms."""
+    data = {"type": "window", "t": t, "window_s": 1.0, "completed": completed}
+    data |= {"output_tok_s": 10.0, "ttft_ms": {"p50": ttft[0], "p99": ttft[1]}}
+    return Record(t, "window", data | {"tpot_ms": {"p50": 20.0, "p99": 20.0}})

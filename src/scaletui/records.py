@@ -95,7 +95,8 @@ class StatsSnapshot:
 class LoadWindow:
     """One loadgen `{"type": "window"}` line: the requests that finished in that second."""
 
-    t: float | None = None  # seconds since the run started
+    t: float | None = None  # seconds since the run started, at the window's end
+    window_s: float = 1.0
     output_tok_s: float | None = None
     ttft_ms: Percentiles = Percentiles()
     tpot_ms: Percentiles = Percentiles()
@@ -104,6 +105,7 @@ class LoadWindow:
     def from_json(cls, obj: dict) -> LoadWindow:
         return cls(
             t=number(obj, "t"),
+            window_s=number(obj, "window_s") or 1.0,
             output_tok_s=number(obj, "output_tok_s"),
             ttft_ms=Percentiles.from_json(obj.get("ttft_ms")),
             tpot_ms=Percentiles.from_json(obj.get("tpot_ms")),

@@ -165,6 +165,9 @@ class SimResult:
     t_last: np.ndarray
     outcome: np.ndarray  # "ok" | "rejected" (429) | "failed" (400) | "unsent"
     summary: dict = field(repr=False)
+    chunk_t: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    chunk_n: np.ndarray = field(default_factory=lambda: np.zeros(0, int), repr=False)
+    # ^ each token chunk after a request's first token: when it reached the client, its tokens
 
 
 class _Sim:
@@ -537,10 +540,11 @@ def _result(sim: _Sim) -> SimResult:
         # the host time it charged before an engine call, averaged over the calls (/stats's)
         "host_gap_ms": 1e3 * sim.gap_s / sim.gaps if sim.gaps else None,
     }
+    chunk_t, chunk_n = arr(sim.chunk_t), arr(sim.chunk_n, int)
     summary = simreport.summary(
         t_sched=t_sched, t_send=t_send, t_first=t_first, t_second=arr(sim.second),
         t_last=t_last, outcome=outcome, input_len=arr(sim.inp, int),
-        output_len=arr(sim.out, int), chunk_t=arr(sim.chunk_t), chunk_gap=arr(sim.chunk_gap),
-        chunk_n=arr(sim.chunk_n, int), requested_rate=sim.load.requested_rate, extra=extra,
+        output_len=arr(sim.out, int), chunk_t=chunk_t, chunk_gap=arr(sim.chunk_gap),
+        chunk_n=chunk_n, requested_rate=sim.load.requested_rate, extra=extra,
     )  # fmt: skip
-    return SimResult(t_sched, t_send, t_first, t_last, outcome, summary)
+    return SimResult(t_sched, t_send, t_first, t_last, outcome, summary, chunk_t, chunk_n)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaletui import specs
@@ -35,6 +35,7 @@ from scaletui.roofline.simulate import (
 from scaletui.tui.host import FitKey, kernels_of, serve_max_seq_len
 from scaletui.tui.knobs import Knobs, Precision
 from scaletui.tui.predict import host_devices
+from scaletui.tui.simrun import SimRun
 
 ASSUMED_EFFICIENCY = 0.5  # no fit: this fraction of the spec's bandwidth and FLOP/s
 TOKEN_CHUNKS = 12_000  # simulated requests x generate calls each: about 20 ms of simulation
@@ -111,6 +112,7 @@ class Expectation:
     tok_s: float | None
     mean_batch: float | None  # running requests per generate call
     fit: FitChoice
+    run: SimRun | None = field(default=None, compare=False, repr=False)  # request by request
 
 
 def start_dtype(backend: str | None) -> str:
@@ -258,7 +260,9 @@ def expect(
             f"the longest input + output + BOS = {knobs.longest + BOS} ({knobs.lengths_label()}) "
             f"is past the server's max_seq_len {cfg.max_seq_len}: requests would fail"
         )
-    s = simulate(server_shape(knobs, cfg), decode, tui_load(knobs, cfg, budget), prefill).summary
+    load = tui_load(knobs, cfg, budget)
+    result = simulate(server_shape(knobs, cfg), decode, load, prefill)
+    s = result.summary
     ms = lambda key: s.get(key)  # noqa: E731 - None when nothing completed
     return Expectation(
         ttft_p50_ms=ms("median_ttft_ms"),
@@ -269,6 +273,7 @@ def expect(
         tok_s=s.get("output_throughput"),
         mean_batch=s.get("mean_running_batch"),
         fit=choice,
+        run=SimRun.of(result, load.output_len),
     )
 
 

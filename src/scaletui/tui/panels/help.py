@@ -18,8 +18,10 @@ Every number comes in three levels, **floor | exp | meas**, then **m/e** = measu
 - **expected** (exp): our own scheduler simulated on a cost model fitted by timing this server's
   engine (`scaletui calibrate --model M`, run for you once per server configuration). It
   includes the per-step overheads, padding to slots and KV buckets, batching and queueing, so
-  it is what this server should measure. Without a fit for the configuration it uses assumed
-  efficiencies on the spec's roofs, and says so. The status bar names the fit in use.
+  it is what this server should measure. Latency and tok/s are the simulated run's same part
+  as measured: its completions (and its seconds) that the last 5 s hold, so a closed loop's
+  first wave, slow in both, is compared with itself. Without a fit for the configuration it
+  uses assumed efficiencies on the spec's roofs, and says so. The status bar names the fit in use.
 - **measured** (meas): what loadgen saw over the run's last 5 s (its last five 1 s windows,
   pooled); the decode step from the server's /stats.
 - **m/e** near ×1.00 (green) means the cost model and the simulation explain the server. Far
