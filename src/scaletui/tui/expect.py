@@ -277,6 +277,7 @@ def expect(
     )
 
 
+MEMO_ENTRIES = 256  # each holds its simulated run request by request: up to ~0.3 MB
 _MEMO: dict[tuple, Expectation | str] = {}
 
 
@@ -293,7 +294,7 @@ def expect_cached(
     changes when a fit is written), or why there is none, in words."""
     key = (model, repr(hardware), knobs, cfg, use_fits, generation, budget, fits_dir())
     if key not in _MEMO:
-        if len(_MEMO) > 1024:
+        if len(_MEMO) >= MEMO_ENTRIES:
             _MEMO.clear()
         try:
             _MEMO[key] = expect(model, hardware, knobs, cfg, use_fits, budget)
