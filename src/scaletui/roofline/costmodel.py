@@ -338,22 +338,29 @@ def _decode_at(knots: tuple, batch: float, context: float) -> float:
     return _along_batch(sorted((b, _along(cells, context)) for b, cells in by_batch.items()), batch)
 
 
+KNEE_NORM = 4  # how sharply a step turns from flat to compute-bound (see _along_batch)
+
+
 def _along_batch(points: list[tuple[float, float]], batch: float) -> float:
     """The step at `batch` between measured (batch, step) points, sorted. Between the first two
-    a power law (straight in log batch, log step). Between later ones lo < hi, the larger of two
-    regimes, capped by the power law from lo to hi:
+    a power law (straight in log batch, log step). Between later ones lo < hi, the two regimes
+    combined as a smooth maximum (their KNEE_NORM-norm), capped by the power law from lo to hi:
       - the regime below: the power law of the segment before, continued past lo;
       - the regime above: the segment above hi continued down (straight), or past the last
         point hi's step times batch / hi (compute-bound: in proportion to the rows).
     A CPU step on XLA's ops is concave in the batch (about batch^0.5 for `small` on the 2-core
     EPYC): the power law follows it (a chord errs 15-25 % low between knots 4-8x apart). The
     native kernels read the weights once per call for all rows, so their step is nearly flat
-    until the multiplies take over, then grows with the rows (`small` bf16 on Zen 4: 5.0 ms at
-    4 rows, 5.4 at 8, 8.0 at 16, 15.8 at 32): the power law from 4 to 32 reads 7.3 ms at 8
-    (+36 %), the two regimes 5.4 and 7.9 ms at 8 and 16. A GPU step is linear with a large
-    fixed part: a power law errs a few % high between knots 4-16x apart (5 ms + 0.05 ms per
-    row: +4 % at 4 and 8 between knots 1 and 16); the segment above, continued, is exact. Flat
-    below the first point; past the last, the last segment's slope per row (>= 0) continues."""
+    until the multiplies take over, then grows with the rows, and near the knee it costs more
+    than either regime alone (the memory stream and the multiplies overlap only in part):
+    `small` bf16 on Zen 4 5.0 ms at 4 rows, 5.4 at 8, 8.0 at 16, 15.8 at 32, read about 5.5 and
+    8.3 (a power law from 4 to 32: 7.3 at 8, +36 %); `small` f32 on Zen 2 (AVX2) 16.1 / 18.2 /
+    22.9 / 36.4 / 72.5 ms at 1 / 4 / 8 / 16 / 32 rows, read 22.3 and 37.2 (the larger regime
+    alone: 19.4 at 8, -15 %; held-out calls up to 25 % low, 16 % with the smooth maximum). A
+    GPU step is linear with a large fixed part: a power law errs a few % high between knots
+    4-16x apart (5 ms + 0.05 ms per row: +4 % at 4 and 8 between knots 1 and 16); the segment
+    above, continued, is exact. Flat below the first point; past the last, the last segment's
+    slope per row (>= 0) continues."""
     (x0, y0) = points[0]
     if batch <= x0 or len(points) == 1:
         return y0
@@ -370,7 +377,9 @@ def _along_batch(points: list[tuple[float, float]], batch: float) -> float:
             above = y_hi - (y_top - y_hi) * (hi - batch) / (top - hi)
         else:
             above = y_hi * batch / hi
-        return min(power, max(below, above))
+        return min(
+            power, (max(below, 0.0) ** KNEE_NORM + max(above, 0.0) ** KNEE_NORM) ** (1 / KNEE_NORM)
+        )
     (lo, y_lo), (hi, y_hi) = points[-2], points[-1]
     return y_hi + max(y_hi - y_lo, 0.0) * (batch - hi) / (hi - lo)
 
