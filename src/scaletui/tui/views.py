@@ -10,6 +10,11 @@ window lines carry percentiles, not each request's times), else the newest windo
 that has them, else the last summary; tokens/s as the mean of those windows; decode step from
 /stats `step_times_ms.generate.per_token_mean` (the server's own 5 s window); memory per chip
 from /stats `memory.*_per_device`, and the KV capacity (max slots) from those bytes.
+
+Expected latencies and tokens/s are the same part of the simulated run (`tui/simrun.py`): its
+completions from the run's completion number on, in the pooled windows' counts, and its output
+tokens over the pooled windows' seconds, so a closed loop's first wave is compared with itself.
+Pending knobs show the whole simulated run of those knobs; so does a part that is empty.
 """
 
 from __future__ import annotations
