@@ -22,6 +22,14 @@ def stats_ms(name: str, seconds: np.ndarray) -> dict[str, float | None]:
     return {f"{k}_{name}_ms": float(v) for k, v in zip(keys, values, strict=True)}
 
 
+def pooled(samples: list[tuple[float, int]], q: float) -> float | None:
+    """The q-th percentile (0-100, linear, as loadgen's windows) of the values, each counted
+    `weight` times: (value, weight) per window, the weight its completed requests. How the TUI
+    pools window lines, which carry percentiles, not each request's times."""
+    values = np.repeat([v for v, _ in samples], [n for _, n in samples])
+    return float(np.percentile(values, q)) if values.size else None
+
+
 def sustained_rate(t_sched: np.ndarray, t_done: np.ndarray, offered: float | None) -> float | None:
     """The rate the server kept up with: offered / (1 + slope of t_done - t_sched over t_sched).
 

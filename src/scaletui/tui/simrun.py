@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scaletui.latency import pooled
 from scaletui.roofline.simulate import SimResult
 
 
@@ -65,14 +66,14 @@ class SimRun:
         if total <= 0 or self.steady <= 0:
             return None
         lo = first if first + total <= self.steady else max(0, self.steady - total)
-        pooled: list[float] = []
+        windows: list[tuple[float, int]] = []
         for n in counts:
             part = values[lo : lo + n]
             lo += n
             part = part[~np.isnan(part)]
             if part.size:
-                pooled += [float(np.percentile(part, q))] * int(part.size)
-        return float(np.percentile(pooled, q)) if pooled else None
+                windows.append((float(np.percentile(part, q)), int(part.size)))
+        return pooled(windows, q)
 
     def tok_s(self, t0: float, t1: float) -> float | None:
         """Output tokens per second reaching the clients between t0 and t1 s into the run (past

@@ -22,8 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
+from scaletui.latency import pooled
 from scaletui.records import LoadSummary, LoadWindow, StatsSnapshot, number
 from scaletui.tui.expect import Expectation
 from scaletui.tui.knobs import Knobs, Precision
@@ -101,13 +100,6 @@ class View:
             if k.key == key:
                 return k
         raise KeyError(f"no KPI {key!r}; keys: {[k.key for k in self.kpis]}")
-
-
-def pooled(samples: list[tuple[float, int]], q: float) -> float | None:
-    """The q-th percentile (0-100, linear, as loadgen's windows) of the values, each counted
-    `weight` times: (value, weight) per window, the weight its completed requests."""
-    values = np.repeat([v for v, _ in samples], [n for _, n in samples])
-    return float(np.percentile(values, q)) if values.size else None
 
 
 def build_view(m: SessionState) -> View:
