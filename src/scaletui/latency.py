@@ -22,6 +22,13 @@ def stats_ms(name: str, seconds: np.ndarray) -> dict[str, float | None]:
     return {f"{k}_{name}_ms": float(v) for k, v in zip(keys, values, strict=True)}
 
 
+def tpot_s(ttft: np.ndarray, e2el: np.ndarray, n_out: np.ndarray) -> np.ndarray:
+    """Per request, seconds per output token after the first: (E2EL - TTFT) / (N - 1), nan
+    where N <= 1 (no second token)."""
+    n = np.asarray(n_out, dtype=float)
+    return np.where(n > 1, (e2el - ttft) / np.maximum(n - 1, 1), np.nan)
+
+
 def pooled(samples: list[tuple[float, int]], q: float) -> float | None:
     """The q-th percentile (0-100, linear, as loadgen's windows) of the values, each counted
     `weight` times: (value, weight) per window, the weight its completed requests. How the TUI

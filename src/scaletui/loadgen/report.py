@@ -19,6 +19,7 @@ from scaletui.latency import (
     SATURATION_MIN_REQUESTS,
     stats_ms,
     sustained_rate,
+    tpot_s,
 )
 from scaletui.loadgen.client import FAILED, OUTCOMES, RequestRecord
 
@@ -116,7 +117,8 @@ def latencies(records: Sequence[RequestRecord]) -> Latencies:
     ttft = np.array([r.t_first - r.t_send for r in ok])
     e2el = np.array([r.t_last - r.t_send for r in ok])
     n = np.array([r.output_tokens for r in ok], dtype=float)
-    tpot_all = np.where(n > 1, (e2el - ttft) / np.maximum(n - 1, 1), 0.0) if ok else np.array([])
+    # one output token has no TPOT: 0 for the goodput check (it cannot miss a TPOT SLO)
+    tpot_all = np.nan_to_num(tpot_s(ttft, e2el, n), nan=0.0) if ok else np.array([])
     itl: list[float] = []
     icl: list[float] = []
     ttst = []

@@ -16,6 +16,7 @@ from scaletui.latency import (
     SATURATION_MIN_REQUESTS,
     stats_ms,
     sustained_rate,
+    tpot_s,
 )
 
 __all__ = ["summary"]
@@ -52,8 +53,7 @@ def summary(
     n_out, n_in = output_len[ok], input_len[ok]
     ttft = t_first[ok] - t_send[ok]
     e2el = t_last[ok] - t_send[ok]
-    many = n_out > 1
-    tpot = (e2el[many] - ttft[many]) / (n_out[many] - 1)
+    tpot = tpot_s(ttft, e2el, n_out)[n_out > 1]
     itl = np.repeat(chunk_gap / chunk_n, chunk_n)
     sends = np.sort(t_send[sent])
     scheds = np.sort(t_sched[sent])

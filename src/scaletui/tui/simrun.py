@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scaletui.latency import pooled
+from scaletui.latency import pooled, tpot_s
 from scaletui.roofline.simulate import SimResult
 
 
@@ -40,8 +40,7 @@ class SimRun:
         ttft = (r.t_first - r.t_send)[order]
         n_out = np.asarray(output_len)[order]
         e2el = (r.t_last - r.t_send)[order]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(n_out > 1, (e2el - ttft) / (n_out - 1), np.nan)
+        tpot = tpot_s(ttft, e2el, n_out)
         sent = r.t_send[~np.isnan(r.t_send)]
         last_send = float(sent.max()) if sent.size else 0.0
         t = np.concatenate([r.chunk_t, r.t_first[ok]])
