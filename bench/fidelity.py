@@ -6,8 +6,9 @@ measurements of the real engine and the real server.
    held out; expected = fit.decode_call_s. The marginal step (t(k) - t(1)) / (k - 1) beside
    fit.decode_step_s. 2. prefill: --prefill-tokens held out, the same fit made on
    --fit-prefill-tokens. 3. serving: `scaletui serve` as a child, its configuration fitted here
-   first (engine_fit.fit_engine: the two never share cores), then loadgen (closed loops, Poisson
-   at --fractions of the simulated capacity) against `scaletui simulate` of the same workload;
+   (engine_fit.fit_engine, while the server is idle: the two never share cores) before it starts
+   and again just before each run (--refit), then loadgen (closed loops, Poisson at --fractions
+   of the simulated capacity) against `scaletui simulate` of the same workload on the run's fit;
    and (`as_run` rows, not acceptance) against the simulation re-run on the fit scaled to the
    engine speed the server's /stats measured over that run, with the scheduler's measured host
    gap between calls: a host that slowed by 10% since the fit moves a 90%-load run to 99% of
@@ -15,7 +16,7 @@ measurements of the real engine and the real server.
 Prints every point (fit points too: the in-sample error), the median and max |measured/expected
 - 1| over held-out points per kind and metric, and the acceptance verdicts.
 
-A default run takes about 28 minutes on a 2-vCPU Zen 4 (the engine points 25, serving 4).
+A default run takes about 40 minutes on 2 vCPUs (the engine points 25-30, serving 12).
 
     python bench/fidelity.py --quick            # tiny only, a few points: a smoke test
     python bench/fidelity.py --json --out fidelity.jsonl
@@ -383,7 +384,9 @@ def _loadgen(url: str, workload: list[str], out: Path) -> dict:
 
 
 def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
-    """Fit the server's configuration here, then start it and run loadgen against `simulate`."""
+    """Fit the server's configuration here, then start it and run loadgen against `simulate`:
+    with --refit each (default), every run against a fit made just before it (the server idle
+    meanwhile), as a benchmark is run with `scaletui calibrate --model` just before."""
     import jax
 
     from scaletui.loadgen.embedded import EmbeddedServer
@@ -395,17 +398,21 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
     msl = min(args.serving_max_seq_len, model.max_seq_len)
     config = ServeConfig(model, slots=args.slots, max_seq_len=msl, decode_steps=args.decode_steps,
                          **precision(args, 1))  # fmt: skip
-    log(f"serving: fitting {model.name} slots {args.slots} max_seq_len {msl} ...")
     grid = engine_fit.grid_for(config, ServerShape(max_seq_len=msl).decode_buckets,
                                config.prefill_buckets, args.quick)  # fmt: skip
     base = base_model(model, args, 1)
-    try:
+
+    def fit_now(name: str) -> tuple[CostModel, Path]:
+        log(f"serving: fitting {model.name} slots {args.slots} max_seq_len {msl} ({name}) ...")
         cost = engine_fit.fit_engine(config, jax.devices()[:1], base, grid=grid, log=log)
+        return cost, save_fit(cost, work / f"{name}.yaml")
+
+    try:
+        first, fit_file = fit_now("serving-fit")
     except ValueError as exc:  # the timings cannot be fitted: nothing to simulate with
         errors.append(f"serving {model.name}: {exc}")
         log(f"serving: no fit, no runs: {exc}")
         return []
-    fit_file = save_fit(cost, work / "serving-fit.yaml")
     server = ["--slots", str(args.slots), "--max-seq-len", str(msl), "--decode-steps",
               str(args.decode_steps), "--dtype", config.dtype, "--kernels", args.kernels,
               *(["--weight-dtype", args.weight_dtype] if args.weight_dtype else []),
@@ -418,8 +425,8 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
         lengths += ["--input-dist", "uniform", "--input-spread", spread(args.input_len)]
         lengths += ["--output-dist", "uniform", "--output-spread", spread(args.output_len)]
 
-    def sim(workload: list[str]) -> dict:
-        return _simulate(fit_file, ["--model", model.name, *server], workload)
+    def sim(workload: list[str], fit: Path = fit_file) -> dict:
+        return _simulate(fit, ["--model", model.name, *server], workload)
 
     capacity = sim(["--concurrency", str(args.slots), "--num-requests", str(args.max_requests),
                     *lengths])["request_throughput"]  # fmt: skip
@@ -445,13 +452,21 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
     points = []
     with EmbeddedServer(cmd, log=str(work / "server.log")) as srv:
         for i, (settings, flags) in enumerate(runs):
+            cost = first
+            if args.refit == "each":  # the server is idle: the two do not share cores
+                try:
+                    cost, fit_file = fit_now(f"fit-{i}")
+                except ValueError as exc:
+                    errors.append(f"serving {model.name} run {i}: {exc}")
+                    continue
+                log(f"serving: run {i}'s fit: {host_speed(cost, first, args.slots)} of the first")
             # a seed per run: the same prompts again would hit the server's prefix cache
             workload = [*flags, *lengths, "--seed", str(args.seed + i)]
             log(f"serving: loadgen {' '.join(workload)}")
             t0 = time.perf_counter()
             got = _loadgen(srv.url, workload, work / f"loadgen-{i}.json")
             stats = _server_stats(srv.url, time.perf_counter() - t0)  # this run's engine calls
-            want = sim(workload)
+            want = sim(workload, fit_file)
             settings = {"model": model.name, **settings, "completed": got["completed"],
                         "sim_completed": want["completed"]}  # fmt: skip
             points += serving_points(settings, got, want)
@@ -472,6 +487,15 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
                 + " of the fit's")  # fmt: skip
         srv.finish(clean=True)
     return points
+
+
+def host_speed(cost: CostModel, first: CostModel, slots: int) -> str:
+    """A later fit's decode step at the server's batch and its 128-token prefill, over the
+    first fit's: how far the host's speed moved between the two."""
+    ctx = 256
+    step = cost.decode_step_s(slots, ctx) / first.decode_step_s(slots, ctx)
+    pre = cost.prefill_s(128) / first.prefill_s(128)
+    return f"decode step x{step:.2f}, prefill x{pre:.2f}"
 
 
 # -- the command line ----------------------------------------------------------------------------
@@ -503,6 +527,19 @@ ROUNDS_HELP = (
 )
 
 
+FIT_BATCHES_HELP = (
+    "batches the fit sees (default: what `scaletui calibrate --model` times at 8 and at 32 "
+    "slots, dp, slots / 4 and slots; 4 and 16 are then what a turn of the slots knob asks)"
+)
+REFIT_HELP = (
+    "each: fit the server's configuration again just before every loadgen run (the server idle "
+    "meanwhile; about 95 s each on 2 cores), as `scaletui calibrate --model` is run just before "
+    "a benchmark; once: one fit before the server starts. On a shared host the speed moves "
+    "10-20 %% over minutes: on the 2-vCPU Zen 2 one fit made in a slow spell read every run's "
+    "decode steps 0.81-0.93x"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0].replace("\n", " "),
@@ -516,7 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--batches", type=_ints, default=[1, 2, 4, 8, 16, 32], help="decode batch = slots")
     a("--contexts", type=_ints, default=[128, 256, 512, 1024, 2048],
       help="KV buckets (a value between buckets runs in the next one up)")  # fmt: skip
-    a("--fit-batches", type=_ints, default=[1, 4, 32], help="batches the fit sees")
+    a("--fit-batches", type=_ints, default=[1, 2, 8, 32], help=FIT_BATCHES_HELP)
     a("--fit-contexts", type=_ints, default=[128, 512, 2048], help="contexts the fit sees")
     a("--prefill-tokens", type=_ints, default=[64, 256, 1024], help="held-out prompt lengths")
     a("--fit-prefill-tokens", type=_ints, default=[32, 128, 512, 2048])
@@ -550,6 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--min-requests", type=int, default=40)
     s.add_argument("--max-requests", type=int, default=80)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--refit", choices=("each", "once"), default="each", help=REFIT_HELP)
     o = p.add_argument_group("what to run and print")
     o.add_argument("--skip-decode", action="store_true", help="(its fit points still run)")
     o.add_argument("--skip-prefill", action="store_true")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -99,6 +100,33 @@ def test_as_run_points_are_judged_apart_from_the_acceptance(fidelity):
     assert "serving p50_ttft_ms max |e| 40.0% <= 15%: NOT MET" in text
     assert "engine speed each run measured" in text and "as_run p50_ttft_ms max |e| 10.0%" in text
     assert "engine speed" not in fidelity.summary_text(serving)
+
+
+def test_host_speed_is_a_later_fit_over_the_first(fidelity):
+    from scaletui.roofline.costmodel import CostModel
+    from scaletui.specs import load_hardware, load_model
+
+    assumed = CostModel.assumed(load_model("tiny"), load_hardware("h100"), dtype="bf16")
+    first = replace(assumed, prefill_knots=((64, 0.01), (128, 0.02)))  # as a fit times them
+    later = first.scaled(0.8, 1.25)  # decode 20 % faster, prefill 25 % slower
+    assert fidelity.host_speed(later, first, slots=8) == "decode step x0.80, prefill x1.25"
+
+
+def test_defaults_refit_before_each_run_and_fit_what_calibrate_times(fidelity):
+    from scaletui import engine_fit
+    from scaletui.serve.config import ServeConfig
+    from scaletui.specs import load_model
+
+    args = fidelity.parse([])
+    assert args.refit == "each" and fidelity.parse(["--refit", "once"]).refit == "once"
+    # what calibrate times (dp, slots / 4, slots) at 8 and at 32 slots: 4 and 16 are held out
+    timed = {p.batch for slots in (8, 32) for p in engine_fit.grid_for(
+        ServeConfig(load_model("tiny"), slots=slots, max_seq_len=256), [128, 256],
+        [16, 32]).decode}  # fmt: skip
+    assert sorted(timed) == args.fit_batches == [1, 2, 8, 32]
+    held = {b for b, _, h in fidelity.decode_grid(args.batches, [128], args.fit_batches, [128])
+            if h}  # fmt: skip
+    assert held == {4, 16}
 
 
 def test_quick_fills_what_the_command_line_leaves_out(fidelity):
