@@ -122,6 +122,26 @@ def test_ratio_is_measured_over_expected(monkeypatch):
     assert views.Kpi("x", "x", "ms", 1.0, None, 3.0).ratio is None
 
 
+def test_a_note_says_when_the_engine_runs_far_off_its_fit(monkeypatch):
+    """The server's own decode step more than 15 % off the fit's: the KPI panel says the
+    host's speed moved (every m/e carries it); within 15 %, or on assumed efficiencies, or for
+    pending knobs (their expectation is not what runs), no note."""
+    monkeypatch.setattr(tui_expect, "INTAKE_S", 0.0)
+    expected = (7 * (2 + 4 * 1) / 4 + (2 + 3 * 1) / 3) / 8  # the hand fit's step, as above
+    save_fit(hand_fit())
+    slow = views.build_view(serving(step_ms=1.25 * expected)).speed_note
+    assert slow is not None and "×1.25 its fit" in slow and "slower" in slow
+    fast = views.build_view(serving(step_ms=0.8 * expected)).speed_note
+    assert fast is not None and "×0.80" in fast and "faster" in fast
+    assert views.build_view(serving(step_ms=1.1 * expected)).speed_note is None
+    assert views.build_view(serving()).speed_note is None  # nothing measured yet
+    m = serving(step_ms=1.25 * expected)
+    m.edit(output_len=64)
+    assert m.pending and views.build_view(m).speed_note is None
+    far = views.Kpi("decode_step", "decode step", "ms", 1.0, 1.0, 2.0)
+    assert views.speed_note(far, fitted=False) is None  # assumed efficiencies say so already
+
+
 def test_status_names_the_fit_in_use():
     save_fit(hand_fit())
     v = views.build_view(serving())

@@ -30,6 +30,9 @@ from scaletui.tui.predict import Prediction
 from scaletui.tui.state import RunRow, SessionState, SweepPoint
 
 POOL_WINDOWS = 5  # measured KPIs pool the run's last 5 loadgen windows (5 s)
+# the server's own decode step this far off its fit's gets a note: two fits of one configuration
+# a minute apart read the step up to 9 % apart on a shared 2-core host (docs/benchmarks.md)
+SPEED_NOTE_AT = 0.15
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class View:
     prediction_note: str | None
     fit: str  # the cost model in use, for the status bar: "vm small f32 xla tp1 (...)"
     expected_note: str | None  # why the expectation is assumed, or why there is none
+    speed_note: str | None  # the engine runs far off its fit's speed (the host's speed moved)
     slots_used: int | None
     run: int
     run_elapsed: float | None
@@ -161,24 +165,22 @@ def build_view(m: SessionState) -> View:
     exp_tok_s = e and e.tok_s
     if sim_run is not None and span is not None and recent:
         exp_tok_s = sim_run.tok_s(*span) or exp_tok_s
+    decode = Kpi(
+        "decode_step", "decode step", "ms", p and p.tpot_ms, e and e.decode_step_ms,
+        stats.step_per_token_ms,
+    )  # fmt: skip
     kpis = (
         *(
             Kpi(key, label, "ms", fv, ev, measured(fw, q, fs))
             for key, label, fv, ev, fw, q, fs in latency
         ),
-        Kpi(
-            "decode_step",
-            "decode step",
-            "ms",
-            p and p.tpot_ms,
-            e and e.decode_step_ms,
-            stats.step_per_token_ms,
-        ),
+        decode,
         Kpi("tok_s", "output tok/s", "tok/s", p and p.tok_s, exp_tok_s, tok_s),
         # memory is counted, not timed: what the server allocates is the expectation too
         Kpi("mem", "mem/chip", "B", p and p.mem_per_chip, p and p.mem_per_chip, mem),
     )
     fit, expected_note = fit_words(m, exp_got)
+    fitted = e is not None and e.fit.source == "fit" and not m.pending
     series = [(t, w) for t, w, _ in m.windows if w.ttft_ms.p50 is not None]
     capacity = stats.device_bytes_limit
     if capacity is None and pred is not None:
@@ -214,6 +216,7 @@ def build_view(m: SessionState) -> View:
         prediction_note=got if isinstance(got, str) else m.hardware.note,
         fit=fit,
         expected_note=expected_note,
+        speed_note=speed_note(decode, fitted),
         slots_used=None if stats.slots_used is None else int(stats.slots_used),
         run=m.run_id,
         run_elapsed=last_t,
@@ -257,6 +260,19 @@ def fit_words(m: SessionState, got: Expectation | str) -> tuple[str, str | None]
     return label, note
 
 
+def speed_note(decode: Kpi, fitted: bool) -> str | None:
+    """When the server's own decode step (/stats, its last 5 s) is more than SPEED_NOTE_AT off
+    what the fit says for the applied knobs: the engine itself runs at another speed than when
+    it was timed, so every m/e carries that (the host's speed moved, or the fit is stale), not
+    the scheduling. None for an assumed expectation (its note says so already)."""
+    r = decode.ratio
+    if not fitted or r is None or abs(r - 1) <= SPEED_NOTE_AT:
+        return None
+    way = "slower" if r > 1 else "faster"
+    return (f"the engine's decode step runs ×{r:.2f} its fit: the host is {way} than when it "
+            f"was fitted, and latency and tok/s m/e move with it (refit: palette)")  # fmt: skip
+
+
 def backend_label(stats: StatsSnapshot) -> str:
     """`cpu`, or `cpu+native` when the generate engine runs the native CPU kernels (`gpu+pallas`
     on JAX's Pallas paged attention)."""
@@ -283,7 +299,7 @@ def redraw_keys(v: View) -> dict[str, tuple]:
             v.precision_applied,
         ),
         "#knobs": (v.applied, v.knobs, v.hardware, v.precision_applied, v.precision),
-        "#kpis": (v.kpis, v.pending, v.prediction_note, v.expected_note),
+        "#kpis": (v.kpis, v.pending, v.prediction_note, v.expected_note, v.speed_note),
         "#memory": (v.mem_weights, v.mem_kv, v.mem_capacity, v.mem_max_slots, v.prediction),
         "#latency": (v.xs, v.ttft_p50, v.exp_ttft_ms, v.exp_tpot_ms),
         "#strips": (v.spark_tok_s, v.spark_queue, v.spark_occupancy, v.spark_kv),

@@ -28,7 +28,10 @@ Every number comes in three levels, **floor | exp | meas**, then **m/e** = measu
   from 1, either way, something is not modelled: a ratio above 1 on latency (or below 1 on
   tok/s) is time the server spends that the fit never timed (a new shape, interference, a
   stale or assumed fit: try `refit`); the other way, the fit was timed on a slower moment.
-  A big gap between floor and expected is overhead the roofline ignores.
+  A big gap between floor and expected is overhead the roofline ignores. A yellow note under
+  the KPIs says when the server's own decode step runs more than 15 % off its fit: the host's
+  speed moved since the fit (shared hosts drift 10-20 % in minutes), and every m/e moves with
+  it, not because of the scheduling.
 `*` after floor / exp means both are for **pending** knobs not yet applied (`a` applies them).
 
 ## Glossary

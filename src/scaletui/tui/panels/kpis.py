@@ -41,6 +41,8 @@ class KpiPanel(Static):
             notes.append(Text("* for pending knobs (a applies)", "yellow"))
         if v.expected_note:
             notes.append(Text(v.expected_note, "dim italic"))
+        if v.speed_note:
+            notes.append(Text(v.speed_note, "yellow"))
         if v.prediction_note:
             notes.append(Text(v.prediction_note, "dim italic"))
         self.update(Group(table, *notes))
