@@ -456,8 +456,9 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
             if args.refit == "each":  # the server is idle: the two do not share cores
                 try:
                     cost, fit_file = fit_now(f"fit-{i}")
-                except ValueError as exc:
+                except ValueError as exc:  # this run has nothing to simulate with
                     errors.append(f"serving {model.name} run {i}: {exc}")
+                    log(f"serving: run {i} skipped, no fit: {exc}")
                     continue
                 log(f"serving: run {i}'s fit: {host_speed(cost, first, args.slots)} of the first")
             # a seed per run: the same prompts again would hit the server's prefix cache

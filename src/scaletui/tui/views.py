@@ -263,14 +263,16 @@ def fit_words(m: SessionState, got: Expectation | str) -> tuple[str, str | None]
 def speed_note(decode: Kpi, fitted: bool) -> str | None:
     """When the server's own decode step (/stats, its last 5 s) is more than SPEED_NOTE_AT off
     what the fit says for the applied knobs: the engine itself runs at another speed than when
-    it was timed, so every m/e carries that (the host's speed moved, or the fit is stale), not
-    the scheduling. None for an assumed expectation (its note says so already)."""
+    it was timed, so every m/e carries that (the host's speed moved, the fit is stale, or the
+    slots are a batch the fit interpolates), not the scheduling. None for an assumed
+    expectation (its note says so already)."""
     r = decode.ratio
     if not fitted or r is None or abs(r - 1) <= SPEED_NOTE_AT:
         return None
     way = "slower" if r > 1 else "faster"
-    return (f"the engine's decode step runs ×{r:.2f} its fit: the host is {way} than when it "
-            f"was fitted, and latency and tok/s m/e move with it (refit: palette)")  # fmt: skip
+    return (f"the engine's decode step runs ×{r:.2f} its fit's, and latency and tok/s m/e "
+            f"carry that: a host {way} than at fit time, or a batch the fit did not time "
+            f"(refit: palette)")  # fmt: skip
 
 
 def backend_label(stats: StatsSnapshot) -> str:

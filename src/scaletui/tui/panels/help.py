@@ -30,8 +30,8 @@ Every number comes in three levels, **floor | exp | meas**, then **m/e** = measu
   stale or assumed fit: try `refit`); the other way, the fit was timed on a slower moment.
   A big gap between floor and expected is overhead the roofline ignores. A yellow note under
   the KPIs says when the server's own decode step runs more than 15 % off its fit: the host's
-  speed moved since the fit (shared hosts drift 10-20 % in minutes), and every m/e moves with
-  it, not because of the scheduling.
+  speed moved since the fit (shared hosts drift 10-20 % in minutes) or the slots are a batch
+  the fit did not time, and every m/e carries that, not the scheduling.
 `*` after floor / exp means both are for **pending** knobs not yet applied (`a` applies them).
 
 ## Glossary
