@@ -452,10 +452,10 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
     points = []
     with EmbeddedServer(cmd, log=str(work / "server.log")) as srv:
         for i, (settings, flags) in enumerate(runs):
-            cost = first
+            cost, run_fit = first, fit_file
             if args.refit == "each":  # the server is idle: the two do not share cores
                 try:
-                    cost, fit_file = fit_now(f"fit-{i}")
+                    cost, run_fit = fit_now(f"fit-{i}")
                 except ValueError as exc:  # this run has nothing to simulate with
                     errors.append(f"serving {model.name} run {i}: {exc}")
                     log(f"serving: run {i} skipped, no fit: {exc}")
@@ -467,7 +467,7 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
             t0 = time.perf_counter()
             got = _loadgen(srv.url, workload, work / f"loadgen-{i}.json")
             stats = _server_stats(srv.url, time.perf_counter() - t0)  # this run's engine calls
-            want = sim(workload, fit_file)
+            want = sim(workload, run_fit)
             settings = {"model": model.name, **settings, "completed": got["completed"],
                         "sim_completed": want["completed"]}  # fmt: skip
             points += serving_points(settings, got, want)

@@ -180,7 +180,6 @@ def build_view(m: SessionState) -> View:
         Kpi("mem", "mem/chip", "B", p and p.mem_per_chip, p and p.mem_per_chip, mem),
     )
     fit, expected_note = fit_words(m, exp_got)
-    fitted = e is not None and e.fit.source == "fit" and not m.pending
     series = [(t, w) for t, w, _ in m.windows if w.ttft_ms.p50 is not None]
     capacity = stats.device_bytes_limit
     if capacity is None and pred is not None:
@@ -216,7 +215,7 @@ def build_view(m: SessionState) -> View:
         prediction_note=got if isinstance(got, str) else m.hardware.note,
         fit=fit,
         expected_note=expected_note,
-        speed_note=speed_note(decode, fitted),
+        speed_note=speed_note(decode, e is not None and e.fit.source == "fit" and not m.pending),
         slots_used=None if stats.slots_used is None else int(stats.slots_used),
         run=m.run_id,
         run_elapsed=last_t,
