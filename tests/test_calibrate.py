@@ -215,3 +215,19 @@ def test_a_roof_is_the_fastest_pass_so_a_slow_spell_costs_one_pass_of_each(monke
     assert got["a"][0] == 1.0 and got["a"][2] == [1.0, 2.0, 1.0]
     assert got["b"][0] == 2.0 and got["b"][2] == [4.0, 2.0, 2.0]
     assert len(got["a"][1]) == len(got["b"][1]) == 6  # every run kept, the warm-up left out
+
+
+def test_read_stream_timed_between_other_work_is_judged_by_its_fastest_pass(monkeypatch):
+    """`ReadStream` (what bench/calibrate_check.py interleaves with the engine's read): each
+    `run` is one pass; `bw` is calibrate's hbm_bw over the passes so far, so a slow pass later
+    does not pull it down and a faster one lifts it."""
+    pass_seconds = iter([2.0, 1.0, 4.0])
+    monkeypatch.setattr(cal, "_runs", lambda fn, reps, min_s: [next(pass_seconds)] * reps)
+    stream = cal.ReadStream(sizes=TINY)
+    (working_set,) = TINY.read_points  # one READ_SHAPE matrix: TINY is smaller than one
+    stream.run()
+    assert stream.bw() == working_set / 2.0
+    stream.run()
+    assert stream.bw() == working_set / 1.0
+    stream.run()
+    assert stream.bw() == working_set / 1.0

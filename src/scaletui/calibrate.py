@@ -243,6 +243,28 @@ def _read_figure(passes: _Passes, sizes: Sizes) -> dict:
     }
 
 
+class ReadStream:
+    """calibrate's `hbm_bw` method, timed one pass at a time between other work: a check that
+    compares another read with hbm_bw interleaves their passes, so both see the same host (on a
+    shared 2-core host the read bandwidth swings 25 % within a minute; bench/calibrate_check.py)."""
+
+    def __init__(self, device=None, sizes: Sizes | None = None) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        self.sizes = sizes or Sizes.for_backend(jax.default_backend())
+        device = device or jax.devices()[0]
+        self._passes = _read_stream(jax, jnp, device, self.sizes)
+
+    def run(self) -> None:
+        """One pass over every working set."""
+        self._passes.run()
+
+    def bw(self) -> float:
+        """hbm_bw over the passes run so far, as calibrate judges it (bytes/s)."""
+        return _read_figure(self._passes, self.sizes)["bw"]
+
+
 def _copy_bw(jax, jnp, device, nbytes: int, reps: int, min_s: float) -> dict:
     n = nbytes // 4
     scale = jax.jit(lambda x, s: x * s, donate_argnums=0)
