@@ -231,3 +231,12 @@ def test_read_stream_timed_between_other_work_is_judged_by_its_fastest_pass(monk
     assert stream.bw() == working_set / 1.0
     stream.run()
     assert stream.bw() == working_set / 1.0
+
+
+def test_read_passes_far_apart_get_a_note_naming_their_range():
+    """The passes at the largest working set decide; 15 % apart is still quiet."""
+    small = {"bytes": 1 << 20, "pass_bws": [10e9, 40e9]}  # inside the cache: not judged
+    assert cal.read_spread_note([small, {"bytes": GiB, "pass_bws": [30e9, 34.5e9]}]) is None
+    note = cal.read_spread_note([small, {"bytes": GiB, "pass_bws": [24e9, 33e9, 25e9]}])
+    assert note is not None and "24.0-33.0 GB/s" in note
+    assert cal.read_spread_note([{"bytes": GiB, "pass_bws": [20e9]}]) is None

@@ -243,6 +243,24 @@ def _read_figure(passes: _Passes, sizes: Sizes) -> dict:
     }
 
 
+SPREAD_NOTE_AT = 1.15  # read passes further apart than this get a note
+
+
+def read_spread_note(curve: list[dict]) -> str | None:
+    """A note when the read stream's passes at its largest working set disagree by more than
+    SPREAD_NOTE_AT: the host's memory bandwidth moved during the calibration. On a shared 2-vCPU
+    Zen 2 it flips between about 24 and 33 GB/s in spells of 30 s to minutes, so two
+    calibrations agree only when both catch a fast pass (docs/benchmarks.md)."""
+    bws = max(curve, key=lambda p: p["bytes"])["pass_bws"]
+    if len(bws) < 2 or max(bws) <= SPREAD_NOTE_AT * min(bws):
+        return None
+    return (
+        f"hbm_bw: the read passes ranged {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} GB/s, so this "
+        "host's memory bandwidth moved during the calibration (a shared host or VM); hbm_bw is "
+        "the fastest pass, and a calibration run wholly in a slow spell reads lower"
+    )
+
+
 class ReadStream:
     """calibrate's `hbm_bw` method, timed one pass at a time between other work: a check that
     compares another read with hbm_bw interleaves their passes, so both see the same host (on a
@@ -468,10 +486,15 @@ def calibrate(
     read = _read_figure(read_passes, sizes)
     log(f"calibrate:       {read['bw'] / 1e9:.1f} GB/s read (past the cache; passes at the "
         f"start, after the thin matmuls and after the GEMMs)")  # fmt: skip
+    spread = read_spread_note(read["curve"])
+    if spread:
+        log(f"calibrate:       note: {spread}")
     log("calibrate: [4/5] dispatch floor ...")
     dispatch_s, dispatch_method = _dispatch(jax, jnp, dev, sizes.dispatch_calls)
     log(f"calibrate:       {dispatch_s * 1e6:.1f} us per jitted call + sync")
     notes = ["dcn_bw: no off-host link measured; set equal to ici_bw"]
+    if spread:
+        notes.append(spread)
     if len(devices) > 1:
         log(f"calibrate: [5/5] all-reduce over {len(devices)} devices ...")
         ar = _all_reduce(jax, jnp, devices, sizes.allreduce_bytes, sizes.reps, sizes.min_time_s)
