@@ -126,7 +126,8 @@ def test_fits_are_stored_per_host_model_dtype_kernels_and_mesh(private_config):
     assert "box" in path.name and "tp2-dp1" in path.name
     back = fitstore.load_fit(path)
     stamped = {"fit_version": fitstore.FIT_VERSION, "versions": fitstore.engine_versions(),
-               **got.info}  # what save_fit adds  # fmt: skip
+               "kernels_source": fitstore.kernels_source(), **got.info}  # fmt: skip
+    # (what save_fit adds)
     assert back == dataclasses.replace(got, info=stamped) and back.info == stamped
     assert fitstore.find_fit("small", "f32", 2, 1, "auto", host="box") == path
     assert fitstore.find_fit("small", "f32", 2, 1, "xla", host="box") is None
@@ -180,6 +181,29 @@ def test_a_fit_made_under_another_jax_is_not_found(private_config):
     path.write_text(yaml.safe_dump(data))
     again = fitstore.save_fit(fitstore.load_fit(path), private_config / "again.yaml")
     assert fitstore.load_fit(again).info["versions"] == {"jax": "0.0.1"}
+
+
+def test_a_native_fit_is_stale_once_the_kernels_source_changes(private_config):
+    """save_fit records a hash of kernels.cc on a fit of the native kernels (not on an XLA fit);
+    find_fit passes over the native fit once the recorded hash is not the installed source's."""
+    _, decode, prefill = _samples(noise=0.0)
+    got = rl.fit(_base(), decode, prefill)
+    native = fitstore.save_fit(dataclasses.replace(got, kernels="native"), host="box")
+    xla = fitstore.save_fit(dataclasses.replace(got, kernels="xla"), host="box")
+    now = fitstore.kernels_source()
+    assert now and len(now) == 16
+    assert fitstore.load_fit(native).info["kernels_source"] == now
+    assert "kernels_source" not in fitstore.load_fit(xla).info
+    find = lambda: fitstore.find_fit("small", "f32", 1, 1, "native", host="box")  # noqa: E731
+    assert find() == native and fitstore.stale(native) is None
+    data = yaml.safe_load(native.read_text())
+    data["info"]["kernels_source"] = "0" * 16
+    native.write_text(yaml.safe_dump(data))
+    assert fitstore.stale(native) == (
+        f"made with native kernels source {'0' * 16}, now {now} (kernels.cc changed since)"
+    )
+    assert find() is None
+    assert fitstore.find_fit("small", "f32", 1, 1, "auto", host="box") == xla
 
 
 def test_roofline_cli_prints_the_expectation_beside_the_floor(tmp_path, capsys):

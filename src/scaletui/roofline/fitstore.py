@@ -10,11 +10,14 @@ A stored fit carries `info.fit_version`; `find_fit` passes over one older than F
 without it), which is bumped whenever the engine's speed or what a fit measures changes, so a fit
 of yesterday's engine is made again rather than trusted. It carries `info.versions` too (jax and
 jaxlib as installed when it was made): XLA's code generation sets the engine's speed as much as
-ours does, so a fit made under another JAX is passed over as well.
+ours does, so a fit made under another JAX is passed over as well. A fit of the native kernels
+carries `info.kernels_source` (a hash of `serve/native/kernels.cc`, read as a file: roofline
+imports nothing of serve), and is passed over once that source changes, bumped or not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import re
 from importlib import metadata
@@ -26,8 +29,8 @@ from scaletui.roofline.costmodel import CostModel
 from scaletui.specs import user_config_dir
 
 __all__ = [
-    "FIT_VERSION", "engine_versions", "find_fit", "fit_path", "fits_dir", "fit_version", "load_fit",
-    "precision_tag", "save_fit", "stale", "stored_fits",
+    "FIT_VERSION", "engine_versions", "find_fit", "fit_path", "fits_dir", "fit_version",
+    "kernels_source", "load_fit", "precision_tag", "save_fit", "stale", "stored_fits",
 ]  # fmt: skip
 
 # 2: the native bf16 kernels stopped copying a table per generate call (2026-12-02), the fit
@@ -41,6 +44,7 @@ FIT_VERSION = 5
 
 
 ENGINE_PACKAGES = ("jax", "jaxlib")
+KERNELS_SOURCE = Path(__file__).parents[1] / "serve" / "native" / "kernels.cc"
 
 
 def engine_versions() -> dict[str, str]:
@@ -53,6 +57,15 @@ def engine_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return out
+
+
+def kernels_source(source: Path = KERNELS_SOURCE) -> str | None:
+    """A short hash of the native kernels' C++ source (None: not readable). Their speed is the
+    engine's speed when it runs them, so a fit records the source it timed."""
+    try:
+        return hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
 
 
 def fits_dir() -> Path:
@@ -94,8 +107,10 @@ def save_fit(cost: CostModel, path: Path | None = None, host: str | None = None)
     path = path or fit_path(cost.model, cost.dtype, cost.kernels, cost.tp, cost.dp, host,
                             weight_dtype=cost.weight_dtype, kv_dtype=cost.kv_dtype)  # fmt: skip
     data = cost.to_dict()
-    data["info"] = {"fit_version": FIT_VERSION, "versions": engine_versions(),
-                    **(data.get("info") or {})}  # fmt: skip
+    made = {"fit_version": FIT_VERSION, "versions": engine_versions()}
+    if cost.kernels == "native" and kernels_source():
+        made["kernels_source"] = kernels_source()
+    data["info"] = {**made, **(data.get("info") or {})}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -117,13 +132,19 @@ def fit_version(path: Path) -> int:
 
 def stale(path: Path) -> str | None:
     """Why a stored fit is not trusted ('fit version 1, now 2 ...'; 'made under jax 0.10.2,
-    now 0.11.0'), or None when it is current."""
+    now 0.11.0'; 'made with native kernels source 0a1b..., now 2c3d...'), or None when it is
+    current."""
     info = _info(path)
     version = _version(info)
     if version < FIT_VERSION:
         return f"fit version {version}, now {FIT_VERSION} (the engine or the fit changed since)"
     other = _other_engine(info)
-    return f"made under {other}" if other else None
+    if other:
+        return f"made under {other}"
+    made, now = info.get("kernels_source"), kernels_source()
+    if made and now and str(made) != now:
+        return f"made with native kernels source {made}, now {now} (kernels.cc changed since)"
+    return None
 
 
 def _version(info: dict) -> int:
