@@ -170,10 +170,18 @@ inline void dense_micro(const float* x, int64_t ldx, const W* panel, int64_t k0,
   constexpr int64_t kRowBytes = kPanel * sizeof(W);
   // prefetch one cache line every kStride rows (a panel row is 16..256 bytes)
   constexpr int kStride = kRowBytes >= 64 ? 1 : 64 / kRowBytes;
-  vf acc[MB][kVecs];
-  for (int r = 0; r < MB; ++r)
-    for (int c = 0; c < kVecs; ++c)
-      acc[r][c] = first ? vf{} : load(y + r * ldy + c * kLanes);
+  // Accumulator sets the rows take turns on. A row's FMAs wait for the previous row's (4-5
+  // cycles), so with one set a core does one panel row per FMA latency whatever MB is: on AVX2
+  // (16-column panels) 3.2 weights a cycle, which held an int8 batch-1 read to 18.5 GB/s on a
+  // 2-core Zen 2; with 4 sets it read 22.5-25 (batch 2, 2 sets: 18 -> 20.5-22). f32 and bf16
+  // rows carry 4x and 2x the bytes, so memory binds first (sets measured no faster there), and
+  // AVX-512's 64-column rows do 16 weights a cycle with one set.
+  constexpr int kSets = kLanes == 8 && std::is_same_v<W, int8_t> && MB <= 2 ? 4 / MB : 1;
+  vf acc[kSets][MB][kVecs];
+  for (int s = 0; s < kSets; ++s)
+    for (int r = 0; r < MB; ++r)
+      for (int c = 0; c < kVecs; ++c)
+        acc[s][r][c] = first || s > 0 ? vf{} : load(y + r * ldy + c * kLanes);
   // this pass prefetches every passes-th line: the work is spread over all passes. f32 panels
   // with AVX2 (one 64-byte line a row) in one pass of one or two rows leave it to the hardware
   // prefetcher: on a Zen 2 the prefetch of every line held a batch-1 read at 25-27 GB/s against
@@ -181,7 +189,7 @@ inline void dense_micro(const float* x, int64_t ldx, const W* panel, int64_t k0,
   // it, 16 without), and for bf16 / int8 rows (10-15 % slower without) it pays
   const bool prefetch = kLanes == 16 || !std::is_same_v<W, float> || passes > 1 || MB > 2;
   int countdown = pass;
-  for (int64_t k = k0; k < k1; ++k) {
+  auto row = [&](int64_t k, vf (&a)[MB][kVecs]) __attribute__((always_inline)) {
     const W* w = panel + k * kPanel;
     if (prefetch && k % kStride == 0 && countdown-- == 0) {
       countdown = passes - 1;
@@ -193,11 +201,18 @@ inline void dense_micro(const float* x, int64_t ldx, const W* panel, int64_t k0,
     for (int c = 0; c < kVecs; ++c) wv[c] = widen(w + c * kLanes);
     for (int r = 0; r < MB; ++r) {
       vf xv = splat(x[r * ldx + k]);
-      for (int c = 0; c < kVecs; ++c) acc[r][c] += xv * wv[c];
+      for (int c = 0; c < kVecs; ++c) a[r][c] += xv * wv[c];
     }
-  }
+  };
+  int64_t k = k0;
+  for (; k + kSets <= k1; k += kSets)
+    for (int s = 0; s < kSets; ++s) row(k + s, acc[s]);
+  for (; k < k1; ++k) row(k, acc[0]);
+  for (int s = 1; s < kSets; ++s)
+    for (int r = 0; r < MB; ++r)
+      for (int c = 0; c < kVecs; ++c) acc[0][r][c] += acc[s][r][c];
   for (int r = 0; r < MB; ++r)
-    for (int c = 0; c < kVecs; ++c) store(y + r * ldy + c * kLanes, acc[r][c]);
+    for (int c = 0; c < kVecs; ++c) store(y + r * ldy + c * kLanes, acc[0][r][c]);
 }
 
 template <typename W>
