@@ -64,12 +64,14 @@ def test_dense_keeps_leading_axes_and_pack_round_trips():
 
 
 @needs_kernels
-@pytest.mark.parametrize("m", [1, 5, 7, 16, 23, 200])
-def test_dense_reads_bf16_and_int8_panels(m):
+@pytest.mark.parametrize("m", [1, 2, 5, 7, 16, 23, 200])
+@pytest.mark.parametrize("d", [300, 303])
+def test_dense_reads_bf16_and_int8_panels(m, d):
     """The kernel widens bf16 and int8 weights in registers: the product of the f32 weights
-    they stand for (int8: q * column scale)."""
-    rng = np.random.default_rng(m)
-    x, w = _rand(rng, m, 300), _rand(rng, 300, 150)  # 150: a zero-padded last panel
+    they stand for (int8: q * column scale). D = 303 leaves rows past a multiple of the 4 / 2
+    accumulator sets int8 takes turns on at 1 / 2 rows with AVX2."""
+    rng = np.random.default_rng(m + d)
+    x, w = _rand(rng, m, d), _rand(rng, d, 150)  # 150: a zero-padded last panel
     wb = w.astype(ml_dtypes.bfloat16)
     qt = quant.quantize(w, (0,))
     for packed, w_ref in ((native.pack(wb), wb.astype(np.float32)),
@@ -77,7 +79,7 @@ def test_dense_reads_bf16_and_int8_panels(m):
         np.testing.assert_array_equal(native.unpack(packed, 150), w_ref)
         y = jax.jit(native.dense, static_argnums=2)(jnp.asarray(x), jax.device_put(packed), 150)
         assert y.dtype == jnp.float32 and y.shape == (m, 150)
-        np.testing.assert_allclose(np.asarray(y), x @ w_ref, rtol=1e-4, atol=1e-4 * np.sqrt(300))
+        np.testing.assert_allclose(np.asarray(y), x @ w_ref, rtol=1e-4, atol=1e-4 * np.sqrt(d))
     with pytest.raises(ValueError, match="column scales"):
         native.pack(qt.q)
 

@@ -173,9 +173,9 @@ inline void dense_micro(const float* x, int64_t ldx, const W* panel, int64_t k0,
   // Accumulator sets the rows take turns on. A row's FMAs wait for the previous row's (4-5
   // cycles), so with one set a core does one panel row per FMA latency whatever MB is: on AVX2
   // (16-column panels) 3.2 weights a cycle, which held an int8 batch-1 read to 18.5 GB/s on a
-  // 2-core Zen 2; with 4 sets it read 22.5-25 (batch 2, 2 sets: 18 -> 20.5-22). f32 and bf16
-  // rows carry 4x and 2x the bytes, so memory binds first (sets measured no faster there), and
-  // AVX-512's 64-column rows do 16 weights a cycle with one set.
+  // 2-core Zen 2; with 4 sets it read 22.5-25.6 (batch 2, 2 sets: 17.8-18.0 -> 20.4-23.2).
+  // f32 and bf16 rows carry 4x and 2x the bytes, so memory binds first (sets measured no
+  // faster there), and AVX-512's 64-column rows do 16 weights a cycle with one set.
   constexpr int kSets = kLanes == 8 && std::is_same_v<W, int8_t> && MB <= 2 ? 4 / MB : 1;
   vf acc[kSets][MB][kVecs];
   for (int s = 0; s < kSets; ++s)
