@@ -220,17 +220,44 @@ def test_a_roof_is_the_fastest_pass_so_a_slow_spell_costs_one_pass_of_each(monke
 def test_read_stream_timed_between_other_work_is_judged_by_its_fastest_pass(monkeypatch):
     """`ReadStream` (what bench/calibrate_check.py interleaves with the engine's read): each
     `run` is one pass; `bw` is calibrate's hbm_bw over the passes so far, so a slow pass later
-    does not pull it down and a faster one lifts it."""
+    does not pull it down and a faster one lifts it; `last_pass_bw` is the latest pass alone."""
     pass_seconds = iter([2.0, 1.0, 4.0])
     monkeypatch.setattr(cal, "_runs", lambda fn, reps, min_s: [next(pass_seconds)] * reps)
+    monkeypatch.setattr(cal, "_native_read", lambda *a: None)  # XLA's stream alone
     stream = cal.ReadStream(sizes=TINY)
     (working_set,) = TINY.read_points  # one READ_SHAPE matrix: TINY is smaller than one
     stream.run()
     assert stream.bw() == working_set / 2.0
+    assert stream.last_pass_bw() == working_set / 2.0
     stream.run()
     assert stream.bw() == working_set / 1.0
     stream.run()
     assert stream.bw() == working_set / 1.0
+    assert stream.last_pass_bw() == working_set / 4.0  # the pass alone: the slow one
+
+
+def test_hbm_bw_is_the_faster_kernels_read_pass_by_pass_and_overall(monkeypatch):
+    """On CPU the read stream runs through XLA's dot and the server's native kernel, round
+    robin; hbm_bw is the faster one's plateau (a roof the engine's own kernel beats is no
+    roof), and a pass alone is judged the same way."""
+    seconds = iter([2.0, 1.6, 1.0, 1.2, 4.0, 5.0])  # per pass: XLA, then native
+    monkeypatch.setattr(cal, "_runs", lambda fn, reps, min_s: [next(seconds)] * reps)
+    own_calls: list[int] = []
+    monkeypatch.setattr(cal, "_native_read", lambda *a: own_calls.append)
+    stream = cal.ReadStream(sizes=TINY)
+    (n,) = TINY.read_points
+    assert own_calls == [1]  # warmed up once: one matrix
+    stream.run()
+    assert stream.bw() == stream.last_pass_bw() == n / 1.6  # native faster in pass 1
+    stream.run()
+    assert stream.bw() == stream.last_pass_bw() == n / 1.0  # XLA faster in pass 2
+    stream.run()
+    assert stream.bw() == n / 1.0 and stream.last_pass_bw() == n / 4.0
+    figure = cal._read_figure(stream._passes, TINY)
+    assert figure["kernel"] == "xla" and figure["bw"] == n / 1.0
+    assert figure["curves"]["native"][0]["pass_bws"] == [n / 1.6, n / 1.2, n / 5.0]
+    assert figure["curve"] is figure["curves"]["xla"]
+    assert "native dense kernel" in figure["method"] and "(xla)" in figure["method"]
 
 
 def test_read_passes_far_apart_get_a_note_naming_their_range():

@@ -201,44 +201,84 @@ def _read_stream(jax, jnp, device, sizes: Sizes) -> _Passes:
     matrices, in one jitted call (contracting the weight's leading axis, as the model's dense
     layers do), nothing written back but F floats per matrix. XLA:CPU's kernel matters: on a
     2-core EPYC this reaches ~21 GB/s, a dot per row (`x[R, C] @ ones[C]`) ~23, a column sum over
-    one tall matrix ~17, and the same matrices as one batched einsum 1.3; the engine's batch-1
-    step reads its weights at ~0.9-1.0x of this figure (bench/calibrate_check.py). Every core the
-    server uses: XLA:CPU runs one op on its intra-op thread pool, one thread per host core,
-    shared by the server's jitted steps; this runs on that same default backend unpinned."""
+    one tall matrix ~17, and the same matrices as one batched einsum 1.3. On CPU the same
+    product also runs through the server's own dense kernel over packed panels (keys
+    ("native", bytes)), and hbm_bw is the faster of the two: on a 2-vCPU Zen 4 the native kernel
+    read 1.05-1.10x XLA's in both of the host's bandwidth spells, so an XLA-only roof was one
+    the engine's batch-1 step beat (bench/calibrate_check.py). Every core the server uses:
+    XLA:CPU runs one op on its intra-op thread pool, one thread per host core, shared by the
+    server's jitted steps; this runs on that same default backend unpinned."""
     gemvs = jax.jit(lambda h, ws: [h @ w for w in ws])
     h = jax.device_put(jnp.ones((1, READ_SHAPE[0]), jnp.float32), device)
     mat = READ_SHAPE[0] * READ_SHAPE[1] * 4
+    count = sizes.read_points[-1] // mat
     # one list of matrices; the smaller working sets are its first matrices (no more memory)
-    ws = [jax.device_put(jnp.ones(READ_SHAPE, jnp.float32), device)
-          for _ in range(sizes.read_points[-1] // mat)]  # fmt: skip
-    calls = {n: (lambda k=n // mat: jax.block_until_ready(gemvs(h, ws[:k])))
-             for n in sizes.read_points}  # fmt: skip
+    ws = [jax.device_put(jnp.ones(READ_SHAPE, jnp.float32), device) for _ in range(count)]
+    calls: dict = {n: (lambda k=n // mat: jax.block_until_ready(gemvs(h, ws[:k])))
+                   for n in sizes.read_points}  # fmt: skip
+    own = _native_read(jax, device, h, count)
+    if own is not None:
+        calls.update({("native", n): (lambda k=n // mat: own(k)) for n in sizes.read_points})
     return _Passes(calls, sizes.windows, sizes.reps, sizes.min_time_s / 3)
+
+
+def _native_read(jax, device, h, count: int) -> Callable[[int], object] | None:
+    """k -> h @ each of the first k of `count` READ_SHAPE f32 weights packed as the server packs
+    them, through its native dense kernel (blocking); None off CPU or without the kernels."""
+    if device.platform != "cpu":
+        return None
+    import numpy as np
+
+    from scaletui.serve import native  # the kernels' build: cached, or compiled once here
+
+    if not native.available():
+        return None
+    panels = native.pack(np.ones(READ_SHAPE, np.float32))
+    ws = [jax.device_put(panels.copy(), device) for _ in range(count)]  # a buffer each
+    f = READ_SHAPE[1]
+    gemvs = jax.jit(lambda h, ws: [native.dense(h, w, f) for w in ws])
+    return lambda k: jax.block_until_ready(gemvs(h, ws[:k]))
+
+
+def _read_curves(timed: dict) -> dict[str, list[dict]]:
+    """{kernel: [{bytes, bw, pass_bws}] by working set} from `_Passes.result()` of
+    `_read_stream` (XLA's keys are the bytes, the native kernel's ("native", bytes))."""
+    curves: dict[str, list[dict]] = {}
+    for key, (t, _, medians) in timed.items():
+        kernel, n = key if isinstance(key, tuple) else ("xla", key)
+        point = {"bytes": n, "bw": n / t, "pass_bws": [n / x for x in medians]}
+        curves.setdefault(kernel, []).append(point)
+    return curves
 
 
 def _read_figure(passes: _Passes, sizes: Sizes) -> dict:
     timed = passes.result()
-    curve = [{"bytes": n, "bw": n / t, "pass_bws": [n / x for x in medians]}
-             for n, (t, _, medians) in timed.items()]  # fmt: skip
-    t, runs, _ = timed[sizes.read_points[-1]]
+    curves = _read_curves(timed)
+    plateaus = {k: pick_read_bw(c, sizes.llc_bytes) for k, c in curves.items()}
+    kernel = max(plateaus, key=plateaus.get)
+    largest = sizes.read_points[-1]
+    t, runs, _ = timed[largest if kernel == "xla" else (kernel, largest)]
     last = _summary(t, runs)
-    bw = pick_read_bw(curve, sizes.llc_bytes)
     llc = f"LLC {sizes.llc_bytes} B" if sizes.llc_bytes else "LLC unknown"
+    each = ", ".join(f"{k} {bw / 1e9:.1f} GB/s" for k, bw in plateaus.items())
     method = (
         f"read-only GEMVs h[1, {READ_SHAPE[0]}] @ W[{READ_SHAPE[0]}, {READ_SHAPE[1]}] f32 over a "
-        "list of matrices in one call (jit, block_until_ready) "
-        f"at working sets {[p['bytes'] for p in curve]} B ({llc}), timed round robin in "
+        "list of matrices in one call (jit, block_until_ready), through XLA's dot"
+        + (" and scaletui's native dense kernel (packed panels)" if len(curves) > 1 else "")
+        + f", at working sets {list(sizes.read_points)} B ({llc}), timed round robin in "
         f"{sizes.windows} passes spread over the calibration, each point its fastest pass's "
-        f"median (>= {sizes.reps} runs in all after a warm-up); bw = median of the points >= 8x "
-        "LLC; bytes read only"
+        f"median (>= {sizes.reps} runs in all after a warm-up); per kernel the median of the "
+        f"points >= 8x LLC ({each}); bw = the faster kernel's ({kernel}); bytes read only"
     )
     return {
-        "bw": bw,
+        "bw": plateaus[kernel],
+        "kernel": kernel,
         "method": method,
-        "working_set_bytes": sizes.read_points[-1],
+        "working_set_bytes": largest,
         "llc_bytes": sizes.llc_bytes,
-        "curve": curve,
-        "bytes_moved": sizes.read_points[-1],
+        "curve": curves[kernel],
+        "curves": curves,
+        "bytes_moved": largest,
         **last,
     }
 
@@ -281,6 +321,14 @@ class ReadStream:
     def bw(self) -> float:
         """hbm_bw over the passes run so far, as calibrate judges it (bytes/s)."""
         return _read_figure(self._passes, self.sizes)["bw"]
+
+    def last_pass_bw(self) -> float:
+        """hbm_bw of the latest pass alone (bytes/s): the faster kernel's plateau, as calibrate
+        judges it, over that pass's medians. A check beside another read compares pass with
+        pass: on a shared host the read bandwidth jumps 35-45 % for 5-100 s at a time, so the
+        fastest pass of each side may come from different spells."""
+        latest = {k: (m[-1], [], [m[-1]]) for k, m in self._passes.medians.items()}
+        return max(pick_read_bw(c, self.sizes.llc_bytes) for c in _read_curves(latest).values())
 
 
 def _copy_bw(jax, jnp, device, nbytes: int, reps: int, min_s: float) -> dict:
