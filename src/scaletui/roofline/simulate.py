@@ -58,10 +58,12 @@ MODES = ("interleaved", "disaggregated")
 BOS_TOKENS = 1  # what our server puts before a text prompt (its tokenizer's BOS), not before ids
 INTAKE_S = 1e-3  # our server's intake per request (aiohttp, JSON, tokenizer; ~0.5-2 ms on CPU)
 # our scheduler's host time before an engine call (bookkeeping, insert, token fan-out) and its
-# growth per running request: the server's /stats host_gap read 0.75 / 1.04-1.14 / 1.38-1.44 ms
-# at 1 / 4 / 8 running (`small`, 8 slots, 2 Zen 4 cores)
-HOST_GAP_S = 0.65e-3
-HOST_GAP_PER_ROW_S = 0.09e-3
+# growth per running request: the least-squares line through the server's /stats host_gap in
+# twelve loadgen runs on 2 Zen 4 vCPUs (`small`, 8 slots; 0.57-0.61 / 0.83-0.86 / 1.03-1.11 ms
+# at 1 / 4 / 8 running, each run within 9 % of the line), 2026-12-05; on Zen 2 the gaps read
+# 0.74-1.02x of the line before it (0.65 + 0.09 ms a row), about as far below as these
+HOST_GAP_S = 0.55e-3
+HOST_GAP_PER_ROW_S = 0.07e-3
 ROW_GRAIN = 8  # native kernels: a running row's attention cost at its length rounded up to this
 
 
