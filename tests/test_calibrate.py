@@ -125,6 +125,10 @@ def test_calibrate_writes_a_loadable_local_spec(
     assert hw.hbm_bw == pytest.approx(measured["memory"]["bw"])
     assert measured["memory"]["working_set_bytes"] == TINY.read_points[-1]
     assert [p["bytes"] for p in measured["memory"]["curve"]] == TINY.read_points
+    # read through XLA and, where it runs, the server's native kernel: the faster one counts
+    curves = measured["memory"]["curves"]
+    assert set(curves) == ({"xla", "native"} if native.available() else {"xla"})
+    assert measured["memory"]["curve"] == curves[measured["memory"]["kernel"]]
     assert measured["memory_copy"]["bytes_moved"] == 2 * TINY.copy_bytes  # read + write
     for dtype in ("f32", "bf16"):  # flops_per_s is the prefill GEMM; thin ones beside it
         assert measured["matmul"][dtype]["shape"] == [TINY.prefill_t, TINY.d, TINY.f]
