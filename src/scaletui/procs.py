@@ -26,11 +26,33 @@ def signal_group(pgid: int, sig: int) -> None:
 
 
 def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs. A member that has exited but that its
+    parent (often this process, before `Popen.wait`) has not reaped yet is a zombie: it still
+    answers `killpg(pgid, 0)` but is gone, so where /proc says so it does not count."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    states = _member_states(pgid)
+    return states is None or any(state != "Z" for state in states)
+
+
+def _member_states(pgid: int) -> list[str] | None:
+    """The state letters (R, S, Z, ...) of the group's processes from /proc; None without it."""
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return None
+    states = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)"
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if len(fields) > 2 and int(fields[2]) == pgid:  # state, ppid, pgrp
+            states.append(fields[0].decode())
+    return states
 
 
 def stop_groups(pgids: list[int], grace_s: float = 3.0) -> None:
