@@ -14,9 +14,20 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# One cache for the whole run (the native kernels compile once, ~3 s), never the user's.
-_CACHE = tempfile.TemporaryDirectory(prefix="scaletui-test-cache-")
-os.environ["XDG_CACHE_HOME"] = _CACHE.name
+# One cache for the whole run, never the user's: the native kernels compile once, and every
+# XLA program once. JAX's persistent compile cache is on for the test process itself (not only
+# for the `scaletui` processes the tests start, which inherit the same directory), so an engine
+# that a later test builds again with the same shapes loads its programs instead of compiling.
+# SCALETUI_TEST_CACHE names a directory to keep instead (pytest-xdist workers share the
+# controller's; a developer may keep one between runs: programs of unchanged code load).
+_CACHE_ENV = "SCALETUI_TEST_CACHE"
+if not os.environ.get(_CACHE_ENV):
+    _OWN_CACHE = tempfile.TemporaryDirectory(prefix="scaletui-test-cache-")
+    os.environ[_CACHE_ENV] = _OWN_CACHE.name
+_CACHE_DIR = os.environ[_CACHE_ENV]
+os.environ["XDG_CACHE_HOME"] = _CACHE_DIR
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_CACHE_DIR, "scaletui", "jax")
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +36,7 @@ def private_config(tmp_path_factory, monkeypatch) -> Path:
     temporary files (log folders, server logs) under pytest's own temporary tree, not /tmp."""
     config = tmp_path_factory.mktemp("xdg-config")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
-    monkeypatch.setenv("XDG_CACHE_HOME", _CACHE.name)
+    monkeypatch.setenv("XDG_CACHE_HOME", _CACHE_DIR)
     scratch = tmp_path_factory.mktemp("tmp")
     monkeypatch.setenv("TMPDIR", str(scratch))
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
