@@ -1,6 +1,6 @@
-"""Golden cases from "How to Scale Your Model" (tests/data/scaling_book_cases.json, a copy of
-reference/scaling_book_cases.json): every case is either reproduced by the roofline package within
-its rel_tol or listed in NOT_COVERED with the reason."""
+"""Golden cases from "How to Scale Your Model" (Austin et al., 2025), each naming its part and
+section (tests/data/scaling_book_cases.json): every case is either reproduced by the roofline
+package within its rel_tol or listed in NOT_COVERED with the reason."""
 
 from __future__ import annotations
 
@@ -271,7 +271,7 @@ def test_every_case_is_checked_or_listed() -> None:
     )
 
 
-# sha256 of ../shared/reference/scaling_book_cases.json when tests/data got its copy
+# sha256 of the golden cases as first collected: tests/data's copy must not drift
 REFERENCE_SHA256 = "b471587c1b9e2b5d40b7b9eeb541683fe25bc375831e5ddd41751e6dced9282b"
 
 

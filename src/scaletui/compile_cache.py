@@ -1,11 +1,11 @@
-"""JAX's persistent compilation cache for every `scaletui` command (DESIGN.md §1: the
-server, fit and TUI processes share it).
+"""JAX's persistent compilation cache for every `scaletui` command (the server, fit and TUI
+processes share it).
 
 A server compiles one generate program per (KV bucket, steps) and one prefill program per prompt
 bucket at start-up, and `scaletui calibrate --model` (the TUI runs it in the background right
-after the server is up) compiles the same programs again in its own process: on a 2-core Zen 4,
-`calibrate --model small` spent 50 of its 64 s compiling. With the cache on disk, the second and
-later processes load those programs instead (that fit: 74 s, then 33 s).
+after the server is up) compiles the same programs again in its own process, most of its time
+on a small CPU. With the cache on disk, the second and later processes load those programs
+instead (docs/benchmarks.md, "Compile cache and start-up", has the times).
 
 `enable()` points JAX at `$XDG_CACHE_HOME/scaletui/jax` through the environment, before anything
 imports jax, so the server and fit processes the TUI and loadgen start inherit it. A user's own

@@ -1,5 +1,5 @@
 """Roofline building blocks on plain numbers: T_math, T_comms, one matmul, critical batch, and the
-decode / memory / serving formulas of the book's Parts 1, 7 and 8 (reference/roofline.md §2).
+decode / memory / serving formulas of the book's Parts 1, 7 and 8 (docs/roofline.md).
 
 These take counts and rates, not specs, so a case with an overridden parameter count or a KV size
 given directly is computed by the same code that `estimate()` uses.

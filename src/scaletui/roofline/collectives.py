@@ -1,8 +1,8 @@
 """Collective times on ICI / NVLink / DCN, after the book's Part 3 (TPU) and Part 12 (GPU).
 
 `bytes_` is always V, the size of the full (gathered / reduced) array that each chip ends with
-(reference/roofline.md §2.9). A ring of n chips moves V*(n-1)/n bytes through each chip; with
-wraparound both directions carry half. The book's TPU chapter drops the (n-1)/n factor
+(the book's Part 3, "Sharded Matrices"). A ring of n chips moves V*(n-1)/n bytes through each
+chip; with wraparound both directions carry half. The book's TPU chapter drops the (n-1)/n factor
 (`exact=False` reproduces it); its GPU chapter keeps it. Every collective also pays a latency per
 hop: n-1 hops one way round a ring (or through a switch), about n/2 on a bidirectional ring.
 """

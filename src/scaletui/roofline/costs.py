@@ -1,6 +1,6 @@
 """Parameter, FLOP and KV-cache costs of a LLaMA-style decoder, as pure functions of a ModelSpec.
 
-The book's conventions ("How to Scale Your Model", Parts 4 and 7; reference/roofline.md §2.2-2.4):
+The book's conventions ("How to Scale Your Model", Austin et al. 2025, Parts 4 and 7):
 a matmul [B,D]x[D,F] costs 2BDF FLOPs; forward FLOPs per token = 2*P with P the *total* parameter
 count (both embedding tables when untied, as the book counts them); attention dot products are
 extra: 4*T*S*N*H per layer forward (QK and AV), halved under a causal mask.
@@ -90,7 +90,7 @@ def active_param_count(model: ModelSpec) -> int:
 
 def flops_per_token(model: ModelSpec) -> int:
     """The book's forward FLOPs per token: 2*P with P the total (activated, for an MoE) parameter
-    count, both embedding tables included; reference/roofline.md §4.1 keeps this choice."""
+    count, both embedding tables included (docs/roofline.md, "Formulas")."""
     return 2 * active_param_count(model)
 
 

@@ -19,9 +19,9 @@ given.
 
 On CPU a bf16 pool is stored as its uint16 bits (`pool_dtype`): XLA CPU runs a bf16
 dynamic-update-slice or gather in f32, converting the whole pool both ways, so each page written
-read and wrote every page (`small`, 32 slots x 2048: a 128-token paged prefill took 125 ms
-against 70 on a one-slot pool). On the bits the writes are in place again. `to_pool` and
-`from_pool` cross between a pool's storage and its values (a bitcast of the few pages moved).
+read and wrote every page (docs/serve.md, "Paged KV cache", has the cost). On the bits the
+writes are in place again. `to_pool` and `from_pool` cross between a pool's storage and its
+values (a bitcast of the few pages moved).
 """
 
 from __future__ import annotations
@@ -244,8 +244,8 @@ def write_pages(pool: dict, entry: tuple, pages: jax.Array, layout: str = PAGE_M
     (global page ids), a page's worth of positions each; the positions past T in the last page
     are written as zeros (its sequence writes them before it reads them). Whole pages, one
     dynamic-update-slice each in a loop: XLA CPU does those in place, where a scatter, or the
-    same updates chained outside a loop, copied the whole pool per page (measured: 5 pages into
-    16 pools of 10 MB, scatter 128 ms, chained 215 ms, looped 22 ms)."""
+    same updates chained outside a loop, copied the whole pool per page (measured in
+    docs/history/benchmarks-2026-12.md, "Paged KV cache")."""
     s = pool["v"].shape[2]  # S is axis 2 in both layouts
     n = pages.shape[0]
     parts = dict(zip(("k", "v", "k_scale", "v_scale"), entry, strict=False))

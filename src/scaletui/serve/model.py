@@ -263,8 +263,8 @@ def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
     The earlier pages run in a loop as long as `start` needs (none for a fresh prompt), merged
     with a running max and sum (flash attention's online softmax), in f32. -> [T, N, H].
     Everything runs KV-head-major ([K, G, T, .]): XLA CPU's batched dots want the batch axis
-    first, and the [T, K, G, S] order cost transposes of the scores (512 tokens on `small`
-    bf16: 224 ms, K-major 156 ms, the contiguous prefill 173 ms)."""
+    first, and the [T, K, G, S] order cost transposes of the scores (measured in
+    docs/history/benchmarks-2026-12.md, "Paged KV cache")."""
     t, n, hd = q.shape
     kh, s = prior["k"].shape[1], prior["v"].shape[2]
     f32 = jnp.float32

@@ -1,8 +1,7 @@
 """Run every compiled shape of an engine once, before it serves.
 
 An XLA CPU executable pays a one-time cost on its first run (its temporary buffers are
-allocated and their pages faulted in): on a 2-core Zen 4 the server's first 128-token prefill
-took 1.7x its later ones (69 against 41 ms) and the first generate call of a KV bucket 1.3x.
+allocated and their pages faulted in), well above its later runs (docs/serve.md, "Start-up").
 Without this run a request pays it, once per shape, and a closed loop at concurrency 1 shows it
 as its p99 TTFT. vLLM makes the same dummy runs before it serves.
 

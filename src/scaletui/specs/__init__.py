@@ -1,4 +1,4 @@
-"""Typed loader for the YAML model and hardware specs (DESIGN.md §3); imports nothing of ours.
+"""Typed loader for the YAML model and hardware specs; imports nothing of ours.
 
 A spec argument is a name (`llama3-8b`, `h200`, `local`) or a path to a YAML file. Required keys
 are checked with the file, the key and what was expected named in the error; any other key

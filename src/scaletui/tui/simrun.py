@@ -2,8 +2,8 @@
 same part simulated, not with the whole run's percentiles.
 
 A closed loop starts with every request at once: the first wave queues behind its own prefills
-and reads a TTFT about three times the steady one (530 ms simulated, 580-640 measured, against
-200 after it, `small` at 8 slots on a 2-core host). The KPI panel pools the run's last five 1 s
+and reads a TTFT about three times the steady one (docs/tui.md, "Floor, expected, measured",
+has the figures). The KPI panel pools the run's last five 1 s
 windows, so in a run's first seconds it holds only that wave; the expectation for it is the same
 requests simulated: the run's completions number `first` on, in the windows' own counts.
 """

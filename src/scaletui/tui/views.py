@@ -30,8 +30,8 @@ from scaletui.tui.predict import Prediction
 from scaletui.tui.state import RunRow, SessionState, SweepPoint
 
 POOL_WINDOWS = 5  # measured KPIs pool the run's last 5 loadgen windows (5 s)
-# the server's own decode step this far off its fit's gets a note: two fits of one configuration
-# a minute apart read the step up to 9 % apart on a shared 2-core host (docs/benchmarks.md)
+# the server's own decode step this far off its fit's gets a note: past the spread of two fits
+# made a minute apart on a shared host (docs/tui.md, "Floor, expected, measured")
 SPEED_NOTE_AT = 0.15
 
 

@@ -31,10 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletui.serve.config import ServeConfig
 from scaletui.serve.native import toolchain
 from scaletui.serve.native.toolchain import slower_here  # noqa: F401  (the engine asks)
 from scaletui.serve.quant import QTensor
+from scaletui.shape import ServerShape
 
 XLA_ROWS = 512  # from this many rows (long prompts) XLA's own f32 matmul is on par or ahead
 DENSE = {"float32": "scaletui_dense_f32", "bfloat16": "scaletui_dense_bf16",
@@ -110,7 +110,7 @@ def pairs_for(compute: str) -> bool:
     return compute == "bf16" and bf16_dot_products()
 
 
-def unusable(config: ServeConfig, devices: list, *, dp: int, tp: int) -> str | None:
+def unusable(config: ServerShape, devices: list, *, dp: int, tp: int) -> str | None:
     """Why the native CPU kernels cannot run this engine, or None when they can."""
     m = config.model
     if any(d.platform != "cpu" for d in devices):
@@ -252,8 +252,8 @@ def _bits(table: PackedWeight) -> PackedWeight:
     """A bf16 table the model gathers rows from, held as its uint16 bits (plain bf16 panels
     and QTensors stay as they are). XLA's CPU backend converts a whole bf16 array before a
     gather or a dynamic slice, or copies it for a bitcast; hoisted out of the decode loop, that
-    was one copy of the table per generate call (small: 32 MB, ~10 ms of a 26 ms 4-step call at
-    batch 1). Bits gather as integers; the pairs kernel reads them as they are
+    was one copy of the table per generate call (docs/serve.md, "Native CPU kernels"). Bits
+    gather as integers; the pairs kernel reads them as they are
     (DENSE_BF16_DOT_BITS); an untied embedding is only gathered."""
     if isinstance(table, QTensor) or table.dtype.name != "bfloat16":
         return table
@@ -271,10 +271,8 @@ def dense(x: jax.Array, w: PackedWeight, n: int) -> jax.Array:
 
     The native kernel runs it (from 20 rows as a blocked GEMM over x packed once), except f32
     weights with XLA_ROWS rows or more (long prompts), which run XLA's matmul on the same
-    panels. Measured on [M, 2048] @ [2048, 8192] (2 vCPUs, Zen 3, best of 5, two runs): 128
-    rows native 27-29 ms vs XLA 28-54 ms; 512 rows 121-123 vs 106-128; 1024 rows 231-286 vs
-    211-238. A bf16 or int8 weight always runs the kernel (128 rows: 27-33 ms): XLA would
-    first write the whole weight out as f32.
+    panels: as fast or faster there (docs/serve.md, "Native CPU kernels"). A bf16 or int8
+    weight always runs the kernel: XLA would first write the whole weight out as f32.
 
     x in bf16 (`--dtype bf16`): every product is exact and the sums f32, whatever the weights;
     pairs panels (`pack(..., pairs=True)`) multiply as bf16 pairs (AVX512_BF16 `vdpbf16ps`, x

@@ -2,7 +2,7 @@
 //
 // XLA CPU runs thin matmuls ([B <= 16, D] x [D, F]) at a third to a half of this machine's
 // memory bandwidth and far below its FLOP/s, converts a bf16 or int8 weight whole before using
-// it, and runs decode attention as many tiny batched dots (docs/benchmarks.md). These kernels
+// it, and runs decode attention as many tiny batched dots (docs/serve.md). These kernels
 // do the same math the way the roofline assumes it:
 //
 //   scaletui_dense_{f32,bf16,i8}
@@ -172,10 +172,10 @@ inline void dense_micro(const float* x, int64_t ldx, const W* panel, int64_t k0,
   constexpr int kStride = kRowBytes >= 64 ? 1 : 64 / kRowBytes;
   // Accumulator sets the rows take turns on. A row's FMAs wait for the previous row's (4-5
   // cycles), so with one set a core does one panel row per FMA latency whatever MB is: on AVX2
-  // (16-column panels) 3.2 weights a cycle, which held an int8 batch-1 read to 18.5 GB/s on a
-  // 2-core Zen 2; with 4 sets it read 22.5-25.6 (batch 2, 2 sets: 17.8-18.0 -> 20.4-23.2).
-  // f32 and bf16 rows carry 4x and 2x the bytes, so memory binds first (sets measured no
-  // faster there), and AVX-512's 64-column rows do 16 weights a cycle with one set.
+  // (16-column panels) that held an int8 batch-1 read well under the memory's speed, which the
+  // sets recover (docs/serve.md, "Native CPU kernels", has the figures). f32 and bf16 rows
+  // carry 4x and 2x the bytes, so memory binds first (sets measured no faster there), and
+  // AVX-512's 64-column rows do 16 weights a cycle with one set.
   constexpr int kSets = kLanes == 8 && std::is_same_v<W, int8_t> && MB <= 2 ? 4 / MB : 1;
   vf acc[kSets][MB][kVecs];
   for (int s = 0; s < kSets; ++s)
@@ -184,9 +184,8 @@ inline void dense_micro(const float* x, int64_t ldx, const W* panel, int64_t k0,
         acc[s][r][c] = first || s > 0 ? vf{} : load(y + r * ldy + c * kLanes);
   // this pass prefetches every passes-th line: the work is spread over all passes. f32 panels
   // with AVX2 (one 64-byte line a row) in one pass of one or two rows leave it to the hardware
-  // prefetcher: on a Zen 2 the prefetch of every line held a batch-1 read at 25-27 GB/s against
-  // 29-30 without it (batch 2 +10 %); from 3 rows, over several passes (batch 8: 23 GB/s with
-  // it, 16 without), and for bf16 / int8 rows (10-15 % slower without) it pays
+  // prefetcher, which alone streams faster there; from 3 rows, over several passes, and for
+  // bf16 / int8 rows the prefetch pays (docs/serve.md, "Native CPU kernels")
   const bool prefetch = kLanes == 16 || !std::is_same_v<W, float> || passes > 1 || MB > 2;
   int countdown = pass;
   auto row = [&](int64_t k, vf (&a)[MB][kVecs]) __attribute__((always_inline)) {

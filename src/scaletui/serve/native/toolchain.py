@@ -269,10 +269,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def slower_here() -> str | None:
     """Why `--kernels auto` keeps XLA's ops on this CPU, or None. The kernels are tuned for
-    AVX-512 (16-lane vectors, 64-column panels) and AVX2 (8 lanes, 16 columns): on `small` f32
-    on an AVX2-only AMD EPYC (Zen 3) they decode batch 1 / 8 / 32 in 10.4 / 15.2 / 44.6 ms
-    against XLA's 13.5 / 40.7 / 70.5 ms. On a CPU with neither they have not been measured, so
-    `auto` takes XLA's ops there; `--kernels native` still runs them (same tokens)."""
+    AVX-512 (16-lane vectors, 64-column panels) and AVX2 (8 lanes, 16 columns), and beat XLA's
+    ops on both (docs/serve.md, "Native CPU kernels"). On a CPU with neither they have not been
+    measured, so `auto` takes XLA's ops there; `--kernels native` still runs them (same tokens)."""
     flags = cpu_features().split()
     if "avx2" in flags or "avx512f" in flags:
         return None
