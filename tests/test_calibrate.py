@@ -13,7 +13,7 @@ import yaml
 
 from scaletui import calibrate as cal
 from scaletui import roofline
-from scaletui.calibrate import Sizes, main
+from scaletui.calibrate import Sizes, main, read, timing
 from scaletui.serve import native
 from scaletui.specs import load_hardware, load_model, local_hardware_path
 
@@ -200,7 +200,7 @@ def test_a_roof_is_the_fastest_pass_so_a_slow_spell_costs_one_pass_of_each(monke
     """Two figures timed round robin in 3 passes on a fake clock: the host runs 2x slow during
     the middle pass of `a` and the first of `b`; each figure is its fastest pass's median."""
     clock = [0.0]
-    monkeypatch.setattr(cal.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
     calls = {"a": 0, "b": 0}
     # each name's cost per call, by pass (the warm-up call is pass 0)
     cost = {"a": [9.0, 1.0, 2.0, 1.0], "b": [9.0, 4.0, 2.0, 2.0]}
@@ -215,7 +215,7 @@ def test_a_roof_is_the_fastest_pass_so_a_slow_spell_costs_one_pass_of_each(monke
 
         return run
 
-    got = cal._fastest_window({"a": timed("a"), "b": timed("b")}, windows=3, reps=6)
+    got = timing._fastest_window({"a": timed("a"), "b": timed("b")}, windows=3, reps=6)
     assert got["a"][0] == 1.0 and got["a"][2] == [1.0, 2.0, 1.0]
     assert got["b"][0] == 2.0 and got["b"][2] == [4.0, 2.0, 2.0]
     assert len(got["a"][1]) == len(got["b"][1]) == 6  # every run kept, the warm-up left out
@@ -226,8 +226,8 @@ def test_read_stream_timed_between_other_work_is_judged_by_its_fastest_pass(monk
     `run` is one pass; `bw` is calibrate's hbm_bw over the passes so far, so a slow pass later
     does not pull it down and a faster one lifts it; `last_pass_bw` is the latest pass alone."""
     pass_seconds = iter([2.0, 1.0, 4.0])
-    monkeypatch.setattr(cal, "_runs", lambda fn, reps, min_s: [next(pass_seconds)] * reps)
-    monkeypatch.setattr(cal, "_native_read", lambda *a: None)  # XLA's stream alone
+    monkeypatch.setattr(timing, "_runs", lambda fn, reps, min_s: [next(pass_seconds)] * reps)
+    monkeypatch.setattr(read, "_native_read", lambda *a: None)  # XLA's stream alone
     stream = cal.ReadStream(sizes=TINY)
     (working_set,) = TINY.read_points  # one READ_SHAPE matrix: TINY is smaller than one
     stream.run()
@@ -245,9 +245,9 @@ def test_hbm_bw_is_the_faster_kernels_read_pass_by_pass_and_overall(monkeypatch)
     robin; hbm_bw is the faster one's plateau (a roof the engine's own kernel beats is no
     roof), and a pass alone is judged the same way."""
     seconds = iter([2.0, 1.6, 1.0, 1.2, 4.0, 5.0])  # per pass: XLA, then native
-    monkeypatch.setattr(cal, "_runs", lambda fn, reps, min_s: [next(seconds)] * reps)
+    monkeypatch.setattr(timing, "_runs", lambda fn, reps, min_s: [next(seconds)] * reps)
     own_calls: list[int] = []
-    monkeypatch.setattr(cal, "_native_read", lambda *a: own_calls.append)
+    monkeypatch.setattr(read, "_native_read", lambda *a: own_calls.append)
     stream = cal.ReadStream(sizes=TINY)
     (n,) = TINY.read_points
     assert own_calls == [1]  # warmed up once: one matrix
@@ -257,7 +257,7 @@ def test_hbm_bw_is_the_faster_kernels_read_pass_by_pass_and_overall(monkeypatch)
     assert stream.bw() == stream.last_pass_bw() == n / 1.0  # XLA faster in pass 2
     stream.run()
     assert stream.bw() == n / 1.0 and stream.last_pass_bw() == n / 4.0
-    figure = cal._read_figure(stream._passes, TINY)
+    figure = read._read_figure(stream._passes, TINY)
     assert figure["kernel"] == "xla" and figure["bw"] == n / 1.0
     assert figure["curves"]["native"][0]["pass_bws"] == [n / 1.6, n / 1.2, n / 5.0]
     assert figure["curve"] is figure["curves"]["xla"]

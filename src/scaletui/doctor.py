@@ -14,12 +14,11 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
-import re
 import sys
 
 import orjson
 
-from scaletui import compile_cache
+from scaletui import compile_cache, xla_env
 from scaletui.specs import SpecError, load_hardware, local_hardware_path, user_config_dir
 
 __all__ = ["facts", "main"]
@@ -44,16 +43,15 @@ def _jax() -> dict:
         devices = jax.devices()
     except Exception as e:  # any failure to bring up a backend is what doctor reports
         return {"version": _version("jax"), "backend": None, "error": f"{type(e).__name__}: {e}"}
-    flags = os.environ.get("XLA_FLAGS", "")
-    virtual = re.search(r"--xla_force_host_platform_device_count=(\d+)", flags)
+    virtual = xla_env.host_devices()
     return {
         "version": jax.__version__,
         "jaxlib": _version("jaxlib"),
         "backend": jax.default_backend(),
         "devices": len(devices),
         "kinds": sorted({d.device_kind for d in devices}),
-        "virtual_cpu_devices": int(virtual.group(1)) if virtual else 1,
-        "xla_flags": flags,
+        "virtual_cpu_devices": virtual or 1,
+        "xla_flags": os.environ.get(xla_env.FLAGS_ENV, ""),
     }
 
 

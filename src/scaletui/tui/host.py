@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from scaletui import specs
+from scaletui import specs, xla_env
 from scaletui.procs import is_loopback_host, signal_group
 from scaletui.roofline.fitstore import find_fit
 from scaletui.tui.knobs import Knobs
@@ -188,11 +188,7 @@ def fit_command(prefix: list[str], config: dict) -> list[str]:
 def calibrate_env(host_devices: int | None) -> dict[str, str]:
     """The environment for calibrate: the server's virtual device count (so the all-reduce is
     measured over the same devices), no preallocation (an attached server may hold the memory)."""
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    if host_devices:
-        flag = f"--xla_force_host_platform_device_count={host_devices}"
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
-    return env
+    return xla_env.child_env(host_devices, preallocate=False)
 
 
 async def run_calibrate(
