@@ -5,6 +5,8 @@
 #   bench/accelerator_run.sh                on the GPU host (llama3-8b, limits add up to 9 min)
 #   bench/accelerator_run.sh --dry-run      here, on CPU: tiny/small models, short sweeps, in a
 #                                           Python 3.12 env holding only the GPU image's packages
+#                                           ($PYTHON instead, when set), and the wheels it
+#                                           fetches when .whl/ has none
 #   bench/accelerator_run.sh --check        imports and every stage's arguments, nothing heavy
 #   bench/accelerator_run.sh --plan         each stage's limit and command line; runs nothing
 #                                           (with --dry-run: the dry run's)
@@ -15,7 +17,8 @@
 #                                           h200; bench/tpu_decode.sh sets both for a TPU)
 #
 # Stages: wheels (install the carried .whl/ with --no-index --target, bench/fetch_gpu_wheels.sh
-# fetches them), env (versions, nvidia-smi, every import), calibrate (`scaletui calibrate`),
+# fetches them; the dry run fetches them itself when there are none), env (versions, nvidia-smi,
+# every import), calibrate (`scaletui calibrate`),
 # greedy (bench/greedy_check.py), decode-f32, decode, decode-int8 (bench/decode_roofline.py vs
 # the h200 spec and the calibrated one, with decode attention on JAX's Pallas paged-attention
 # kernel (the engine's auto on GPU/TPU; the bf16 sweep also times XLA's attention at batch 64),
@@ -40,7 +43,7 @@ while (($#)); do
     --plan) PLAN=1 ;;
     --make-dry-env) MODE=make-env ;;
     --only) ONLY=,$2, && shift ;;
-    -h | --help) sed -n '2,31p' "$0" | cut -c3- && exit 0 ;;
+    -h | --help) sed -n '2,34p' "$0" | cut -c3- && exit 0 ;;
     *) echo "accelerator_run: unknown argument $1 (see --help)" >&2 && exit 2 ;;
   esac
   shift
@@ -49,7 +52,7 @@ done
 MODEL=${MODEL:-llama3-8b} HARDWARE=${HARDWARE:-h200}
 DRYENV=$ROOT/.dryenv
 WHL=${WHL:-$ROOT/.whl}
-# the GPU image's packages (/work/.library/device/KINDS.md) that the project or textual needs
+# the packages of the JAX CUDA image the kit targets that the project or textual needs
 IMAGE_PACKAGES=(jax==0.11.2 jaxlib==0.11.2 numpy aiohttp pyyaml prometheus-client tokenizers
                 safetensors psutil uvloop rich pygments markdown-it-py mdurl typing-extensions)
 
@@ -102,7 +105,7 @@ plan() {  # $1: real | dry
     DECODE_INT8=("${sweep[@]}" --dtype bf16 --weight-dtype int8 "${short[@]}")
     SERVING=(--model tiny --dtype bf16 --slots 8 --concurrency 1 2 8 --requests-per-stream 2
              --qps 4 --poisson-requests 8 --input-len 32 --output-len 16)
-    LIMITS=(wheels=30 env=60 calibrate=45 greedy=240 decode-f32=60 decode=120 decode-int8=60
+    LIMITS=(wheels=90 env=60 calibrate=45 greedy=240 decode-f32=60 decode=120 decode-int8=60
             serving=90)
   fi
   local compare=(--hardware "$HARDWARE" --compare "$OUT/calibrate.yaml" --no-floor --weights device)
@@ -152,7 +155,7 @@ fi
 
 case $MODE in
   make-env) make_dry_env; exit ;;
-  dry) [[ -x $DRYENV/bin/python ]] || make_dry_env || exit 1
+  dry) [[ -n ${PYTHON:-} || -x $DRYENV/bin/python ]] || make_dry_env || exit 1
        PYTHON=${PYTHON:-$DRYENV/bin/python} ;;
   check) [[ -x $DRYENV/bin/python ]] && PYTHON=${PYTHON:-$DRYENV/bin/python}
          PYTHON=${PYTHON:-python3} ;;
@@ -193,9 +196,20 @@ stage_wheels() {
     echo "skipped: the carried wheels are cp312 and $PYTHON is $("$PYTHON" -V 2>&1)"
     return 0
   fi
+  if [[ ! -e ${wheels[0]} && $MODE == dry ]]; then  # here the registry may be reachable
+    echo "no wheels in $WHL: fetching them (bench/fetch_gpu_wheels.sh)"
+    if ! PIP_RETRIES=${PIP_RETRIES:-1} PIP_TIMEOUT=${PIP_TIMEOUT:-10} DEST=$WHL \
+         bash bench/fetch_gpu_wheels.sh; then
+      echo "accelerator_run: the dry run needs the wheels bench/fetch_gpu_wheels.sh names:" \
+        "without them every stage fails to import. Run it where the package registry is" \
+        "reachable and copy .whl/ here"
+      return 1
+    fi
+    wheels=("$WHL"/*.whl)
+  fi
   if [[ ! -e ${wheels[0]} ]]; then
     echo "no wheels in $WHL: run bench/fetch_gpu_wheels.sh and carry .whl (docs/benchmarks.md)"
-    [[ $MODE == real ]] && return 1 || return 0
+    [[ $MODE == check ]] && return 0 || return 1
   fi
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "${wheels[@]}" && printf '  %s\n' "${wheels[@]##*/}"
@@ -228,6 +242,7 @@ run_stage() {  # name command...: under its limit, output to the console and log
     *) status="failed (exit $rc)" ;;
   esac
   printf '%-10s %-18s %5ds of %ds\n' "$name" "$status" $((SECONDS - t0)) "$limit" | tee -a "$SUMMARY"
+  [[ $status == ok ]]
 }
 
 if [[ $MODE == check ]]; then  # imports, then the real and the dry run's arguments, parsed
@@ -246,7 +261,10 @@ if [[ $MODE == check ]]; then  # imports, then the real and the dry run's argume
   done
 else
   plan "$MODE"
-  run_stage wheels bash -c stage_wheels
+  if ! run_stage wheels bash -c stage_wheels && [[ $MODE == dry ]]; then
+    echo "accelerator_run: the dry run stops: no stage can run without the wheels" | tee -a "$LOG"
+    exit 1
+  fi
   run_stage env bash -c 'set -o pipefail; stage_env 2>&1 | tee "$OUT/env.txt"'
   if [[ -z $ONLY || $ONLY == *,serving,* ]]; then  # started now, used last (see the top)
     PORT=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

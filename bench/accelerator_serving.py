@@ -27,6 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from _smoke import shrink
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--serve-only", action="store_true", help="exec `scaletui serve` and no more")
     p.add_argument("--port", type=int, default=0, help="--serve-only: its port (0 = a free one)")
     p.add_argument("--check", action="store_true", help="parse every command line and exit")
-    return p
+    # a smoke run (bench/_smoke.py): one closed loop and a short Poisson run on tiny
+    smoke = dict(slots=2, concurrency=[1], requests_per_stream=1, qps=8.0, poisson_requests=2)
+    return shrink(p, model="tiny", dtype="f32", max_seq_len=64, input_len=16, output_len=4, **smoke)
 
 
 def serve_argv(args: argparse.Namespace, port: int) -> list[str]:

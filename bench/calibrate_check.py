@@ -17,8 +17,23 @@ import sys
 import time
 
 import numpy as np
+from _smoke import shrink
 
 from scaletui.calibrate import Sizes, calibrate
+
+# --small (a smoke run): 64 MiB read stream, small matmuls, one pass of few runs
+SMALL = Sizes(
+    read_bytes=64 << 20,
+    copy_bytes=8 << 20,
+    d=256,
+    f=1024,
+    thin_batches=(4,),
+    prefill_t=32,
+    allreduce_bytes=1 << 20,
+    reps=2,
+    dispatch_calls=5,
+    windows=1,
+)
 
 
 def numpy_copy_bw(nbytes: int, reps: int = 9) -> float:
@@ -52,7 +67,9 @@ def figures(spec: dict) -> dict[str, float]:
     return out
 
 
-def engine_read_bw(min_bytes: int = 1 << 30, passes: int = 5) -> tuple[float, float, float, str]:
+def engine_read_bw(
+    min_bytes: int = 1 << 30, passes: int = 5, base: str = "llama3.2-1b", sizes: Sizes | None = None
+) -> tuple[float, float, float, str]:
     """(engine bytes/s, hbm_bw bytes/s, engine / hbm_bw, what): the weight-read bandwidth the
     engine's own batch-1 decode step reaches over >= `min_bytes` of f32 weights, beside
     calibrate's hbm_bw timed in the same window. Their passes alternate (engine, read stream,
@@ -75,18 +92,19 @@ def engine_read_bw(min_bytes: int = 1 << 30, passes: int = 5) -> tuple[float, fl
     from scaletui.engine_fit import Grid, measure
     from scaletui.roofline import costs
     from scaletui.serve import weights
-    from scaletui.serve.config import ServeConfig
+    from scaletui.shape import ServerShape
     from scaletui.specs import load_model
 
-    full = dataclasses.replace(load_model("llama3.2-1b"), vocab_size=32000)
+    full = load_model(base)
+    full = dataclasses.replace(full, vocab_size=min(full.vocab_size, 32000))
     for layers in range(1, full.n_layers + 1):
-        m = dataclasses.replace(full, n_layers=layers, name=f"llama3.2-1b-32k-{layers}l")
+        m = dataclasses.replace(full, n_layers=layers, name=f"{base}-32k-{layers}l")
         if costs.param_count(m) * 4 >= min_bytes:
             break
-    config = ServeConfig(model=m, slots=1, max_seq_len=256, decode_steps=8, dtype="f32")
+    config = ServerShape(model=m, slots=1, max_seq_len=256, decode_steps=8, dtype="f32")
     grid = Grid.product([1], [64], [1, 8], calls=5, rounds=1)
     params = weights.dummy_params(m, config.seed, config.dtype)  # once for every pass
-    stream = ReadStream(jax.devices()[0])
+    stream = ReadStream(jax.devices()[0], sizes)
     nbytes = costs.param_count(m) * 4
     steps, ratios = [], []
     for _ in range(passes):
@@ -118,27 +136,38 @@ def engine_line(
     return line, good
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--no-engine", action="store_true", help="skip the engine's decode read")
     p.add_argument("--engine-only", action="store_true",
                    help="only the engine's decode read, beside hbm_bw timed with it")  # fmt: skip
-    args = p.parse_args()
+    p.add_argument("--engine-model", default="llama3.2-1b", help="the engine's layer shape")
+    p.add_argument("--engine-mib", type=int, default=1024, help="its weights, at least (f32)")
+    p.add_argument("--passes", type=int, default=5, help="engine and read passes, alternating")
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="calibrate small working sets, few runs (a smoke run: the checks mean nothing)",
+    )
+    shrink(p, engine_model="tiny", engine_mib=1, passes=1, small=True)  # bench/_smoke.py
+    args = p.parse_args(argv)
+    small = SMALL if args.small else None
+    engine = lambda: engine_read_bw(args.engine_mib << 20, args.passes, args.engine_model, small)
     if args.engine_only:
-        line, good = engine_line(*engine_read_bw(), None)
+        line, good = engine_line(*engine(), None)
         print(line)
         return 0 if good else 1
     quiet = lambda msg: None
-    t0 = time.perf_counter()
-    first = figures(calibrate(log=quiet))
-    t1 = time.perf_counter()
-    second = figures(calibrate(log=quiet))
-    t2 = time.perf_counter()
-    quick = figures(calibrate(quick=True, log=quiet))
-    t3 = time.perf_counter()
     import jax
 
-    sizes = Sizes.for_backend(jax.default_backend())
+    sizes = small or Sizes.for_backend(jax.default_backend())
+    t0 = time.perf_counter()
+    first = figures(calibrate(sizes=small, log=quiet))
+    t1 = time.perf_counter()
+    second = figures(calibrate(sizes=small, log=quiet))
+    t2 = time.perf_counter()
+    quick = figures(calibrate(quick=True, sizes=small, log=quiet))
+    t3 = time.perf_counter()
     np_bw = numpy_copy_bw(sizes.copy_bytes)
     ok = True
     print(f"calibrate: full {t1 - t0:.1f} s and {t2 - t1:.1f} s, --quick {t3 - t2:.1f} s")
@@ -157,7 +186,7 @@ def main() -> int:
     ratio = first["hbm_bw"] / np_bw
     print(f"hbm_bw / numpy copy ({np_bw / 1e9:.1f} GB/s, read + write): {ratio:.2f}")
     if not args.no_engine:
-        line, good = engine_line(*engine_read_bw(), first["hbm_bw"])
+        line, good = engine_line(*engine(), first["hbm_bw"])
         ok &= good
         print(line)
     return 0 if ok else 1

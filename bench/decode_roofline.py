@@ -39,17 +39,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orjson
+from _smoke import shrink
 from jax import lax
 
 from scaletui import roofline
+from scaletui.dtypes import DTYPES, STORAGE_DTYPES
 from scaletui.roofline.costmodel import DTYPE_BYTES, kv_token_bytes
 from scaletui.serve import model as llama
 from scaletui.serve import quant
 from scaletui.serve.build import build_engines
-from scaletui.serve.config import DTYPES, KERNELS, STORAGE_DTYPES, ConfigError, ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.paging import fixed_table
 from scaletui.serve.weights import dummy_params, layer_shapes
+from scaletui.shape import KERNELS, ConfigError, ServerShape
 from scaletui.specs import HardwareSpec, SpecError, load_hardware, load_model
 
 
@@ -57,9 +59,11 @@ def probe_hardware(seconds: float = 1.0) -> HardwareSpec:
     """Quick inline calibration: f32 GEMV-like weight reads (bytes/s) and a 2048^3 matmul.
 
     Takes the fastest run, not the median: on a shared machine that is the closest to the
-    hardware's roof, so efficiencies against it err low.
+    hardware's roof, so efficiencies against it err low. The reads cover 1 GiB (past any CPU's
+    cache), 64 MiB when `seconds` < 1 (a smoke run's probe).
     """
-    w = [jnp.full((2048, 8192), 0.5, jnp.float32) for _ in range(16)]  # 1 GiB of "weights"
+    matrices = 16 if seconds >= 1 else 1  # 64 MiB each
+    w = [jnp.full((2048, 8192), 0.5, jnp.float32) for _ in range(matrices)]  # "weights"
     x = jnp.ones((1, 2048), jnp.float32)
     gemv = jax.jit(lambda x, w: [x @ wi for wi in w])
     a = jnp.ones((2048, 2048), jnp.float32)
@@ -115,14 +119,14 @@ def device_params(m, dtype: str) -> dict:
     return params
 
 
-def _hardware(ref: str) -> tuple[HardwareSpec, str]:
+def _hardware(ref: str, probe_s: float = 1.0) -> tuple[HardwareSpec, str]:
     try:
         return load_hardware(ref), ref
     except SpecError as exc:
         if ref != "local":
             raise
         print(f"note: {exc}; probing bandwidth and FLOP/s inline instead", file=sys.stderr)
-        return probe_hardware(), "inline probe (run `scaletui calibrate` for a saved spec)"
+        return probe_hardware(probe_s), "inline probe (run `scaletui calibrate` for a saved spec)"
 
 
 def _estimate(model, hw, args, *, batch: int, context: int, prompt_len: int = 16):
@@ -143,33 +147,36 @@ def _estimate(model, hw, args, *, batch: int, context: int, prompt_len: int = 16
     )
 
 
-def serve_config(args, model, **kw) -> ServeConfig:
+def serve_config(args, model, **kw) -> ServerShape:
     """The engine's config in the run's precision (`kw`: slots, max_seq_len, ...)."""
     kw.setdefault("kernels", args.kernels)
-    return ServeConfig(
+    return ServerShape(
         model=model, dtype=args.dtype, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, **kw
     )
 
 
-def weights_floor(params: dict, m, batch: int, steps: int, calls: int, repeats: int) -> float:
-    """Seconds per decode step of the weights-only stand-in (see the module docstring)."""
+def weights_floor(eng, batch: int, steps: int, calls: int, repeats: int) -> float:
+    """Seconds per decode step of the weights-only stand-in (see the module docstring), run
+    with the engine's own op set over its own params: the native kernels read the packed,
+    fused layout (`native.pack_params`), XLA's and Pallas' the layout of weights.py."""
+    m, ops = eng.model, eng.ops
 
     def run(params, tok, n):
         def step(i, tok):
-            x = llama.embed_tokens(params, tok, m)  # [B, D]
+            x = ops.embed(params, tok, m)  # [B, D]
             cos, sin = llama.rope(jnp.full(tok.shape, i), m.head_dim, m.rope_theta)
             for p in params["layers"]:
                 h = llama.rms_norm(x, p["attn_norm"], m.norm_eps)
-                q, k, v = llama.qkv_proj(p, h, cos, sin, m)
+                q, k, v = ops.qkv(p, h, cos, sin, m)
                 o = q + jnp.repeat(k + v, q.shape[1] // k.shape[1], axis=1)  # attention stand-in
-                x = x + llama.out_proj(p, o, m)
-                x = x + llama.mlp(p, llama.rms_norm(x, p["mlp_norm"], m.norm_eps), m)
-            return jnp.argmax(llama.logits_of(params, x, m), axis=-1).astype(jnp.int32)
+                x = x + ops.out(p, o, m)
+                x = x + ops.mlp(p, llama.rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+            return jnp.argmax(ops.logits(params, x, m), axis=-1).astype(jnp.int32)
 
         return lax.fori_loop(0, n, step, tok)
 
     fn = jax.jit(run)
-    tok, n = jnp.arange(batch, dtype=jnp.int32), jnp.int32(steps)
+    params, tok, n = eng.params, jnp.arange(batch, dtype=jnp.int32), jnp.int32(steps)
     jax.block_until_ready(fn(params, tok, n))
     medians = []
     for _ in range(repeats):
@@ -223,7 +230,7 @@ def bench_decode(args, model, hw, host_params, rows: list, save) -> list[dict]:
         step, eng = time_decode_step(args, model, host_params, batch, args.kernels)
         floor = None
         if args.floor:
-            floor = weights_floor(eng.params, model, batch, args.steps, args.calls, args.repeats)
+            floor = weights_floor(eng, batch, args.steps, args.calls, args.repeats)
         baseline = None
         wanted = args.baseline_batches is None or batch in args.baseline_batches
         if eng.kernels != "xla" and args.baseline and wanted:  # XLA's ops, in the same run
@@ -396,7 +403,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object, no tables")
     p.add_argument("--json-out", help="also write the JSON object to this file")
     p.add_argument("--check", action="store_true", help="parse, load the specs, and exit")
-    return p
+    p.add_argument(
+        "--probe-seconds",
+        type=float,
+        default=1.0,
+        help="the inline probe's time per figure, without a `local` spec (under 1: it reads "
+        "64 MiB, not 1 GiB)",
+    )
+    # a smoke run (bench/_smoke.py): one batch, short calls, two KV buckets
+    smoke = dict(context=32, max_seq_len=64, slots=1, steps=2, calls=1, repeats=1)
+    return shrink(p, model="tiny", prompt_lens=[16], probe_seconds=0.05, **smoke)
 
 
 def _compare_spec(ref: str | None) -> tuple[HardwareSpec, str] | None:
@@ -424,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         load_hardware(args.hardware)
         print(f"decode_roofline: arguments ok ({model.name}, {p.describe()}, on {args.hardware})")
         return 0
-    hw, hw_name = _hardware(args.hardware)
+    hw, hw_name = _hardware(args.hardware, args.probe_seconds)
     other = _compare_spec(args.compare)
     made = p.compute if p.weights == "int8" else p.weights  # int8 is quantized from these
     if args.weights == "device":

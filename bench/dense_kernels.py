@@ -13,7 +13,7 @@ every weight once). Per row count M, best of --repeats:
   converted to bf16 pairs once and multiplied as pairs (AVX512_BF16; skipped elsewhere).
 
 Prints ms, GB/s of weight read and GFLOP/s per layout, and pairs / widen. For reference numbers
-see docs/benchmarks.md ("bf16 dot products").
+see docs/benchmarks.md ("The native dense kernel").
 
     python bench/dense_kernels.py --rows 1 4 16 64 512
 """
@@ -25,6 +25,8 @@ import os
 import sys
 import time
 
+from _smoke import shrink
+
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
 
@@ -35,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--stream-mib", type=int, default=256, help="weight bytes per call (bf16)")
     ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args(argv)
+    # a smoke run (bench/_smoke.py): two row counts of a small matmul
+    args = shrink(ap, rows=[1, 4], d=256, n=512, stream_mib=1, repeats=1).parse_args(argv)
 
     import jax
     import jax.numpy as jnp

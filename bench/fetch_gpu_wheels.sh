@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Download, here, the wheels the GPU host's image lacks (docs/benchmarks.md, "Accelerator run
-# kit"): cp312 manylinux x86_64 builds, one version each, into .whl/ (ignored by git; the
-# device tool carries it with `carry: [".whl"]`). bench/accelerator_run.sh installs them there
-# with `pip install --no-index --no-deps --target`.
+# kit"): cp312 manylinux x86_64 builds, one version each, into .whl/ (ignored by git; copy it
+# to the GPU host with the repository). bench/accelerator_run.sh installs them there with
+# `pip install --no-index --no-deps --target`.
 #
-# The image (/work/.library/device/KINDS.md) already holds numpy, jax 0.11, aiohttp, pyyaml,
+# The JAX CUDA image the kit targets already holds numpy, jax 0.11, aiohttp, pyyaml,
 # prometheus-client, tokenizers, safetensors, psutil, uvloop, rich, pygments, markdown-it-py,
 # mdurl and typing-extensions. Missing, with the missing parts of their Requires-Dist:
 #   orjson; textual -> platformdirs, mdit-py-plugins, markdown-it-py[linkify] -> linkify-it-py;
 #   textual-plotext -> plotext.
-# Versions are the ones this project's CI venv runs.
+# Versions are the ones the CI venv runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${DEST:-.whl}
@@ -22,8 +22,12 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manyl
   platforms+=(--platform "$p")
 done
 mkdir -p "$DEST"
-"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --implementation cp "${platforms[@]}" -d "$DEST" "${WHEELS[@]}"
+if ! "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp "${platforms[@]}" -d "$DEST" "${WHEELS[@]}"; then
+  echo "fetch_gpu_wheels: could not download ${WHEELS[*]} into $DEST (is the package" \
+    "registry reachable? pip's error is above)" >&2
+  exit 1
+fi
 # keep one version of each: two versions of one name stop the install on the GPU host
 names=$(ls "$DEST"/*.whl | xargs -n1 basename | cut -d- -f1 | tr 'A-Z-' 'a-z_' | sort)
 dups=$(uniq -d <<<"$names")

@@ -42,6 +42,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")
 
 import orjson  # noqa: E402
+from _smoke import shrink  # noqa: E402
 
 from scaletui import engine_fit  # noqa: E402
 from scaletui.roofline.costfit import fit  # noqa: E402
@@ -269,7 +270,7 @@ def base_model(model: ModelSpec, args, tp: int) -> CostModel:
 
 
 def precision(args, tp: int) -> dict:
-    """The ServeConfig precision and kernel fields of the command line at `tp`; --dtype auto is
+    """The ServerShape precision and kernel fields of the command line at `tp`; --dtype auto is
     what `scaletui serve` picks there (on CPU: bf16 on the native kernels at tp 1 where the
     CPU multiplies bf16 pairs, f32 on XLA's ops otherwise: XLA's CPU bf16 matmuls run several
     times slower than its f32 ones, and slower at 1 row than at 2)."""
@@ -289,8 +290,7 @@ def measure_engine(model: ModelSpec, tp: int, args, errors: list[str]) -> list[P
     so a slow spell on a shared host lands on both alike."""
     import jax
 
-    from scaletui.roofline.simulate import ServerShape
-    from scaletui.serve.config import ServeConfig
+    from scaletui.shape import ServerShape
 
     devices = jax.devices()[:tp]
     if len(devices) < tp:
@@ -298,9 +298,9 @@ def measure_engine(model: ModelSpec, tp: int, args, errors: list[str]) -> list[P
                       f"CPU: XLA_FLAGS=--xla_force_host_platform_device_count={tp})")  # fmt: skip
         return []
     msl = min(args.max_seq_len, model.max_seq_len)
-    config = ServeConfig(model, slots=1, max_seq_len=msl, decode_steps=args.decode_steps, tp=tp,
+    config = ServerShape(model, slots=1, max_seq_len=msl, decode_steps=args.decode_steps, tp=tp,
                          **precision(args, tp))  # fmt: skip
-    buckets = ServerShape(max_seq_len=msl).decode_buckets  # the engine's (a test keeps them so)
+    buckets = config.decode_buckets  # the engine's
     grid = decode_grid(args.batches, snap(args.contexts, buckets), args.fit_batches,
                        snap(args.fit_contexts, buckets))  # fmt: skip
     if args.skip_decode:  # the fit still needs its points
@@ -391,15 +391,13 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
 
     from scaletui.loadgen.embedded import EmbeddedServer
     from scaletui.roofline.fitstore import save_fit
-    from scaletui.roofline.simulate import ServerShape
-    from scaletui.serve.config import ServeConfig
+    from scaletui.shape import ServerShape
 
     model = load_model(args.serving_model)
     msl = min(args.serving_max_seq_len, model.max_seq_len)
-    config = ServeConfig(model, slots=args.slots, max_seq_len=msl, decode_steps=args.decode_steps,
+    config = ServerShape(model, slots=args.slots, max_seq_len=msl, decode_steps=args.decode_steps,
                          **precision(args, 1))  # fmt: skip
-    grid = engine_fit.grid_for(config, ServerShape(max_seq_len=msl).decode_buckets,
-                               config.prefill_buckets, args.quick)  # fmt: skip
+    grid = engine_fit.grid_for(config, config.decode_buckets, config.prefill_buckets, args.quick)
     base = base_model(model, args, 1)
 
     def fit_now(name: str) -> tuple[CostModel, Path]:
@@ -521,6 +519,33 @@ QUICK = dict(models=["tiny"], tp=[1], batches=[1, 16, 64], fit_batches=[1, 64],
              fractions=[0.6], min_requests=10, max_requests=20, serving_seconds=5.0)  # fmt: skip
 
 
+# a smoke run (bench/_smoke.py): tiny at tp 1, two batches at one context, one serving run
+SMOKE = dict(
+    models=["tiny"],
+    tp=[1],
+    batches=[1, 2],
+    fit_batches=[1, 2],
+    contexts=[64],
+    fit_contexts=[64],
+    prefill_tokens=[16],
+    fit_prefill_tokens=[16, 32],
+    calls=1,
+    rounds=1,
+    max_seq_len=64,
+    serving_model="tiny",
+    slots=2,
+    serving_max_seq_len=64,
+    input_len=16,
+    output_len=8,
+    concurrencies=[1],
+    fractions=[0.5],
+    serving_seconds=1.0,
+    min_requests=2,
+    max_requests=4,
+    refit="once",
+)
+
+
 ROUNDS_HELP = (
     "round-robin passes over the grid (median of all calls; on the 2-vCPU Zen 4, 3 passes let a "
     "slow spell move single held-out points 30-56 %% off their neighbours, 16 of 108 past 20 %%; "
@@ -596,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--quick", action="store_true", help="tiny only, a few points (smoke test)")
     o.add_argument("--json", action="store_true", help="JSON lines: points, then a summary")
     o.add_argument("--out", help="write the JSON lines here too")
-    return p
+    return shrink(p, **SMOKE)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

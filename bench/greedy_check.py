@@ -21,14 +21,15 @@ import time
 import jax
 import numpy as np
 import orjson
+from _smoke import shrink
 
 from scaletui.serve import model as llama
 from scaletui.serve.build import build_engines
-from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.paging import fixed_table
 from scaletui.serve.tokenizer import load_tokenizer
 from scaletui.serve.weights import dummy_params
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 # 33 to 64 bytes each: one prefill bucket, so few compiles
@@ -48,7 +49,7 @@ FORWARD = jax.jit(llama.forward, static_argnums=2)  # (params, tokens, model spe
 def engine_tokens(m, params: dict, device, dtype: str, prompts: list[list[int]], new: int):
     """Greedy tokens from the serving engine: all prompts in one batch of slots."""
     seq = -(-(max(map(len, prompts)) + new) // 64) * 64  # prompt + new, rounded up to 64
-    cfg = ServeConfig(model=m, slots=len(prompts), max_seq_len=seq, decode_steps=4, dtype=dtype)
+    cfg = ServerShape(model=m, slots=len(prompts), max_seq_len=seq, decode_steps=4, dtype=dtype)
     eng, _ = build_engines(cfg, [device], host_params=params)
     sp = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
     state, out, table = eng.init_decode_state(), [], fixed_table(eng)
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-agreement", type=float, default=0.95)
     p.add_argument("--json-out", help="write the result as JSON here")
     p.add_argument("--check", action="store_true", help="parse, load the spec, and exit")
-    return p
+    return shrink(p, model="tiny", new_tokens=4)  # a smoke run (bench/_smoke.py)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 # random weights in three precisions (f32; bf16; int8 weights under bf16 compute), decode at
 # batch 1..64 (bf16; batch 1 and 64 for the other two) and prefill, against the built-in `h200`
 # spec and a freshly calibrated one. Nothing is pip-installed on the GPU host (it has no
-# registry): the kit installs the carried wheels (`bench/fetch_gpu_wheels.sh`, then the device
-# tool's `carry: [".whl"]`) and runs from src/. `--plan` prints what it would run. See
+# registry): the kit installs the wheels copied there with the repository
+# (`bench/fetch_gpu_wheels.sh` makes them) and runs from src/. `--plan` prints what it would run. See
 # docs/benchmarks.md.
 exec "$(dirname "$0")/accelerator_run.sh" --only calibrate,decode "$@"

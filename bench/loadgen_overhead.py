@@ -21,6 +21,7 @@ import sys
 import time
 
 import orjson
+from _smoke import shrink
 
 from scaletui.loadgen import runner as runner_mod
 from scaletui.loadgen.report import summarize
@@ -124,7 +125,7 @@ def ok(row: dict) -> bool:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--start", type=float, default=250.0)
     p.add_argument("--max", type=float, default=64000.0)
@@ -135,7 +136,8 @@ def main() -> int:
                    help="yield-spin before each send (ms); 0 = timer only")  # fmt: skip
     p.add_argument("--json")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    a = p.parse_args()
+    # a smoke run (bench/_smoke.py): two short stages and one bisection step
+    a = shrink(p, max=500.0, seconds=0.3, bisect=1).parse_args(argv)
     if a.serve:
         serve(a.serve, a.tokens)
         return 0

@@ -35,15 +35,16 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
 import orjson  # noqa: E402
+from _smoke import shrink  # noqa: E402
 
 from scaletui.loadgen import cli as loadgen_cli  # noqa: E402
 from scaletui.serve import memory  # noqa: E402
 from scaletui.serve.api import ApiSettings, create_app  # noqa: E402
 from scaletui.serve.build import JaxEngineFactory  # noqa: E402
-from scaletui.serve.config import ServeConfig  # noqa: E402
 from scaletui.serve.scheduler import Scheduler  # noqa: E402
 from scaletui.serve.testing import serve_in_thread  # noqa: E402
 from scaletui.serve.tokenizer import load_tokenizer  # noqa: E402
+from scaletui.shape import ServerShape  # noqa: E402
 from scaletui.specs import load_model  # noqa: E402
 
 GiB = 2**30
@@ -64,7 +65,7 @@ def server(model: str, dtype: str, **config):
     if config.get("max_seq_len", 0) > m.max_seq_len:  # dummy weights: any RoPE length works
         m = dataclasses.replace(m, max_seq_len=config["max_seq_len"])
     tok = load_tokenizer(None, m.vocab_size)
-    cfg = ServeConfig(m, dtype=dtype, **config)
+    cfg = ServerShape(m, dtype=dtype, **config)
     sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, tok.eos_id))
     app = create_app(sched, tok, ApiSettings(log_interval_s=0))
     t0 = time.perf_counter()
@@ -73,7 +74,7 @@ def server(model: str, dtype: str, **config):
             if sched.state == "failed":
                 raise SystemExit(f"server failed: {sched.error}")
             time.sleep(0.2)
-        log(f"{cfg.public()['kv_pages']} pages of {cfg.page_size}, slots {cfg.slots}: up in "
+        log(f"{cfg.to_json()['kv_pages']} pages of {cfg.page_size}, slots {cfg.slots}: up in "
             f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
         try:
             yield url, sched
@@ -104,7 +105,7 @@ def prefix(args: argparse.Namespace) -> dict:
              "--num-requests", str(args.requests), "--seed", "1"]  # fmt: skip
     rows = {}
     for cache in (False, True):
-        with server(args.model, args.dtype, slots=8, max_seq_len=1024,
+        with server(args.model, args.dtype, slots=8, max_seq_len=args.long_len // 2,
                     prefix_cache=cache) as (url, _):  # fmt: skip
             summary = loadgen(url, flags)
             pages = stats(url)["kv_pages"]
@@ -119,14 +120,15 @@ def prefix(args: argparse.Namespace) -> dict:
     return {"scenario": "prefix", "flags": flags, "rows": rows, "ttft_ratio": ratio}
 
 
-def _long_prompts(url: str, model: str, length: int, every: float, stop: threading.Event,
+def _long_prompts(url: str, model, length: int, every: float, stop: threading.Event,
                   ttfts: list[float]) -> None:  # fmt: skip
     """A `length`-token prompt (1 output token) every `every` seconds until `stop`; each its
-    own random tokens, so the prefix cache cannot skip it."""
+    own random tokens (ids within the model's vocabulary), so the prefix cache cannot skip
+    it."""
     rng = random.Random(3)
     while not stop.wait(every):
-        prompt = [rng.randrange(1, 30000) for _ in range(length)]
-        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1,
+        prompt = [rng.randrange(1, min(30000, model.vocab_size)) for _ in range(length)]
+        body = json.dumps({"model": model.name, "prompt": prompt, "max_tokens": 1,
                            "ignore_eos": True}).encode()  # fmt: skip
         req = urllib.request.Request(url + "/v1/completions", body,
                                      {"Content-Type": "application/json"})  # fmt: skip
@@ -137,18 +139,19 @@ def _long_prompts(url: str, model: str, length: int, every: float, stop: threadi
 
 
 def budget(args: argparse.Namespace) -> dict:
-    flags = ["--concurrency", "8", "--input-len", "64", "--output-len", "128", "--seed", "2",
-             "--duration", str(args.seconds), "--num-requests", "100000"]  # fmt: skip
+    flags = ["--concurrency", "8", "--input-len", str(args.input_len), "--output-len",
+             str(args.output_len), "--seed", "2", "--duration", str(args.seconds),
+             "--num-requests", "100000"]  # fmt: skip
     rows = {}
     for tokens in (0, args.max_batched_tokens):
-        with server(args.model, args.dtype, slots=9, max_seq_len=2048 + 64,
+        with server(args.model, args.dtype, slots=9, max_seq_len=args.long_len + 64,
                     max_batched_tokens=tokens) as (url, sched):  # fmt: skip
-            loadgen(url, ["--concurrency", "8", "--input-len", "64", "--output-len", "8",
-                          "--num-requests", "8"])  # warm: every decode bucket compiled # fmt: skip
+            warm = ["--concurrency", "8", "--input-len", str(args.input_len), "--output-len", "8"]
+            loadgen(url, [*warm, "--num-requests", "8"])  # warm: every decode bucket compiled
             stop, long_ttfts = threading.Event(), []
             inject = threading.Thread(
                 target=_long_prompts, daemon=True,
-                args=(url, sched.config.model.name, 2048, args.every, stop, long_ttfts),
+                args=(url, sched.config.model, args.long_len, args.every, stop, long_ttfts),
             )  # fmt: skip
             inject.start()
             summary = loadgen(url, flags)
@@ -175,8 +178,8 @@ def _watch(url: str, stop: threading.Event, seen: list[dict]) -> None:
 
 def memory_(args: argparse.Namespace) -> dict:
     m = load_model(args.model)
-    seq, page = 2048, 64
-    probe = ServeConfig(m, dtype=args.dtype, max_seq_len=seq, page_size=page)
+    seq, page = args.long_len, 64
+    probe = ServerShape(m, dtype=args.dtype, max_seq_len=seq, page_size=page)
     page_bytes = memory.footprint(probe).kv_page_bytes
     pages = int(args.pool_gib * GiB // page_bytes)
     slot_cache_slots = int(args.pool_gib * GiB // (page_bytes // page * seq))
@@ -216,12 +219,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix-len", type=int, default=512)
     p.add_argument("--prefix-groups", type=int, default=4)
     p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=128, help="budget: the 8 streams' output")
+    p.add_argument(
+        "--long-len",
+        type=int,
+        default=2048,
+        help="budget: the long prompt; memory: max_seq_len (prefix: half of it)",
+    )
     p.add_argument("--requests", type=int, default=200, help="prefix: loadgen requests")
     p.add_argument("--seconds", type=float, default=30.0, help="budget: the 8 streams' run")
     p.add_argument("--every", type=float, default=3.0, help="budget: s between long prompts")
     p.add_argument("--max-batched-tokens", type=int, default=256)
     p.add_argument("--pool-gib", type=float, default=1.0, help="memory: the KV pool")
     p.add_argument("--json", action="store_true")
+    # a smoke run (bench/_smoke.py): each scenario for a few requests and about a second
+    shrink(
+        p,
+        model="tiny",
+        dtype="f32",
+        prefix_len=32,
+        prefix_groups=2,
+        input_len=8,
+        output_len=8,
+        long_len=128,
+        requests=4,
+        seconds=1.0,
+        every=0.5,
+        max_batched_tokens=32,
+        pool_gib=0.00025,  # 4 slot-cache slots of 128 tiny positions
+    )
     args = p.parse_args(argv)
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
     if unknown:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import orjson
 import yaml
+from _smoke import shrink
 
 from scaletui.loadgen import cli as loadgen_cli
 from scaletui.loadgen.embedded import EmbeddedServer
@@ -413,7 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
       "tokens, 3 TTFT requests (a smoke test; flags given still win)")  # fmt: skip
     a("--json", action="store_true", help="one JSON object per row")
     a("--out", help="write the JSON rows here too")
-    return p
+    # a smoke run (bench/_smoke.py): the tiny shape, one precision, a few short requests
+    smoke = dict(concurrency=[1], requests_per_stream=1, output_len=4, ttft_requests=1)
+    return shrink(p, shape="tiny", precisions=["f32"], input_len=16, ttft_len=16, **smoke)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -23,14 +23,15 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
 import aiohttp  # noqa: E402
 import orjson  # noqa: E402
+from _smoke import shrink  # noqa: E402
 
 from scaletui import roofline  # noqa: E402
 from scaletui.serve.api import ApiSettings, create_app  # noqa: E402
 from scaletui.serve.build import JaxEngineFactory  # noqa: E402
-from scaletui.serve.config import ServeConfig  # noqa: E402
 from scaletui.serve.scheduler import Scheduler  # noqa: E402
 from scaletui.serve.testing import serve_in_thread  # noqa: E402
 from scaletui.serve.tokenizer import load_tokenizer  # noqa: E402
+from scaletui.shape import ServerShape  # noqa: E402
 from scaletui.specs import SpecError, load_hardware, load_model  # noqa: E402
 
 
@@ -82,14 +83,14 @@ async def saturate(
     }
 
 
-def hardware(name: str):
+def hardware(name: str, probe_s: float = 1.0):
     try:
         return load_hardware(name), name
     except SpecError:
         sys.path.insert(0, os.path.dirname(__file__))
         from decode_roofline import probe_hardware
 
-        return probe_hardware(), "inline probe (run `scaletui calibrate` for a better one)"
+        return probe_hardware(probe_s), "inline probe (run `scaletui calibrate` for a better one)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,16 +103,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seq-len", type=int, default=256)
     p.add_argument("--decode-steps", type=int, default=4)
     p.add_argument("--slots", type=int, nargs=2, default=(1, 8), metavar=("LOW", "HIGH"))
+    p.add_argument("--warmup", type=float, default=5.0, help="s of load before each window")
+    p.add_argument(
+        "--probe-seconds",
+        type=float,
+        default=1.0,
+        help="without a `local` spec: decode_roofline's inline probe, this long per figure",
+    )
     p.add_argument("--json", action="store_true")
+    # a smoke run (bench/_smoke.py): tiny, 1 and 2 slots, a second each
+    shrink(
+        p,
+        model="tiny",
+        seconds=1.0,
+        warmup=0.5,
+        output_len=8,
+        max_seq_len=64,
+        slots=(1, 2),
+        probe_seconds=0.05,
+    )
     args = p.parse_args(argv)
     model = load_model(args.model)
     tok = load_tokenizer(None, model.vocab_size)
     low, high = args.slots
-    config = ServeConfig(model, slots=low, max_seq_len=args.max_seq_len,
+    config = ServerShape(model, slots=low, max_seq_len=args.max_seq_len,
                          decode_steps=args.decode_steps, max_prefill_bucket=64)  # fmt: skip
     sched = Scheduler(config, JaxEngineFactory(tok.vocab_size, tok.eos_id))
     app = create_app(sched, tok, ApiSettings(log_interval_s=0))
-    hw, hw_name = hardware(args.hardware)
+    hw, hw_name = hardware(args.hardware, args.probe_seconds)
     context = args.prompt_len + args.output_len // 2
     rows = {}
     with serve_in_thread(app) as url:
@@ -123,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
             if sched.config.slots != slots:
                 sched.reconfigure({"slots": slots})
             measured = asyncio.run(
-                saturate(url, 2 * slots, 5.0, args.seconds, args.prompt_len, args.output_len)
+                saturate(
+                    url, 2 * slots, args.warmup, args.seconds, args.prompt_len, args.output_len
+                )
             )
             window = sched.metrics.window(args.seconds)["step_times_ms"]
             measured["generate_step_ms"] = window["generate"]["mean"]
@@ -141,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "roofline_gain": hi["roofline_tokens_per_s"] / lo["roofline_tokens_per_s"],
     }  # fmt: skip
     if args.json:
-        print(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+        print(orjson.dumps(result, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
         return 0
     print(f"model {model.name}, hardware {hw_name}, prompt {args.prompt_len}, "
           f"output {args.output_len}, decode_steps {args.decode_steps}")  # fmt: skip

@@ -46,6 +46,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # virtual CPU devices, also for the children
 
 import orjson  # noqa: E402
+from _smoke import shrink  # noqa: E402
 
 KPIS = ("ttft_p50", "tpot_p50", "decode_step", "tok_s")  # views.Kpi keys
 LIMIT = 1.3  # measured / expected within [1/LIMIT, LIMIT]
@@ -324,6 +325,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a("--log-dir", help="keep the app's logs in DIR/tpN (default: temporary, kept on failure)")
     a("--json", action="store_true", help="print one JSON object instead of tables")
     a("--quiet", action="store_true", help="no progress lines on stderr")
+    # a smoke run (bench/_smoke.py): tiny at tp 1, a few seconds of samples
+    smoke = dict(input_len=32, output_len=32, run_seconds=5.0, timeout=240.0)
+    shrink(p, tp="1", model="tiny", warmup=1.0, seconds=2.0, **smoke)
     args = p.parse_args(argv)
     try:
         args.tps = [int(t) for t in args.tp.split(",") if t.strip()]

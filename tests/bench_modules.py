@@ -10,6 +10,8 @@ from pathlib import Path
 from types import ModuleType
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+if str(BENCH_DIR) not in sys.path:  # as when a bench runs as a script: its helpers (_smoke.py)
+    sys.path.append(str(BENCH_DIR))
 
 
 @contextmanager

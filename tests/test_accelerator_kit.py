@@ -105,3 +105,73 @@ def test_decode_runs_pallas_with_an_xla_baseline_and_the_tpu_variant_fits_a_v5e(
                           "total"]  # fmt: skip
     for stage in ("decode-f32", "decode", "decode-int8"):
         assert "--hardware tpu-v5e" in rows[stage] and "--model llama3.2-1b" in rows[stage]
+
+
+# A stand-in for the dry run's Python 3.12: it says it is 3.12, answers `pip download` by writing
+# an empty wheel per requirement (or, OFFLINE=1, fails as pip does with no registry), and logs
+# every other call (pip install, accelerator_check.py) without running it.
+FAKE_PY312 = r"""#!/usr/bin/env bash
+echo "$*" >>"$FAKE_LOG"
+[[ $1 == -c ]] && exit 0
+if [[ "$1 $2 $3" == "-m pip download" ]]; then
+  [[ -n ${OFFLINE:-} ]] && { echo "ERROR: network is unreachable" >&2 && exit 1; }
+  shift 3
+  while (($#)); do
+    case $1 in
+      -d) dest=$2 && shift ;;
+      *==*) name=${1%%==*} && touch "$dest/${name//-/_}-${1##*==}-cp312-none-any.whl" ;;
+    esac
+    shift
+  done
+fi
+exit 0
+"""
+
+
+def _dry_run(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, str]:
+    """`--dry-run --only none` (the wheels and env stages) from a checkout without .whl/, with
+    FAKE_PY312 as the interpreter: (the process, every call it got)."""
+    fake = tmp_path / "python3.12"
+    fake.write_text(FAKE_PY312)
+    fake.chmod(0o755)
+    log = tmp_path / "calls.txt"
+    log.write_text("")
+    env = {
+        **os.environ,
+        "PYTHON": str(fake),
+        "FAKE_LOG": str(log),
+        "WHL": str(tmp_path / "whl"),
+        "OUT": str(tmp_path / "out"),
+        **env,
+    }
+    proc = subprocess.run(
+        ["bash", str(KIT), "--dry-run", "--only", "none"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc, log.read_text()
+
+
+def test_the_dry_run_fetches_the_wheels_itself_when_there_are_none(tmp_path):
+    proc, calls = _dry_run(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "-m pip download" in calls  # bench/fetch_gpu_wheels.sh, through the same interpreter
+    install = next(line for line in calls.splitlines() if "-m pip install" in line)
+    assert "--no-index" in install and "orjson-" in install and "textual-" in install
+    assert "bench/accelerator_check.py" in calls  # the env stage ran after it
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert [line.split()[:2] for line in summary.splitlines()] == [["wheels", "ok"], ["env", "ok"]]
+    # the next dry run finds them: nothing is downloaded again
+    proc, calls = _dry_run(tmp_path)
+    assert proc.returncode == 0 and "pip download" not in calls and "-m pip install" in calls
+
+
+def test_the_dry_run_says_what_is_missing_when_the_registry_is_unreachable(tmp_path):
+    proc, calls = _dry_run(tmp_path, OFFLINE="1")
+    assert proc.returncode == 1
+    assert "could not download orjson==" in proc.stdout and "registry reachable" in proc.stdout
+    assert "without them every stage fails to import" in proc.stdout
+    assert "the dry run stops" in proc.stdout
+    assert "accelerator_check.py" not in calls  # no stage ran after the wheels
