@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from scaletui.serve.pages import NoPages, PagePool
+from scaletui.pages import NoPages, PagePool
 
 S = 4  # page size used throughout
 

@@ -12,19 +12,19 @@ import asyncio
 import numpy as np
 import pytest
 
-from scaletui.serve.config import ConfigError, ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.events import Request, TooLong
 from scaletui.serve.fake_engine import FakeEngine, FakeEngineFactory
 from scaletui.serve.paging import PageTables, fixed_table
 from scaletui.serve.scheduler import Scheduler
+from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import load_model
 from tests.test_scheduler import collect, request
 
 
 def make(mode: str = "interleaved", **kw) -> Scheduler:
     kw = {"slots": 4, "max_seq_len": 128, "page_size": 16, "decode_steps": 4, **kw}
-    config = ServeConfig(load_model("tiny"), mode=mode, **kw)
+    config = ServerShape(load_model("tiny"), mode=mode, **kw)
     sched = Scheduler(config, FakeEngineFactory(vocab_limit=300, step_s=0.001, prefill_s=0.001))
     sched.start()
     assert sched.state == "serving", sched.error
@@ -33,14 +33,14 @@ def make(mode: str = "interleaved", **kw) -> Scheduler:
 
 def test_config_sizes_the_pool_from_slots_unless_told() -> None:
     tiny = load_model("tiny")
-    c = ServeConfig(tiny, slots=4, max_seq_len=100, page_size=16)
+    c = ServerShape(tiny, slots=4, max_seq_len=100, page_size=16)
     assert c.pages_per_seq == 7 and c.pages == 4 * 7 + 1
-    assert ServeConfig(tiny, slots=4, dp=2, max_seq_len=100, page_size=16).pages == 2 * 7 + 1
-    assert ServeConfig(tiny, slots=4, max_seq_len=100, kv_pages=9).pages == 9
+    assert ServerShape(tiny, slots=4, dp=2, max_seq_len=100, page_size=16).pages == 2 * 7 + 1
+    assert ServerShape(tiny, slots=4, max_seq_len=100, kv_pages=9).pages == 9
     with pytest.raises(ConfigError, match="page_size must be one of"):
-        ServeConfig(tiny, max_seq_len=100, page_size=24)
+        ServerShape(tiny, max_seq_len=100, page_size=24)
     with pytest.raises(ConfigError, match="kv_pages must be 0"):
-        ServeConfig(tiny, max_seq_len=100, kv_pages=1)
+        ServerShape(tiny, max_seq_len=100, kv_pages=1)
 
 
 def test_page_tables_take_grow_and_free() -> None:
@@ -170,7 +170,7 @@ async def serve_real(waves: list, slots: int, **config) -> tuple[list[list[int]]
     and the settled page counts."""
     from scaletui.serve.build import JaxEngineFactory
 
-    cfg = ServeConfig(load_model("tiny"), slots=slots, max_seq_len=128, page_size=16,
+    cfg = ServerShape(load_model("tiny"), slots=slots, max_seq_len=128, page_size=16,
                       decode_steps=4, **config)  # fmt: skip
     sched = Scheduler(cfg, JaxEngineFactory(300, 257))
     sched.start()
@@ -253,7 +253,7 @@ class Recording(FakeEngine):
 
 
 async def test_a_token_budget_splits_a_long_prompt_between_generate_calls() -> None:
-    config = ServeConfig(load_model("tiny"), slots=2, max_seq_len=256, page_size=16,
+    config = ServerShape(load_model("tiny"), slots=2, max_seq_len=256, page_size=16,
                          decode_steps=2, max_batched_tokens=32)  # fmt: skip
     factory = FakeEngineFactory(vocab_limit=300, step_s=0.002, prefill_s=0.0, engine=Recording)
     sched = Scheduler(config, factory)

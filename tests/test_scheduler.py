@@ -6,18 +6,18 @@ import asyncio
 
 import pytest
 
-from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.events import Failed, Overloaded, Request, Unavailable
 from scaletui.serve.fake_engine import FakeEngine, FakeEngineFactory
 from scaletui.serve.scheduler import Scheduler
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 EOS = 257
 
 
 def make(mode: str = "interleaved", step_s: float = 0.001, **kw) -> Scheduler:
-    config = ServeConfig(load_model("tiny"), mode=mode, max_seq_len=128, **kw)
+    config = ServerShape(load_model("tiny"), mode=mode, max_seq_len=128, **kw)
     sched = Scheduler(config, FakeEngineFactory(vocab_limit=259, step_s=step_s, prefill_s=step_s))
     sched.start()
     assert sched.state == "serving"
@@ -129,7 +129,7 @@ async def test_cancel_frees_slot_and_counts_abort() -> None:
 
 
 async def test_waiting_bounds_by_requests_and_tokens() -> None:
-    config = ServeConfig(load_model("tiny"), max_seq_len=128, max_waiting=2, max_waiting_tokens=10)
+    config = ServerShape(load_model("tiny"), max_seq_len=128, max_waiting=2, max_waiting_tokens=10)
     sched = Scheduler(config, FakeEngineFactory())
     sched.state = "serving"  # no workers: everything stays waiting
     loop = asyncio.get_running_loop()
@@ -150,7 +150,7 @@ async def test_dead_worker_fails_pending_requests() -> None:
         def generate(self, state, steps, pages):
             raise RuntimeError("device lost")
 
-    config = ServeConfig(load_model("tiny"), max_seq_len=128, slots=2)
+    config = ServerShape(load_model("tiny"), max_seq_len=128, slots=2)
     sched = Scheduler(config, FakeEngineFactory(259, EOS, 0.0, 0.0, engine=Broken))
     sched.start()
     reqs = [request([1], max_tokens=5) for _ in range(4)]
@@ -174,7 +174,7 @@ async def test_reconfigure_from_failed_rebuilds_and_serves() -> None:
                 raise RuntimeError("device lost")
             return super().generate(state, steps, pages)
 
-    config = ServeConfig(load_model("tiny"), max_seq_len=128, slots=2)
+    config = ServerShape(load_model("tiny"), max_seq_len=128, slots=2)
     sched = Scheduler(config, FakeEngineFactory(259, EOS, 0.0, 0.0, engine=Flaky))
     sched.start()
     try:
@@ -194,7 +194,7 @@ async def test_reconfigure_from_failed_rebuilds_and_serves() -> None:
 
 
 async def test_prompt_over_the_token_bound_is_admitted_into_an_empty_queue() -> None:
-    config = ServeConfig(load_model("tiny"), max_seq_len=128, max_waiting_tokens=10)
+    config = ServerShape(load_model("tiny"), max_seq_len=128, max_waiting_tokens=10)
     sched = Scheduler(config, FakeEngineFactory())
     sched.state = "serving"  # no workers: everything stays waiting
     loop = asyncio.get_running_loop()

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from scaletui import policy
 from scaletui.serve.engine_api import Prefix, StepOutput
 from scaletui.serve.events import ErrorKind, Event, Failed, Overloaded, Request, Tokens
 from scaletui.serve.metrics import ServerMetrics
@@ -141,7 +142,7 @@ class RequestBook:
             req.preempted += 1
             if req.cancel_reason or req.finished:
                 self.finish(req, req.cancel_reason or "abort")
-            elif len(req.prompt) + len(req.outputs) >= max_seq_len:
+            elif not policy.resumable(len(req.prompt) + len(req.outputs), max_seq_len):
                 self.finish(req, "length")
             else:
                 self.waiting.appendleft(req)
@@ -183,9 +184,10 @@ class RequestBook:
 
     def _reason(self, req: Request, ids: list[int]) -> str:
         """Why a sequence the engine marked done ended: EOS ("stop") or a limit ("length")."""
-        p, total = req.params, req.generated + len(ids)
-        stopped = ids[-1] == self.eos_id and not p.ignore_eos and total >= p.min_tokens
-        return "stop" if stopped else "length"
+        p, n = req.params, req.generated + len(ids)
+        limits = {"min_tokens": p.min_tokens, "ignore_eos": p.ignore_eos, "eos_id": self.eos_id}
+        reason = policy.finish_reason(ids[-1], n, p.max_tokens, **limits)
+        return reason or "length"  # the engine ended it: max_seq_len
 
     def emit(self, req: Request, ids: list[int], finish: str | None, now: float) -> None:
         m = self.metrics

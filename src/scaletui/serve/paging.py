@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from scaletui.pages import NoPages, PagePool
 from scaletui.serve.engine_api import Engine
-from scaletui.serve.pages import NoPages, PagePool
 
 
 class PageTables:
@@ -29,6 +29,15 @@ class PageTables:
 
     def pool_of(self, slot: int) -> PagePool:
         return self.pools[slot // self.per_replica]
+
+    @property
+    def cap(self) -> int:
+        """The most pages one sequence holds: its replica's whole pool, or max_seq_len's."""
+        return min(self.pools[0].usable, self.pages_for(self.max_seq_len))
+
+    def free_pages(self) -> list[int]:
+        """Free pages (never used plus evictable) of each replica."""
+        return [p.free for p in self.pools]
 
     def pages_for(self, tokens: int) -> int:
         """Pages `tokens` positions take (a sequence never holds more than max_seq_len)."""

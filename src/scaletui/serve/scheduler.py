@@ -1,4 +1,4 @@
-"""Request lifecycle and continuous batching over the engine verbs (DESIGN.md §5).
+"""Request lifecycle and continuous batching over the engine verbs (docs/serve.md).
 
 1. The API validates and tokenizes a request and calls `submit`: the waiting queue is bounded in
    requests and prompt tokens; beyond either, `Overloaded` (HTTP 429 + Retry-After).
@@ -14,12 +14,14 @@
    prompt fills and takes one more as it crosses each page boundary, before the generate call
    that writes there. When a replica runs out, the youngest running sequence there is preempted
    (vLLM's recompute policy): its pages go back, and it returns to the head of the queue to
-   prefill its prompt and output again and carry on; nothing is lost.
+   prefill its prompt and output again and carry on; nothing is lost. Every such decision is a
+   pure function of scaletui.policy (the deterministic core the simulator replays too);
+   batcher.py applies them to the engine's results and reports each pass's `StepPlan`.
 4. Interleaved: one thread alternates (prefill while a slot is free and requests wait, then
    generate). Disaggregated: a prefill thread and a generate thread on separate device sets;
    transfer time is measured. The interleaved worker and the generate worker measure their host
-   time between two engine calls while busy (`GapClock`, /stats `host_gap`): the simulator's
-   `gap_s`, which the engine's call times leave out.
+   time between two engine calls while busy (`batcher.GapClock`, /stats `host_gap`): the
+   simulator's `gap_s`, which the engine's call times leave out.
 5. `cancel` (client disconnect, stop string) marks the request; its slot is released before the
    next decode call.
 6. `reconfigure` stops admitting (`Unavailable`, HTTP 503), drains in-flight requests (aborting
@@ -36,64 +38,30 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from scaletui.policy import StepPlan
+from scaletui.serve.batcher import Batcher
 from scaletui.serve.book import RequestBook
-from scaletui.serve.config import ServeConfig
-from scaletui.serve.engine_api import Engine, EngineFactory, Prefix, SamplingParams, distinct
+from scaletui.serve.engine_api import Engine, EngineFactory, Prefix, distinct
 from scaletui.serve.events import Busy, Request, TooLong, Unavailable, resume_input
 from scaletui.serve.metrics import ServerMetrics
 from scaletui.serve.paging import PageTables
+from scaletui.shape import ServerShape
 
 log = logging.getLogger("scaletui.serve")
-
-
-@dataclass
-class PrefillJob:
-    """A request prefilling into its slot's pages (interleaved mode), a chunk at a time."""
-
-    req: Request
-    slot: int
-    tokens: list[int]  # what prefill runs: the prompt (and, resumed, what it produced)
-    params: SamplingParams
-    pages: list[int]  # the slot's pages: a cached prefix's, then its own
-    done: int  # tokens whose K/V are in the pages (the cached prefix, earlier chunks)
-
-    @property
-    def left(self) -> int:
-        return len(self.tokens) - self.done
-
-
-class GapClock:
-    """One worker's host time between its engine calls while it has work (/stats `host_gap`,
-    the simulator's `gap_s`): from one call's end to the next one's start; `idle` before the
-    worker waits for work, so a wait is never counted."""
-
-    def __init__(self, metrics: ServerMetrics) -> None:
-        self.metrics = metrics
-        self.last_end: float | None = None
-
-    def start(self) -> float:
-        now = time.perf_counter()
-        if self.last_end is not None:
-            self.metrics.record_gap(now - self.last_end)
-        return now
-
-    def end(self) -> float:
-        self.last_end = time.perf_counter()
-        return self.last_end
-
-    def idle(self) -> None:
-        self.last_end = None
 
 
 class Scheduler:
     """Owns the engines, the worker threads and the request book: the serving state."""
 
     def __init__(
-        self, config: ServeConfig, factory: EngineFactory, metrics: ServerMetrics | None = None
+        self,
+        config: ServerShape,
+        factory: EngineFactory,
+        metrics: ServerMetrics | None = None,
+        on_plan: Callable[[StepPlan], None] | None = None,  # each pass's decisions (tests)
     ) -> None:
-        self.config = config
+        self.config, self.on_plan = config, on_plan
         self.factory = factory
         self.metrics = metrics or ServerMetrics()
         self.book = RequestBook(self.metrics)
@@ -102,7 +70,6 @@ class Scheduler:
         self.compile = {"state": "pending", "seconds": 0.0, "count": 0}
         self.engines: tuple[Engine, Engine] | None = None
         self.pages: PageTables | None = None  # the generate engine's KV pages
-        self._pending: tuple[Request, Prefix] | None = None  # disaggregated: waits for pages
         self._transfer: queue.Queue[tuple[Request, Prefix]] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -127,7 +94,7 @@ class Scheduler:
             return
         self._start_workers()
 
-    def _build(self, config: ServeConfig) -> None:
+    def _build(self, config: ServerShape) -> None:
         if self.state == "starting":
             self.state = "compiling"
         self.engines = None
@@ -146,7 +113,7 @@ class Scheduler:
                         "total": total}  # fmt: skip
         log.info("compiled %d shapes and ran each once in %.1f s", total, seconds)
         self.engines, self.config = (prefill, generate), config
-        self.pages, self._pending = PageTables(generate), None
+        self.pages = PageTables(generate)
         self.book.reset(generate.slots, generate.eos_id)
         self.metrics.slots_total.set(generate.slots)
 
@@ -249,96 +216,17 @@ class Scheduler:
         return self.book.prefilled(req, prefix, now)
 
     def _interleaved_loop(self) -> None:
-        engine, book = self.engines[1], self.book
-        state = engine.init_decode_state()
-        admit = lambda req: self._slot_for(len(resume_input(req)[0])) is not None
-        jobs: list[PrefillJob] = []  # FCFS, each in its slot, prefilling into its pages
-        clock = GapClock(self.metrics)
+        batcher = self._batcher()
         while not self._stop.is_set():
-            state = self._release_cancelled(engine, state)
-            jobs = [j for j in jobs if book.slots[j.slot] is j.req]  # cancelled ones are gone
-            while req := book.next_waiting(False, self._stop, admit):
-                job = self._start_job(req)
-                if job is not None:
-                    jobs.append(job)
-            budget = self._budget(jobs)
-            while jobs and budget > 0:  # a long prompt runs in pieces between generate calls
-                left, size = jobs[0].left, self.pages.page_size
-                n = left if left <= budget else budget // size * size  # the next piece starts
-                if n == 0:  # on a page boundary: a piece ends on one, or with the prompt
-                    break
-                state = self._prefill_job(engine, state, jobs[0], n, clock)
-                budget -= n
-                if jobs[0].left == 0:
-                    jobs.pop(0)
-            prefilling = {j.slot for j in jobs}
-            if any(r is not None and b not in prefilling for b, r in enumerate(book.slots)):
-                state = self._generate(engine, state, clock, prefilling)
-            elif not jobs:
-                with book.cv:
-                    if not book.waiting and not self._stop.is_set():
-                        clock.idle()
-                        book.cv.wait(0.1)
+            if not batcher.interleaved_pass(self._stop):
+                with self.book.cv:
+                    if not self.book.waiting and not self._stop.is_set():
+                        batcher.clock.idle()
+                        self.book.cv.wait(0.1)
 
-    def _budget(self, jobs: list[PrefillJob]) -> int:
-        """Prompt tokens to run before the next generate call: --max-batched-tokens rounded
-        down to whole pages (a piece must start on a page boundary), at least one page; all
-        of them without a budget."""
-        size = self.pages.page_size
-        if not self.config.max_batched_tokens:
-            return sum(j.left for j in jobs)
-        return max(size, self.config.max_batched_tokens // size * size)
-
-    def _start_job(self, req: Request) -> PrefillJob | None:
-        """Give `req` a slot and pages for its prompt, reusing the longest cached prefix."""
-        tokens, params = resume_input(req)
-        slot = self._slot_for(len(tokens))  # next_waiting's `admit` checked there is one
-        pool, cached, hit = self.pages.pool_of(slot), [], 0
-        if self.config.prefix_cache:
-            cached, hit = pool.match(tokens)
-            self.metrics.prefix_queries.inc(len(tokens))
-            self.metrics.prefix_hits.inc(hit)
-        pages = self.pages.take(slot, len(tokens), cached)
-        if not self.book.place(req, len(tokens), slot):  # cancelled meanwhile
-            self.pages.free(slot)
-            return None
-        req.t_scheduled = time.perf_counter()
-        if not req.preempted:
-            self.metrics.queue.observe(req.t_scheduled - req.t_arrival)
-        return PrefillJob(req, slot, tokens, params, pages, done=hit)
-
-    def _prefill_job(
-        self, engine: Engine, state: object, job: PrefillJob, n: int, clock: GapClock
-    ) -> object:
-        """The next `n` prompt tokens of `job`; at the prompt's end, its first token out and
-        the slot active (or given back, when that token ends it)."""
-        req, slot = job.req, job.slot
-        t0 = clock.start()
-        try:
-            state, prefix = engine.prefill_pages(state, job.tokens, job.params, slot, job.pages,
-                                                 job.done, job.done + n)  # fmt: skip
-        except ValueError as e:  # this request's input, not the device: fail it alone
-            clock.end()
-            log.warning("request %d rejected by the engine: %s", req.id, e)
-            self.book.vacate(slot, req)
-            self.pages.free(slot)
-            self.book.rejected(req, e)
-            job.done = len(job.tokens)
-            return state
-        now = clock.end()
-        job.done += n
-        self.metrics.record_step("prefill", now - t0, n)
-        if prefix is None:
-            return state
-        if self.config.prefix_cache:  # its full prompt pages, for the next request to reuse
-            self.pages.pool_of(slot).register(job.tokens, job.pages)
-        self.metrics.generation_tokens.inc()
-        self.metrics.prefill.observe(now - req.t_scheduled)
-        if self.book.prefilled(req, prefix, now) is None:  # done at its first token, or gone
-            self.book.vacate(slot, req)
-            self.pages.free(slot)
-            return state
-        return engine.insert(state, prefix, slot, job.pages)
+    def _batcher(self) -> Batcher:
+        engine = self.engines[1]
+        return Batcher(self.config, engine, self.book, self.pages, self.metrics, self.on_plan)
 
     def _prefill_loop(self) -> None:
         prefill_engine, generate_engine = self.engines
@@ -360,109 +248,9 @@ class Scheduler:
                     continue
 
     def _generate_loop(self) -> None:
-        engine, book = self.engines[1], self.book
-        state = engine.init_decode_state()
-        clock = GapClock(self.metrics)
+        batcher = self._batcher()
         while not self._stop.is_set():
-            state = self._release_cancelled(engine, state)
-            busy = any(r is not None for r in book.slots)
-            if not busy:  # waits for a hand-over below
-                clock.idle()
-            while None in book.slots:
-                if self._pending is None:
-                    try:
-                        self._pending = self._transfer.get(block=not busy, timeout=0.1)
-                    except queue.Empty:
-                        break
-                state, placed = self._insert(engine, state, *self._pending, requeue=not busy)
-                if not placed:  # no pages yet: it waits for running sequences to end
-                    break
-                self._pending, busy = None, True
-            if busy:
-                state = self._generate(engine, state, clock)
-
-    def _slot_for(self, tokens: int) -> int | None:
-        """A free slot whose replica has pages for `tokens` positions and the next decode
-        steps, or None."""
-        need = min(tokens + self.config.decode_steps, self.pages.whole_pool_tokens())
-        return next((b for b in self.book.free_slots() if self.pages.fits(b, need)), None)
-
-    def _insert(
-        self, engine: Engine, state: object, req: Request, prefix: Prefix, requeue: bool
-    ) -> tuple[object, bool]:
-        """Place a prefilled request in a slot with pages for its prompt -> (state, placed).
-        Without room it is requeued (`requeue`) to prefill again later, or left to the caller."""
-        slot = self._slot_for(prefix.length)
-        if slot is None:
-            if requeue:
-                self.book.preempt(req, None, self.config.max_seq_len)
-            return state, requeue
-        if not self.book.place(req, prefix.length, slot):
-            return state, True  # it ended meanwhile (cancelled)
-        return engine.insert(state, prefix, slot, self.pages.take(slot, prefix.length)), True
-
-    def _release_cancelled(self, engine: Engine, state: object) -> object:
-        """Slots of cancelled requests go back, with their pages (taken_cancelled ended
-        them)."""
-        for b in self.book.take_cancelled():
-            state = engine.release(state, b)
-            self.pages.free(b)
-        return state
-
-    def _make_room(self, engine: Engine, state: object, steps: int, prefilling: set[int]) -> object:
-        """Give every decoding sequence pages for the positions the next call writes, oldest
-        first; where a replica has none left, preempt its youngest sequence until it does
-        (`prefilling` slots are not decoding: they hold their prompt's pages already)."""
-        book, pages = self.book, self.pages
-        running = [b for b, r in enumerate(book.slots) if r is not None and b not in prefilling]
-        for b in sorted(running, key=lambda b: book.slots[b].t_scheduled):
-            req = book.slots[b]  # writes until done: at most its max_tokens
-            if req is None:  # preempted for an older sequence
-                continue
-            need = book.kv_lengths[b] + min(steps, req.params.max_tokens - req.generated)
-            while book.slots[b] is not None and not pages.grow(b, need):
-                replica = [c for c in running if book.slots[c] is not None
-                           and pages.pool_of(c) is pages.pool_of(b)]  # fmt: skip
-                victim = max(replica, key=lambda c: book.slots[c].t_scheduled)
-                state = self._preempt(engine, state, victim)
-        return state
-
-    def _preempt(self, engine: Engine, state: object, slot: int) -> object:
-        req, length = self.book.slots[slot], self.book.kv_lengths[slot]
-        log.info("KV pages exhausted: request %d (%d tokens) preempted, to resume by prefill",
-                 req.id, length)  # fmt: skip
-        if self.config.prefix_cache:  # its full pages stay matchable: resuming may reuse them
-            done = (req.prompt + req.outputs)[:length]
-            self.pages.pool_of(slot).register(done, self.pages.held[slot])
-        state = engine.release(state, slot)
-        self.pages.free(slot)
-        self.pages.preemptions += 1
-        self.metrics.preemptions.inc()
-        self.book.preempt(req, slot, self.config.max_seq_len)
-        return state
-
-    def _generate(
-        self, engine: Engine, state: object, clock: GapClock, prefilling: frozenset = frozenset()
-    ) -> object:
-        # no more steps than any running request still needs: a request 3 tokens from its
-        # max_tokens does not wait for the other decode_steps - 3 steps of an idle batch
-        decoding = lambda: [r for b, r in enumerate(self.book.slots)
-                            if r is not None and b not in prefilling]  # fmt: skip
-        left = [r.params.max_tokens - r.generated for r in decoding()]
-        steps = max(1, min(self.config.decode_steps, max(left, default=1)))
-        state = self._make_room(engine, state, steps, prefilling)
-        running = decoding()
-        if not running:  # every sequence was preempted (a pool smaller than their steps)
-            return state
-        t0 = clock.start()
-        state, out = engine.generate(state, steps, self.pages.table)
-        now = clock.end()
-        self.metrics.record_step("generate", now - t0, int(out.valid.sum()), len(running), steps)
-        self.book.deliver(out, now)
-        for b, req in enumerate(self.book.slots):  # finished sequences give their pages back
-            if req is None and self.pages.held[b] and b not in prefilling:
-                self.pages.free(b)
-        return state
+            batcher.disaggregated_pass(self._transfer)
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -516,13 +304,15 @@ class Scheduler:
             try:
                 self._build(new)
             except Exception:
-                log.exception("reconfigure to %s failed; restoring %s", new.public(), old.public())
+                log.exception(
+                    "reconfigure to %s failed; restoring %s", new.to_json(), old.to_json()
+                )
                 self._build(old)
                 self._start_workers()
                 raise
             self._start_workers()
             return {
-                "config": new.public(),
+                "config": new.to_json(),
                 "compile_s": self.compile["seconds"],
                 "drained": len(draining) - aborted,
                 "aborted": aborted,

@@ -3,7 +3,8 @@
 The device KV cache of one data-parallel replica is a pool of `n_pages` pages of `page_size`
 token positions each. Page 0 is the reserved "trash" page: it is never handed out (inactive decode
 rows write there). The scheduler keeps one `PagePool` per replica and a page list per running
-sequence (paging.py).
+sequence (serve/paging.py); the simulator keeps one to replay the same decisions (policy.py).
+Standard library only.
 
 Every usable page is in exactly one of three places:
 
@@ -22,8 +23,7 @@ registered pages, leaving at least one token to prefill (it produces the first t
 A key already registered to another page keeps its first page (the newcomer stays a plain page).
 
 Every call costs O(pages touched), never a scan of the pool (it may have 100k pages). Not
-thread-safe by itself: the scheduler calls it under its
-lock.
+thread-safe by itself: the scheduler calls it under its lock.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import hashlib
 import struct
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
+
+from scaletui.policy import reusable_pages
 
 TRASH_PAGE = 0  # reserved, never handed out
 _ROOT_KEY = b"\x00" * 16  # parent key of a prompt's first page
@@ -171,14 +173,14 @@ class PagePool:
             chunk = tokens[i * size : (i + 1) * size]
             h = hashlib.blake2b(key, digest_size=_KEY_BYTES)
             h.update(salt_b)
-            h.update(self._tokens.pack(*(int(t) for t in chunk)))
+            h.update(self._tokens.pack(*chunk))  # ints, or anything with __index__
             key = h.digest()
             yield key
 
     def match(self, tokens: Sequence[int], salt: bytes | str = b"") -> tuple[list[int], int]:
         """The longest registered prefix of `tokens` in full pages, never the whole prompt.
         Returns (pages, n_tokens); the caller now holds each page (refcount + 1)."""
-        max_pages = max(len(tokens) - 1, 0) // self.page_size
+        max_pages = reusable_pages(len(tokens), self.page_size)
         pages = []
         for key in self._iter_keys(tokens, max_pages, salt):  # stops at the first miss
             page = self._page_of.get(key)
