@@ -15,10 +15,10 @@ from openai import OpenAI
 
 from scaletui.serve.api import ApiSettings, create_app
 from scaletui.serve.build import JaxEngineFactory
-from scaletui.serve.config import ServeConfig
 from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.testing import serve_in_thread
 from scaletui.serve.tokenizer import load_tokenizer
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
@@ -29,7 +29,7 @@ PROMPTS = ["The quick brown fox", "hello", "Once upon a time there", "JAX", "Ã©æ
 @pytest.fixture(scope="module")
 def server():
     tok = load_tokenizer(None, 512)
-    config = ServeConfig(
+    config = ServerShape(
         load_model("tiny"), slots=4, max_seq_len=64, decode_steps=4, min_prefill_bucket=32
     )
     sched = Scheduler(config, JaxEngineFactory(tok.vocab_size, tok.eos_id))

@@ -8,9 +8,9 @@ import pytest
 
 from scaletui.serve import weights
 from scaletui.serve.build import build_engines
-from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.paging import fixed_table
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
@@ -21,7 +21,7 @@ GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 @pytest.fixture(scope="module")
 def engine():
     m = load_model("tiny")
-    cfg = ServeConfig(model=m, slots=4, max_seq_len=64, decode_steps=4, max_prefill_bucket=32)
+    cfg = ServerShape(model=m, slots=4, max_seq_len=64, decode_steps=4, max_prefill_bucket=32)
     eng, other = build_engines(cfg)
     assert eng is other
     eng.warmup()
@@ -164,7 +164,7 @@ def test_stats_fields(engine):
 
 def test_single_slot_engine_equals_full_forward(reference):
     """slots=1 runs its matmuls at batch 1 over a cache with a spare row (JaxEngine.rows)."""
-    cfg = ServeConfig(model=load_model("tiny"), slots=1, max_seq_len=32, decode_steps=4)
+    cfg = ServerShape(model=load_model("tiny"), slots=1, max_seq_len=32, decode_steps=4)
     eng, _ = build_engines(cfg)
     prompt = [3, 1, 4, 1, 5]
     out, _ = serve(eng, [(prompt, GREEDY)], calls=3)

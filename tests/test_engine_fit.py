@@ -10,12 +10,12 @@ import pytest
 from scaletui import engine_fit
 from scaletui.engine_fit import DecodePoint, Grid, grid_for, prompt_len_for
 from scaletui.roofline import fitstore
-from scaletui.serve.config import ServeConfig
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 
 def test_the_default_grid_brackets_the_servers_slots_contexts_and_steps():
-    cfg = ServeConfig(model=load_model("small"), slots=16, max_seq_len=1024, decode_steps=4)
+    cfg = ServerShape(model=load_model("small"), slots=16, max_seq_len=1024, decode_steps=4)
     grid = grid_for(cfg, (128, 256, 512, 1024), (16, 32, 64, 128, 256, 512, 1024))
     assert sorted({p.batch for p in grid.decode}) == [1, 4, 16]
     assert sorted({p.steps for p in grid.decode}) == [1, 4]
@@ -34,7 +34,7 @@ def test_the_default_grid_brackets_the_servers_slots_contexts_and_steps():
     quick = grid_for(cfg, (128, 256, 512, 1024), (16, 1024), quick=True)
     assert (quick.calls, quick.rounds) == (2, 3)
     # with dp the batches are multiples of dp (every replica holds a share of the slots)
-    dp = ServeConfig(model=load_model("small"), slots=16, dp=2, decode_steps=1)
+    dp = ServerShape(model=load_model("small"), slots=16, dp=2, decode_steps=1)
     assert sorted({p.batch for p in grid_for(dp, (128,), (16,)).decode}) == [2, 4, 16]
     assert {p.steps for p in grid_for(dp, (128,), (16,)).decode} == {1}
 
@@ -64,6 +64,9 @@ def test_calibrate_model_fits_tiny_and_stores_it_where_find_fit_looks(capsys):
     assert sorted({k[0] for k in cost.decode_knots}) == [1, 4]
     assert cost.info["prefill_samples"] >= 2
     assert cost.info["server"]["slots"] == 4 and cost.info["samples"]["decode"]
+    # stored under the fit key of the shape it timed, with the kernels that ran
+    shape = ServerShape.from_json(cost.info["server"])
+    assert fitstore.fit_path_for({**shape.fit_key(), "kernels": cost.kernels}) == path
     assert cost.decode_call_s(4, 64, 2) > 0
     assert "wrote" in capsys.readouterr().err
 
@@ -78,10 +81,10 @@ def test_calibrate_model_precision_flags_reach_the_engines_the_base_and_the_file
     """The grid is not timed here (a fake `fit_engine`); what the flags set is checked."""
     from types import SimpleNamespace
 
+    from scaletui.dtypes import Precision
     from scaletui.roofline import costfit
     from scaletui.roofline.costmodel import DecodeSample
     from scaletui.serve import build, quant
-    from scaletui.serve.config import Precision
 
     seen = {}
 
@@ -130,7 +133,7 @@ def test_the_fit_times_prefill_the_way_the_interleaved_server_runs_it(monkeypatc
     from scaletui.serve.build import build_engines
     from scaletui.serve.engine_api import SamplingParams
 
-    config = ServeConfig(load_model("tiny"), slots=2, max_seq_len=128)
+    config = ServerShape(load_model("tiny"), slots=2, max_seq_len=128)
     eng, _ = build_engines(config, jax.devices()[:1])
     calls, paged = [], eng.prefill_pages
     monkeypatch.setattr(eng, "prefill", lambda *a: calls.append("contiguous"))
@@ -152,7 +155,7 @@ def test_fit_engine_records_the_kernels_auto_resolved_to():
     from scaletui.specs import load_hardware
 
     model = load_model("tiny")
-    config = ServeConfig(model, slots=2, max_seq_len=64, decode_steps=2)
+    config = ServerShape(model, slots=2, max_seq_len=64, decode_steps=2)
     devices = jax.devices()[:1]
     base = CostModel.assumed(model, load_hardware("h200"), dtype="f32", kernels="auto")
     grid = Grid.product([1, 2], [64], [1, 2], prefill=(16, 32), calls=1, rounds=1)

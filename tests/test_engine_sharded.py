@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from scaletui.serve.build import build_engines
-from scaletui.serve.config import ServeConfig
 from scaletui.serve.testing import greedy_tokens
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
@@ -21,7 +21,7 @@ PROMPTS = [np.random.default_rng(0).integers(0, 512, n).tolist() for n in (6, 13
 
 def tokens(model, **kw):
     """Greedy tokens per prompt; prompts share the decode batch (slots 0..)."""
-    cfg = ServeConfig(model=model, max_seq_len=32, decode_steps=4, **{"slots": 6, **kw})
+    cfg = ServerShape(model=model, max_seq_len=32, decode_steps=4, **{"slots": 6, **kw})
     out, pre, gen = greedy_tokens(cfg, PROMPTS)
     assert all(len(t) == 9 for t in out.values())
     return out, pre, gen
@@ -53,12 +53,12 @@ def test_disaggregated_equals_interleaved(baseline):
 
 def test_invalid_layouts_fail_at_construction():
     with pytest.raises(ValueError, match="tp=3"):
-        build_engines(ServeConfig(model=TINY, max_seq_len=32, slots=6, tp=3))
+        build_engines(ServerShape(model=TINY, max_seq_len=32, slots=6, tp=3))
     with pytest.raises(ValueError, match="needs 16 devices"):
-        build_engines(ServeConfig(model=TINY, max_seq_len=32, slots=8, tp=4, dp=4))
+        build_engines(ServerShape(model=TINY, max_seq_len=32, slots=8, tp=4, dp=4))
     with pytest.raises(ValueError, match="prefill devices \\(3\\) must be a multiple of tp=2"):
         build_engines(
-            ServeConfig(
+            ServerShape(
                 model=TINY, max_seq_len=32, slots=6, tp=2, mode="disaggregated", prefill_devices=3
             )
         )

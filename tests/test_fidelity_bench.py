@@ -114,14 +114,14 @@ def test_host_speed_is_a_later_fit_over_the_first(fidelity):
 
 def test_defaults_refit_before_each_run_and_fit_what_calibrate_times(fidelity):
     from scaletui import engine_fit
-    from scaletui.serve.config import ServeConfig
+    from scaletui.shape import ServerShape
     from scaletui.specs import load_model
 
     args = fidelity.parse([])
     assert args.refit == "each" and fidelity.parse(["--refit", "once"]).refit == "once"
     # what calibrate times (dp, slots / 4, slots) at 8 and at 32 slots: 4 and 16 are held out
     timed = {p.batch for slots in (8, 32) for p in engine_fit.grid_for(
-        ServeConfig(load_model("tiny"), slots=slots, max_seq_len=256), [128, 256],
+        ServerShape(load_model("tiny"), slots=slots, max_seq_len=256), [128, 256],
         [16, 32]).decode}  # fmt: skip
     assert sorted(timed) == args.fit_batches == [1, 2, 8, 32]
     held = {b for b, _, h in fidelity.decode_grid(args.batches, [128], args.fit_batches, [128])

@@ -96,17 +96,37 @@ def test_no_import_cycle_in_src():
 
 
 def test_layers_import_only_what_they_may():
-    """specs and the shared records/procs/latency modules import nothing of ours; roofline only
-    specs and latency; loadgen only itself and the shared modules; tui never serve (HTTP only)."""
-    shared = {"scaletui.records", "scaletui.procs", "scaletui.latency"}
+    """specs and the shared records/procs/latency/xla_env modules import nothing of ours;
+    policy nothing, pages only policy; roofline only specs, latency, shape, policy and pages;
+    loadgen only itself and the shared modules; tui never serve (HTTP only)."""
+    shared = {"scaletui.records", "scaletui.procs", "scaletui.latency", "scaletui.xla_env"}
     allowed = {
         "scaletui.specs": set(),
         "scaletui.records": set(),
         "scaletui.procs": set(),
         "scaletui.latency": set(),
-        "scaletui.roofline": {"scaletui.specs", "scaletui.latency"},
+        "scaletui.xla_env": set(),
+        "scaletui.policy": set(),
+        "scaletui.pages": {"scaletui.policy"},
+        "scaletui.dtypes": set(),
+        "scaletui.shape": {"scaletui.specs", "scaletui.dtypes"},
+        "scaletui.roofline": {
+            "scaletui.specs",
+            "scaletui.latency",
+            "scaletui.dtypes",
+            "scaletui.shape",
+            "scaletui.policy",
+            "scaletui.pages",
+        },
         "scaletui.loadgen": shared,
-        "scaletui.tui": {"scaletui.specs", "scaletui.roofline", "scaletui.loadgen", *shared},
+        "scaletui.tui": {
+            "scaletui.specs",
+            "scaletui.dtypes",
+            "scaletui.shape",
+            "scaletui.roofline",
+            "scaletui.loadgen",
+            *shared,
+        },
     }
     wrong = []
     for mod, deps in import_graph().items():
@@ -119,3 +139,24 @@ def test_layers_import_only_what_they_may():
             if not any(dep == a or dep.startswith(a + ".") for a in allowed[layer]):
                 wrong.append(f"{mod} -> {dep}")
     assert wrong == []
+
+
+def test_simulate_and_roofline_import_no_jax():
+    """`scaletui simulate` and `scaletui roofline` (their modules, the shape, and --help) run
+    in a fresh interpreter without JAX ever being imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import contextlib, sys\n"
+        "from scaletui import shape, simulate_cli\n"
+        "from scaletui.roofline import cli as roofline_cli\n"
+        "for main in (simulate_cli.main, roofline_cli.main):\n"
+        "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(None):\n"
+        "        main(['--help'])\n"
+        "shape.ServerShape.from_json({'model': 'tiny', 'max_seq_len': 64})\n"
+        "print(sorted(m for m in sys.modules if m == 'jax' or m.startswith(('jax.', 'jaxlib'))))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -16,10 +16,10 @@ import pytest
 from scaletui.serve import model, native, quant
 from scaletui.serve import weights as weights_mod
 from scaletui.serve.build import build_engines
-from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.native import toolchain
 from scaletui.serve.paging import fixed_table
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
@@ -327,7 +327,7 @@ def test_model_native_equal_xla_at_each_weight_precision(weights, tied):
 
 def _greedy_run(kernels: str, **precision: str) -> tuple[list[list[int]], bool]:
     m = load_model("tiny")
-    cfg = ServeConfig(model=m, slots=3, max_seq_len=64, decode_steps=4, kernels=kernels,
+    cfg = ServerShape(model=m, slots=3, max_seq_len=64, decode_steps=4, kernels=kernels,
                       **precision)  # fmt: skip
     eng, _ = build_engines(cfg, jax.devices()[:1])
     state, table = eng.init_decode_state(), fixed_table(eng)
@@ -366,14 +366,14 @@ def test_engine_native_int8_weights_and_kv_tokens_equal_xla():
 
 def test_native_refused_where_it_cannot_run(monkeypatch, greedy_reference):
     m = load_model("tiny")
-    cfg = ServeConfig(model=m, slots=2, max_seq_len=64, tp=2, kernels="native")
+    cfg = ServerShape(model=m, slots=2, max_seq_len=64, tp=2, kernels="native")
     with pytest.raises(ValueError, match="tp=2"):
         build_engines(cfg, jax.devices()[:2])
-    dp2 = ServeConfig(model=m, slots=2, max_seq_len=64, dp=2)
+    dp2 = ServerShape(model=m, slots=2, max_seq_len=64, dp=2)
     assert "dp=2" in native.unusable(dp2, jax.devices()[:2], dp=2, tp=1)
     # auto falls back to XLA ops when the kernels cannot be built, and still serves
     monkeypatch.setattr(native, "unavailable_reason", lambda: "no C++ compiler")
-    eng, _ = build_engines(ServeConfig(model=m, slots=2, max_seq_len=64), jax.devices()[:1])
+    eng, _ = build_engines(ServerShape(model=m, slots=2, max_seq_len=64), jax.devices()[:1])
     assert not eng.native and "wq" in eng.params["layers"][0]
     first = eng.prefill([1, 2, 3], SamplingParams(max_tokens=2)).first_token
     assert first == greedy_reference(m, eng.config.seed, [1, 2, 3], 1)[0]
@@ -384,9 +384,9 @@ def test_reconfigure_validation_refuses_native_where_it_cannot_run():
 
     m = load_model("tiny")
     validate = JaxEngineFactory(m.vocab_size).check
-    validate(ServeConfig(model=m, slots=2, max_seq_len=64, tp=2, kernels="auto"))  # XLA ops
+    validate(ServerShape(model=m, slots=2, max_seq_len=64, tp=2, kernels="auto"))  # XLA ops
     with pytest.raises(ValueError, match="tp=2"):  # before any drain, not after
-        validate(ServeConfig(model=m, slots=2, max_seq_len=64, tp=2, kernels="native"))
+        validate(ServerShape(model=m, slots=2, max_seq_len=64, tp=2, kernels="native"))
 
 
 def test_compile_failure_names_the_compiler_error(monkeypatch, tmp_path):
@@ -507,7 +507,7 @@ def test_bf16_compute_without_bf16_pairs_says_it_widens(monkeypatch):
     from scaletui.serve.build import plan_engines
 
     tiny = load_model("tiny")
-    cfg = ServeConfig(model=tiny, slots=2, max_seq_len=64, dtype="bf16", kernels="native")
+    cfg = ServerShape(model=tiny, slots=2, max_seq_len=64, dtype="bf16", kernels="native")
     monkeypatch.setattr(native, "bf16_dot_products", lambda: False)
     (plan,) = plan_engines(cfg, jax.devices()[:1])
     assert plan.native and "no AVX512_BF16" in plan.note
@@ -524,7 +524,7 @@ def test_bf16_on_xlas_cpu_ops_says_f32_is_faster(caplog):
     from scaletui.serve.build import XLA_CPU_BF16, build_engines, plan_engines
 
     tiny = load_model("tiny")
-    cfg = ServeConfig(model=tiny, slots=2, max_seq_len=64, dtype="bf16", kernels="xla")
+    cfg = ServerShape(model=tiny, slots=2, max_seq_len=64, dtype="bf16", kernels="xla")
     (plan,) = plan_engines(cfg, jax.devices()[:1])
     assert plan.kernels == "xla" and XLA_CPU_BF16 in plan.note and "--dtype f32" in plan.note
     sharded = plan_engines(dataclasses.replace(cfg, kernels="auto", tp=2), jax.devices()[:2])
@@ -548,7 +548,7 @@ def test_a_generate_call_does_not_copy_the_embedding_table(tied):
     if not native.bf16_dot_products():
         pytest.skip("plain bf16 panels (no AVX512_BF16): their kernel takes bf16, not bits")
     m = dataclasses.replace(load_model("tiny"), tied_embeddings=tied)
-    cfg = ServeConfig(model=m, slots=2, max_seq_len=64, dtype="bf16", weight_dtype="bf16",
+    cfg = ServerShape(model=m, slots=2, max_seq_len=64, dtype="bf16", weight_dtype="bf16",
                       kv_dtype="bf16", kernels="native")  # fmt: skip
     eng, _ = build_engines(cfg, jax.devices()[:1])
     head = eng.params["lm_head"]

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec
 
 from scaletui.serve import kv_cache, model, pallas_attention, sharding
 from scaletui.serve.build import plan_engines
-from scaletui.serve.config import ServeConfig
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 pytestmark = pytest.mark.slow  # interpret mode traces every grid step
@@ -131,7 +131,7 @@ def test_head_major_pages_round_trip_through_write_and_gather():
 
 def test_plan_picks_pallas_on_accelerators_and_only_when_asked_on_cpu():
     cpu = jax.devices()[:1]
-    config = lambda kernels: ServeConfig(load_model("tiny"), max_seq_len=256, kernels=kernels)
+    config = lambda kernels: ServerShape(load_model("tiny"), max_seq_len=256, kernels=kernels)
     (plan,) = plan_engines(config("pallas"), cpu)
     assert plan.kernels == "pallas" and "interpret mode" in plan.note
     (plan,) = plan_engines(config("auto"), cpu)

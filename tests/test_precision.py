@@ -16,15 +16,16 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from jax.sharding import PartitionSpec as P
 
+from scaletui.dtypes import Precision
 from scaletui.serve import kv_cache, memory, model, native, quant, weights
 from scaletui.serve.api import ApiSettings, create_app
 from scaletui.serve.build import JaxEngineFactory, build_engines
 from scaletui.serve.cli import main
-from scaletui.serve.config import ConfigError, Precision, ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.testing import greedy_tokens
 from scaletui.serve.tokenizer import load_tokenizer
+from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import load_model
 
 TINY, SMALL = load_model("tiny"), load_model("small")
@@ -45,8 +46,8 @@ ENGINE_PRECISIONS = [
 ENGINE_IDS = ["-".join(p) for p in ENGINE_PRECISIONS]
 
 
-def tiny(**kw) -> ServeConfig:
-    return ServeConfig(TINY, **{"slots": 2, "max_seq_len": 64, **kw})
+def tiny(**kw) -> ServerShape:
+    return ServerShape(TINY, **{"slots": 2, "max_seq_len": 64, **kw})
 
 
 # --- config -----------------------------------------------------------------------------------
@@ -58,7 +59,7 @@ def test_dtype_alone_sets_weights_kv_and_compute_as_before() -> None:
     c = tiny(weight_dtype="int8", kv_dtype="bf16")
     assert c.precision == Precision("f32", "int8", "bf16")
     assert c.precision.describe() == "f32 compute, int8 weights, bf16 KV"
-    public = c.public()
+    public = c.to_json()
     assert (public["dtype"], public["weight_dtype"], public["kv_dtype"]) == ("f32", "int8", "bf16")
     # an unset knob follows dtype through /admin/config too
     assert tiny().updated(dtype="bf16").precision.kv == "bf16"
@@ -131,7 +132,7 @@ def test_cli_precision_errors_exit_2_with_one_line(capsys) -> None:
 
 
 def test_footprint_counts_storage_bytes_and_scales() -> None:
-    c = ServeConfig(SMALL, slots=8, max_seq_len=1024)
+    c = ServerShape(SMALL, slots=8, max_seq_len=1024)
     f32 = memory.footprint(c)
     int8 = memory.footprint(c.updated(weight_dtype="int8", kv_dtype="int8"))
     bf16 = memory.footprint(c.updated(dtype="bf16"))
@@ -319,7 +320,7 @@ ENGINE_PROMPTS = [np.random.default_rng(0).integers(0, 512, n).tolist() for n in
 def engine_tokens(prec: tuple[str, str, str], **kw) -> tuple[dict, object, object]:
     """Greedy tokens per prompt (the 40-token one is a chunked prefill: buckets up to 16)."""
     dtype, wd, kd = prec
-    cfg = ServeConfig(TINY, max_seq_len=64, decode_steps=4, max_prefill_bucket=16, dtype=dtype,
+    cfg = ServerShape(TINY, max_seq_len=64, decode_steps=4, max_prefill_bucket=16, dtype=dtype,
                       weight_dtype=wd, kv_dtype=kd, **{"slots": 6, **kw})  # fmt: skip
     out, pre, gen = greedy_tokens(cfg, ENGINE_PROMPTS)
     assert all(len(t) == 9 for t in out.values())
@@ -412,7 +413,7 @@ def test_kv_bytes_follow_the_cache_precision() -> None:
 @pytest.mark.slow
 async def test_admin_config_switches_precision_and_stats_show_it() -> None:
     tok = load_tokenizer(None, TINY.vocab_size)
-    cfg = ServeConfig(TINY, slots=2, max_seq_len=64, decode_steps=4, min_prefill_bucket=32)
+    cfg = ServerShape(TINY, slots=2, max_seq_len=64, decode_steps=4, min_prefill_bucket=32)
     sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, tok.eos_id))
     app = create_app(sched, tok, ApiSettings(log_interval_s=0, drain_timeout_s=60))
     async with TestClient(TestServer(app)) as client:

@@ -13,7 +13,6 @@ import pytest
 
 from scaletui.serve.api import ApiSettings, create_app
 from scaletui.serve.cli import main
-from scaletui.serve.config import ConfigError, ServeConfig
 from scaletui.serve.connections import quiet_accept_errors, raise_fd_limit
 from scaletui.serve.fake_engine import FakeEngineFactory
 from scaletui.serve.memory import Capacity, check_fits, footprint
@@ -21,6 +20,7 @@ from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.streaming import TextStream
 from scaletui.serve.testing import fake_server, serve_in_thread
 from scaletui.serve.tokenizer import load_tokenizer
+from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import load_model
 
 # -- finding 7: stop strings --------------------------------------------------------------------
@@ -80,7 +80,7 @@ async def test_admin_refuses_text_plain_and_foreign_origin_or_host() -> None:
 
 async def test_admin_values_are_bounded_by_range_and_memory() -> None:
     class OneGiB(FakeEngineFactory):
-        def check(self, config: ServeConfig, current=None) -> None:  # a 1 GiB host, by roofline
+        def check(self, config: ServerShape, current=None) -> None:  # a 1 GiB host, by roofline
             check_fits(config, config.dp, Capacity(2**30, False, "of host RAM is free (test)"))
 
     async with fake_server(slots=2) as (client, sched):
@@ -94,7 +94,7 @@ async def test_admin_values_are_bounded_by_range_and_memory() -> None:
             err = (await r.json())["error"]
             assert r.status == 400 and err["param"] == next(iter(body)), err
             assert text in err["message"], err
-        sched.config = ServeConfig(load_model("small"), slots=2, max_seq_len=2048)
+        sched.config = ServerShape(load_model("small"), slots=2, max_seq_len=2048)
         r = await client.post("/admin/config", json={"slots": 1024})
         err = (await r.json())["error"]
         assert r.status == 400 and err["param"] == "slots", err
@@ -105,7 +105,7 @@ async def test_admin_values_are_bounded_by_range_and_memory() -> None:
 
 def test_memory_check_counts_weights_copies_and_kv_per_device() -> None:
     small = load_model("small")
-    c = ServeConfig(small, slots=8, max_seq_len=1024)  # 8 x 16 pages of 64, and the scratch page
+    c = ServerShape(small, slots=8, max_seq_len=1024)  # 8 x 16 pages of 64, and the scratch page
     fp = footprint(c)
     assert c.pages == 129 and fp.weight_bytes == fp.params * 4
     assert fp.kv_page_bytes == 2 * small.n_layers * small.n_kv_heads * small.head_dim * 4 * 64
@@ -117,12 +117,12 @@ def test_memory_check_counts_weights_copies_and_kv_per_device() -> None:
                                           "max_seq_len=1024) need")  # fmt: skip
     # an explicit pool: the error names kv_pages and the most that fit
     with pytest.raises(ConfigError, match="use kv_pages <= 99") as e:
-        c100 = ServeConfig(small, slots=8, max_seq_len=1024, kv_pages=100)
+        c100 = ServerShape(small, slots=8, max_seq_len=1024, kv_pages=100)
         check_fits(c100, 1, Capacity(2 * fp.weight_bytes + 99 * fp.kv_page_bytes, False, "x"))
     assert e.value.key == "kv_pages"
     # per device: a tp=2 shard of the weights and of each page (KV heads), dp=2: a replica's
     # pages (4 slots x 16 + 1) on each device
-    c = ServeConfig(small, slots=8, max_seq_len=1024, tp=2, dp=2)
+    c = ServerShape(small, slots=8, max_seq_len=1024, tp=2, dp=2)
     fp = footprint(c)
     assert c.pages == 65 and fp.kv_bytes == 2 * 65 * fp.kv_page_bytes
     check_fits(c, 2, Capacity(fp.weight_bytes // 2 + fp.kv_bytes // 4, True, "x"))
@@ -148,7 +148,7 @@ def test_compile_progress_counts_shapes_done_of_total(caplog) -> None:
     import threading
 
     caplog.set_level(logging.INFO)
-    cfg = ServeConfig(load_model("tiny"), max_seq_len=128, mode="disaggregated")
+    cfg = ServerShape(load_model("tiny"), max_seq_len=128, mode="disaggregated")
     sched = Scheduler(cfg, FakeEngineFactory(warmup_s=0.6))  # 2 engines x 2 shapes
     seen = set()
     start = threading.Thread(target=sched.start)
@@ -225,7 +225,7 @@ def test_disconnects_before_headers_or_body_are_not_errors(caplog) -> None:
 
 
 def _fake_app(settings: ApiSettings):
-    cfg = ServeConfig(load_model("tiny"), max_seq_len=128, slots=2)
+    cfg = ServerShape(load_model("tiny"), max_seq_len=128, slots=2)
     tok = load_tokenizer(None, cfg.model.vocab_size)
     sched = Scheduler(cfg, FakeEngineFactory(vocab_limit=tok.vocab_size))
     return create_app(sched, tok, settings), sched

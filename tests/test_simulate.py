@@ -14,10 +14,18 @@ import yaml
 from scaletui.loadgen.workload import Lengths, Workload, iter_requests
 from scaletui.roofline import fitstore
 from scaletui.roofline.costmodel import CostModel
-from scaletui.roofline.simulate import Load, ServerShape, simulate
-from scaletui.serve.config import ServeConfig, pow2_buckets
+from scaletui.roofline.simulate import Load, SimTiming, simulate
+from scaletui.shape import ServerShape, pow2_buckets
 from scaletui.simulate_cli import main as simulate_main
 from scaletui.specs import load_hardware, load_model, local_hardware_path
+
+SMALL = load_model("small")
+
+
+def server(**kw) -> ServerShape:
+    """A `small` server's shape (the costs come from the tests' own models); the prefix cache
+    off unless asked."""
+    return ServerShape(SMALL, **{"prefix_cache": False, **kw})
 
 
 def flat(step=1e-3, sync=5e-4, prefill_per_token=1e-4, prefill_fixed=2e-3) -> CostModel:
@@ -54,18 +62,17 @@ def in_system(t_in: np.ndarray, t_out: np.ndarray, grid: np.ndarray) -> np.ndarr
 
 def test_buckets_match_the_servers():
     assert pow2_buckets(16, 100) == (16, 32, 64, 100)
-    model = load_model("small")
-    for seq, top in ((1024, 0), (1000, 0), (2048, 256), (512, 64)):
-        want = ServeConfig(model, max_seq_len=seq, max_prefill_bucket=top).prefill_buckets
-        got = ServerShape(max_seq_len=seq, max_prefill_bucket=top).prefill_buckets
-        assert got == tuple(b for b in want if b <= seq)
-    assert ServerShape(max_seq_len=1024).decode_buckets == (64, 128, 256, 512, 1024)
-    assert ServerShape(max_seq_len=1000, page_size=128).decode_buckets == (128, 256, 512, 1024)
+    assert server(max_seq_len=1000).prefill_buckets == (16, 32, 64, 128, 256, 512, 1000)
+    assert server(max_seq_len=2048, max_prefill_bucket=256).prefill_buckets[-1] == 256
+    assert server(max_seq_len=512, max_prefill_bucket=1024).prefill_buckets[-1] == 512
+    assert server(max_seq_len=8, min_prefill_bucket=16).prefill_buckets == (8,)
+    assert server(max_seq_len=1024).decode_buckets == (64, 128, 256, 512, 1024)
+    assert server(max_seq_len=1000, page_size=128).decode_buckets == (128, 256, 512, 1024)
 
 
 def test_one_slot_slow_constant_arrivals_give_exact_latencies():
     cost = flat()
-    shape = ServerShape(slots=1, decode_steps=4, max_seq_len=1024)
+    shape = server(slots=1, decode_steps=4, max_seq_len=1024)
     r = simulate(shape, cost, fixed(5, gap=1.0, inp=100, out=8, requested_rate=1.0))
     s = r.summary
     ttft = cost.prefill_s(128)  # 100 tokens pad to the 128 bucket
@@ -96,8 +103,8 @@ def test_the_schedulers_host_gap_comes_before_each_engine_call():
     call before it. B, sent while A's first generate call is being set up, waits for the pass
     after that call: the pass looked at the queue when A's prefill ended, before the gap."""
     cost, gap = flat(), 0.9e-3
-    shape = ServerShape(slots=1, decode_steps=4, max_seq_len=1024, gap_s=gap)
-    r = simulate(shape, cost, fixed(2, gap=1.0, inp=100, out=8))
+    shape, timing = server(slots=1, decode_steps=4, max_seq_len=1024), SimTiming(gap_s=gap)
+    r = simulate(shape, cost, fixed(2, gap=1.0, inp=100, out=8), timing=timing)
     pre, call4 = cost.prefill_s(128), cost.decode_call_s(1, 128, 4)
     call3 = cost.decode_call_s(1, 128, 3)
     assert r.t_first[0] == pytest.approx(gap + pre)
@@ -105,20 +112,20 @@ def test_the_schedulers_host_gap_comes_before_each_engine_call():
     assert r.summary["median_tpot_ms"] == pytest.approx((2 * gap + call4 + call3) / 7 * 1e3)
     b_sent = np.array([0.0, gap + pre + gap / 2])
     both = simulate(dataclasses.replace(shape, slots=2), cost,
-                    Load(b_sent, np.full(2, 100), np.full(2, 8)))  # fmt: skip
+                    Load(b_sent, np.full(2, 100), np.full(2, 8)), timing=timing)  # fmt: skip
     call4_2 = cost.decode_call_s(2, 128, 4)
     assert both.t_first[1] == pytest.approx(gap + pre + gap + call4_2 + gap + pre)
     # and per running request: none before A's prefill, one before each generate call
     row = 0.1e-3
-    r = simulate(dataclasses.replace(shape, gap_per_row_s=row), cost,
-                 fixed(2, gap=1.0, inp=100, out=8))  # fmt: skip
+    r = simulate(shape, cost, fixed(2, gap=1.0, inp=100, out=8),
+                 timing=dataclasses.replace(timing, gap_per_row_s=row))  # fmt: skip
     assert r.t_first[0] == pytest.approx(gap + pre)
     assert r.t_last[0] == pytest.approx(gap + pre + 2 * (gap + row) + call4 + call3)
     assert r.summary["host_gap_ms"] == pytest.approx((gap + 2 * row / 3) * 1e3)
     with pytest.raises(ValueError, match="gap_s"):
-        ServerShape(gap_s=-1e-3)
+        SimTiming(gap_s=-1e-3)
     with pytest.raises(ValueError, match="gap_per_row_s"):
-        ServerShape(gap_per_row_s=-1e-3)
+        SimTiming(gap_per_row_s=-1e-3)
 
 
 def test_a_request_arriving_during_a_pass_waits_for_the_next():
@@ -126,7 +133,7 @@ def test_a_request_arriving_during_a_pass_waits_for_the_next():
     call runs. B arrives (t = 1 ms) during A's prefill (2 + 12.8 ms): it is prefilled after
     A's first generate call, not before it."""
     cost = flat()
-    shape = ServerShape(slots=2, max_seq_len=512)
+    shape = server(slots=2, max_seq_len=512)
     r = simulate(shape, cost, Load(np.array([0.0, 1e-3]), np.full(2, 100), np.full(2, 9)))
     pre, call = cost.prefill_s(128), cost.decode_call_s(2, 128, 4)
     assert r.t_first[0] == pytest.approx(pre)
@@ -137,21 +144,22 @@ def test_intake_spreads_a_burst_of_sends():
     """Two requests sent together reach the queue intake_s apart: the first pass (woken by the
     first) prefills it alone, the second waits for that pass's generate call."""
     cost, intake = flat(), 1e-3
-    shape = ServerShape(slots=2, max_seq_len=512, intake_s=intake)
-    r = simulate(shape, cost, fixed(2, 0.0, inp=100, out=9, concurrency=2, closed_loop=True))
+    shape = server(slots=2, max_seq_len=512)
+    r = simulate(shape, cost, fixed(2, 0.0, inp=100, out=9, concurrency=2, closed_loop=True),
+                 timing=SimTiming(intake_s=intake))  # fmt: skip
     pre, call = cost.prefill_s(128), cost.decode_call_s(2, 128, 4)
     assert r.t_first[0] == pytest.approx(intake + pre)
     assert r.t_first[1] == pytest.approx(intake + pre + call + pre)
-    together = simulate(dataclasses.replace(shape, intake_s=0.0), cost,
+    together = simulate(shape, cost,
                         fixed(2, 0.0, inp=100, out=9, concurrency=2, closed_loop=True))  # fmt: skip
     assert together.t_first[1] == pytest.approx(2 * pre)  # both in the first pass
     with pytest.raises(ValueError, match="intake_s"):
-        ServerShape(intake_s=-1e-3)
+        SimTiming(intake_s=-1e-3)
 
 
 def test_chunked_prefill_and_too_long_requests():
     cost = flat()
-    shape = ServerShape(slots=1, max_seq_len=512, max_prefill_bucket=64)
+    shape = server(slots=1, max_seq_len=512, max_prefill_bucket=64)
     s = simulate(shape, cost, fixed(1, 1.0, inp=200, out=4)).summary
     # chunks of the largest bucket, the last 8 tokens in the smallest (16), as prefill_pages runs
     chunks = sum(cost.prefill_s(64, start) for start in (0, 64, 128)) + cost.prefill_s(16, 192)
@@ -163,7 +171,7 @@ def test_chunked_prefill_and_too_long_requests():
 def test_saturation_grows_ttft_and_rejects_past_the_queue_limit():
     cost = flat(step=2e-3)
     # capacity: 2 slots x 64 tokens over ~16 calls of ~8.5 ms -> ~14 req/s; offer 100 req/s
-    shape = ServerShape(slots=2, decode_steps=4, max_waiting=10_000)
+    shape = server(slots=2, decode_steps=4, max_waiting=10_000)
     load = fixed(400, 0.01, inp=32, out=64, requested_rate=100.0)
     r = simulate(shape, cost, load)
     ttft = r.t_first - r.t_send
@@ -183,7 +191,7 @@ def test_saturation_grows_ttft_and_rejects_past_the_queue_limit():
 def test_littles_law_on_random_poisson_workloads(mode):
     model, hw = load_model("small"), load_hardware("h200")
     cost = CostModel.assumed(model, hw, efficiency=0.02, overhead_s=2e-4)
-    shape = ServerShape(slots=8, decode_steps=4, mode=mode)
+    shape = server(slots=8, decode_steps=4, mode=mode)
     w = Workload(input=Lengths(200, "uniform", 150), output=Lengths(64, "uniform", 50),
                  qps=40.0, seed=7)  # fmt: skip
     r = simulate(shape, cost, drawn(w, 4000))
@@ -208,7 +216,7 @@ def test_closed_loop_keeps_concurrency_in_flight():
     c, n = 5, 300
     w = Workload(input=Lengths(64, "uniform", 40), output=Lengths(32, "uniform", 20),
                  concurrency=c, seed=3)  # fmt: skip
-    r = simulate(ServerShape(slots=8), cost, drawn(w, n))
+    r = simulate(server(slots=8), cost, drawn(w, n))
     s = r.summary
     assert s["completed"] == n and s["peak_concurrency"] == c
     # every request after the first c leaves when one finishes, at that instant
@@ -219,7 +227,7 @@ def test_closed_loop_keeps_concurrency_in_flight():
 
 
 def test_duration_stops_dispatch():
-    r = simulate(ServerShape(), flat(), fixed(100, 0.1, 16, 4, duration=2.05))
+    r = simulate(server(), flat(), fixed(100, 0.1, 16, 4, duration=2.05))
     assert r.summary["sent"] == 21 and (r.outcome == "unsent").sum() == 79
 
 
@@ -228,8 +236,8 @@ def test_disaggregated_prefill_no_longer_blocks_decode():
     # prefill stalls every running request's next chunk; disaggregated, it runs beside them
     cost = flat(step=1e-3, prefill_per_token=1e-4)  # a 512-token prefill: 53 ms; a call ~4.5 ms
     load = fixed(200, 0.05, inp=500, out=64, requested_rate=20.0)
-    inter = simulate(ServerShape(slots=8, mode="interleaved"), cost, load).summary
-    disagg = simulate(ServerShape(slots=8, mode="disaggregated"), cost, load).summary
+    inter = simulate(server(slots=8, mode="interleaved"), cost, load).summary
+    disagg = simulate(server(slots=8, mode="disaggregated"), cost, load).summary
     call = cost.decode_call_s(8, 1024, 4)
     prefill = cost.prefill_s(512)
     assert inter["max_icl_ms"] >= (prefill + call) * 1e3 * 0.999  # a gap holds a prefill
@@ -241,8 +249,8 @@ def test_disaggregated_prefill_no_longer_blocks_decode():
 def test_more_decode_steps_per_sync_mean_bigger_token_chunks():
     cost = flat(step=1e-3, sync=3e-3)
     load = fixed(20, 1.0, inp=16, out=33)
-    one = simulate(ServerShape(slots=1, decode_steps=1), cost, load).summary
-    eight = simulate(ServerShape(slots=1, decode_steps=8), cost, load).summary
+    one = simulate(server(slots=1, decode_steps=1), cost, load).summary
+    eight = simulate(server(slots=1, decode_steps=8), cost, load).summary
     assert one["median_icl_ms"] == pytest.approx(cost.decode_call_s(1, 128, 1) * 1e3)
     assert eight["median_icl_ms"] == pytest.approx(cost.decode_call_s(1, 128, 8) * 1e3)
     assert eight["mean_tpot_ms"] < one["mean_tpot_ms"]  # the sync is paid once per 8 tokens
@@ -310,8 +318,10 @@ def test_simulate_cli_takes_the_precision_flags_and_finds_the_fit_for_that_preci
     assert int8["median_tpot_ms"] < bf16["median_tpot_ms"]  # half the weight bytes a step
     assert simulate_main([*argv, "--weight-dtype", "int8"]) == 0
     assert "at bf16 compute, int8 weights, bf16 KV;" in capsys.readouterr().out  # the header
-    assert simulate_main([*argv, "--weight-dtype", "f32"]) == 2  # wider than compute
-    assert "wider than --dtype bf16" in capsys.readouterr().err
+    assert simulate_main([*argv, "--dtype", "bf16", "--weight-dtype", "f32"]) == 2  # wider
+    assert "wider than dtype=bf16" in capsys.readouterr().err
+    assert simulate_main([*argv, "--weight-dtype", "f32", "--json"]) == 0  # as serve: f32
+    assert orjson.loads(capsys.readouterr().out)["config"]["precision"] == "f32"
     # `--hardware local`: the stored fit of this precision, not another one's
     spec = {k: v for k, v in dataclasses.asdict(load_hardware("h200")).items() if k != "extra"}
     local_hardware_path().parent.mkdir(parents=True, exist_ok=True)
@@ -344,8 +354,8 @@ def test_prefix_cache_prefills_a_groups_shared_pages_once():
     n = 6
     load = Load(np.arange(n) * 10.0, np.full(n, 264), np.full(n, 2), prefix_len=200,
                 prefix_groups=2)  # fmt: skip
-    on = simulate(ServerShape(slots=1, max_seq_len=512, prefix_cache=True), cost, load)
-    off = simulate(ServerShape(slots=1, max_seq_len=512), cost, load)
+    on = simulate(server(slots=1, max_seq_len=512, prefix_cache=True), cost, load)
+    off = simulate(server(slots=1, max_seq_len=512), cost, load)
     ttft = lambda r: r.t_first - r.t_send
     whole = cost.prefill_s(512)  # 264 tokens run in the 512 bucket
     rest = cost.prefill_s(128, 192)  # 72 tokens after 192 cached ones: the 128 bucket
@@ -360,7 +370,7 @@ def test_native_kernels_pay_attention_for_active_rows_only():
     mid-call length (104 of the 128 bucket) add; two running rows pay each at its own length."""
     cost = dataclasses.replace(flat(step=1e-3, sync=3e-3), kv_bytes_per_token=1e-4)
     load = fixed(1, 1.0, inp=100, out=9)  # one call of 8 steps, positions 100..107: bucket 128
-    shape = ServerShape(slots=4, decode_steps=8, max_seq_len=1024)
+    shape = server(slots=4, decode_steps=8, max_seq_len=1024)
     xla = simulate(shape, dataclasses.replace(cost, kernels="xla"), load).summary
     native_cost = dataclasses.replace(cost, kernels="native")
     native = simulate(shape, native_cost, load).summary
@@ -385,7 +395,7 @@ def test_a_token_budget_runs_a_long_prompt_in_pieces_between_generate_calls():
     by three calls."""
     cost = flat(step=1e-3, sync=5e-4, prefill_per_token=1e-4, prefill_fixed=2e-3)
     load = Load(np.array([0.0, 4e-3]), np.array([16, 100]), np.array([20, 2]))
-    shape = ServerShape(slots=2, decode_steps=1, max_seq_len=256, page_size=16)
+    shape = server(slots=2, decode_steps=1, max_seq_len=256, page_size=16)
     call = 5e-4 + 1e-3 + 2e-6  # sync + one step at 2 rows (1 us each)
     prefill = lambda bucket: 2e-3 + bucket * 1e-4
     a_first = prefill(16)
@@ -399,28 +409,28 @@ def test_a_token_budget_runs_a_long_prompt_in_pieces_between_generate_calls():
     assert budget.summary["max_itl_ms"] < whole.summary["max_itl_ms"]
     assert budget.summary["max_itl_ms"] == pytest.approx((prefill(32) + call) * 1e3)
     assert whole.summary["max_itl_ms"] == pytest.approx((prefill(128) + call) * 1e3)
-    with pytest.raises(ValueError, match="max_batched_tokens should be >= 0"):
-        ServerShape(max_batched_tokens=-1)
+    with pytest.raises(ValueError, match="max_batched_tokens must be >= 0"):
+        server(max_batched_tokens=-1)
 
 
 def test_simulate_cli_on_a_local_cpu_defaults_to_the_servers_dtype(capsys, monkeypatch):
     """Without --dtype, `--hardware local` simulates (and looks up the fit of) the precision
-    `scaletui serve` starts with here: bf16 where the native kernels multiply bf16 pairs."""
+    `scaletui serve` starts with here: bf16 where the native kernels multiply bf16 pairs (as
+    /proc/cpuinfo says: no JAX)."""
     from fake_specs import CPU
 
-    from scaletui.serve import native
+    from scaletui import simulate_cli
 
     spec = {k: v for k, v in dataclasses.asdict(CPU).items() if k != "extra"}
     local_hardware_path().parent.mkdir(parents=True, exist_ok=True)
     local_hardware_path().write_text(yaml.safe_dump({**spec, "name": "local"}))
     argv = ["--model", "small", "--hardware", "local", "--concurrency", "2", "--num-requests",
             "4", "--input-len", "32", "--output-len", "8", "--no-fit", "--json"]  # fmt: skip
-    monkeypatch.setattr(native, "available", lambda: True)
     for pairs, want in ((True, "bf16"), (False, "f32")):
-        monkeypatch.setattr(native, "bf16_dot_products", lambda pairs=pairs: pairs)
+        monkeypatch.setattr(simulate_cli, "cpu_bf16_pairs", lambda pairs=pairs: pairs)
         assert simulate_main(argv) == 0
         assert orjson.loads(capsys.readouterr().out)["config"]["precision"] == want
-    monkeypatch.setattr(native, "bf16_dot_products", lambda: True)
+    monkeypatch.setattr(simulate_cli, "cpu_bf16_pairs", lambda: True)
     assert simulate_main([*argv, "--tp", "2"]) == 0  # sharded: XLA's ops, f32
     assert orjson.loads(capsys.readouterr().out)["config"]["precision"] == "f32"
 
@@ -429,7 +439,7 @@ def test_a_fitted_call_spread_varies_each_call_by_its_draws():
     """One slot, constant slow arrivals: with a spread of {1, 2} every TTFT is the prefill
     once or twice (both seen), every decode call likewise; a fixed seed repeats the run."""
     cost = dataclasses.replace(flat(), call_spread=(1.0, 2.0))
-    shape = ServerShape(slots=1, decode_steps=4, max_seq_len=1024)
+    shape = server(slots=1, decode_steps=4, max_seq_len=1024)
     load = fixed(200, gap=1.0, inp=100, out=5, requested_rate=1.0)
     r = simulate(shape, cost, load, seed=3)
     ttft, call = cost.prefill_s(128), cost.decode_call_s(1, 128, 4)
@@ -452,7 +462,7 @@ def test_littles_law_holds_with_a_call_spread():
     cost = dataclasses.replace(cost, call_spread=tuple(np.linspace(0.8, 1.6, 32)))
     w = Workload(input=Lengths(200, "uniform", 150), output=Lengths(64, "uniform", 50),
                  qps=40.0, seed=7)  # fmt: skip
-    r = simulate(ServerShape(slots=8, decode_steps=4), cost, drawn(w, 3000))
+    r = simulate(server(slots=8, decode_steps=4), cost, drawn(w, 3000))
     assert r.summary["completed"] == 3000
     grid = np.linspace(r.t_send.min(), r.t_last.max(), 200_000)
     mean_in_system = in_system(r.t_send, r.t_last, grid).mean()

@@ -722,7 +722,7 @@ async def test_apply_sends_the_precision_and_the_status_shows_it(tmp_path):
         assert m.pending is None and m.applied.weight_dtype == "int8"
         assert m.precision().label() == "f32·w int8·kv bf16"
         assert "f32·w int8·kv bf16" in str(app.query_one("#status").content)
-        cfg = m.server_config()
+        cfg = m.server_shape()
         assert (cfg.weight_dtype, cfg.kv_dtype) == ("int8", "bf16")
         assert m.run_knobs.weight_dtype == "int8"  # the new run, at the new precision
 

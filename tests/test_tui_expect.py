@@ -17,7 +17,7 @@ from scaletui.roofline.fitstore import save_fit
 from scaletui.specs import load_hardware, load_model
 from scaletui.tui import expect as tui_expect
 from scaletui.tui import views
-from scaletui.tui.expect import ServerConfig, expect, fit_label, sweep_grid
+from scaletui.tui.expect import expect, fit_label, server_shape, sweep_grid
 from scaletui.tui.knobs import Knobs
 from scaletui.tui.predict import predict
 from scaletui.tui.state import SessionState
@@ -182,7 +182,7 @@ def test_a_pending_precision_uses_its_own_fit_else_assumes_and_says_so():
     m = serving()
     assert m.expectation().fit.source == "fit"
     m.edit(weight_dtype="int8")  # `w` to int8, not applied: f32 compute, int8 weights
-    assert m.server_config().weight_dtype == "int8"
+    assert m.server_shape().weight_dtype == "int8"
     assert m.expectation().fit.source == "assumed"
     note = "expected: assumed efficiencies, no fit for this configuration (f32·w int8) yet"
     assert views.build_view(m).expected_note == note
@@ -210,12 +210,8 @@ def test_fit_in_progress_and_failure_are_said():
 
 def test_open_loop_below_capacity_carries_the_offered_load():
     save_fit(hand_fit())
-    e = expect(
-        load_model("tiny"),
-        None,
-        Knobs(slots=4, input_len=32, output_len=32, length_spread=0, load="qps", rate=2.0),
-        ServerConfig(max_seq_len=256),
-    )
+    knobs = Knobs(slots=4, input_len=32, output_len=32, length_spread=0, load="qps", rate=2.0)
+    e = expect(None, knobs, server_shape({"max_seq_len": 256}, knobs, load_model("tiny")))
     # 2 req/s x 32 tokens, far below the 2.7k tok/s the hand fit carries; one request at a
     # time: 47 ms of calls each and the scheduler's gap before each of its 8 calls
     assert e.tok_s == pytest.approx(64, rel=0.25)
@@ -250,9 +246,10 @@ def test_fits_are_looked_up_by_the_kernels_that_run():
     config = {"model": "small", "dtype": "f32", "tp": 1, "dp": 1, "kernels": "auto",
               "kernels_running": "native"}  # fmt: skip
     assert fit_lookup(config).kernels == "native"
-    assert ServerConfig.from_stats(config, Knobs(), 2048).kernels == "native"
+    small = load_model("small")
+    assert server_shape(config, Knobs(), small).kernels == "native"
     # a staged mesh runs what auto resolves to there, not what runs now
-    assert ServerConfig.from_stats(config, Knobs(tp=2), 2048).kernels == "auto"
+    assert server_shape(config, Knobs(tp=2), small).kernels == "auto"
     assert fit_lookup({**config, "kernels_running": "none"}).kernels == "auto"
 
 
@@ -274,7 +271,8 @@ def test_the_simulated_load_is_the_request_list_loadgen_sends(knobs):
 
     cmd = LoadRunner("http://x", "py", None, lambda *_: None, set()).command(knobs, 30)
     sent = loadgen_cli.workload_from(loadgen_cli.build_parser().parse_args(cmd[3:]))
-    load = tui_expect.tui_load(knobs, ServerConfig(max_seq_len=512))
+    shape = server_shape({"max_seq_len": 512}, knobs, load_model("small"))
+    load = tui_expect.tui_load(knobs, shape)
     offsets, inp, out = schedule(sent, len(load.offsets))
     assert load.offsets.tolist() == pytest.approx(offsets.tolist())
     assert (load.input_len == inp + 1).all() and (load.output_len == out).all()
@@ -289,11 +287,10 @@ def test_the_longest_request_must_fit_the_server():
     """A spread that takes the longest request past max_seq_len is refused, with the lengths."""
     save_fit(hand_fit())
     knobs = Knobs(slots=4, input_len=100, output_len=100)  # fixed: 201 fits 256, +-30%: 261 not
-    assert expect(load_model("tiny"), None, replace(knobs, length_spread=0),
-                  ServerConfig(max_seq_len=256)).tok_s  # fmt: skip
+    tiny = server_shape({"max_seq_len": 256}, knobs, load_model("tiny"))
+    assert expect(None, replace(knobs, length_spread=0), tiny).tok_s
     with pytest.raises(ValueError, match=r"261 \(in 100±30 out 100±30\).*max_seq_len 256"):
-        expect(load_model("tiny"), None, replace(knobs, length_spread=0.3),
-               ServerConfig(max_seq_len=256))  # fmt: skip
+        expect(None, replace(knobs, length_spread=0.3), tiny)
 
 
 def test_a_part_of_the_simulated_run_reads_as_the_pool_reads_the_measured_one():

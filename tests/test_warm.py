@@ -8,9 +8,9 @@ import pytest
 
 from scaletui.serve import warm
 from scaletui.serve.build import build_engines
-from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.paging import fixed_table
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 pytestmark = pytest.mark.slow  # builds JAX engines
@@ -23,7 +23,7 @@ CONFIGS = {
 
 
 def engines(**kw):
-    cfg = ServeConfig(model=load_model("tiny"), slots=2, max_seq_len=128, decode_steps=4, **kw)
+    cfg = ServerShape(model=load_model("tiny"), slots=2, max_seq_len=128, decode_steps=4, **kw)
     prefill, generate = build_engines(cfg)
     return [prefill] if prefill is generate else [prefill, generate]
 

@@ -1,11 +1,11 @@
 """`scaletui calibrate --model M`: time the real engine over a small grid and fit the cost model.
 
-The grid (DESIGN.md §4, level 2): for a server configuration (model, slots, max_seq_len,
-decode_steps, tp, dp, precision, kernels), engines at a few slot counts (the JAX engine computes
-every slot row, so a step's batch is its slot count) stay built side by side; in each, every slot
-holds a prompt that keeps the generate call inside one KV bucket, and generate calls of 1 and
-`decode_steps` steps are timed (the two tell the per-call sync from the per-step cost). Prefill is
-timed at a few of the engine's prompt buckets. `costmodel.fit` turns the samples into a
+The grid (docs/roofline.md, the "expected" level): for a server configuration (model, slots,
+max_seq_len, decode_steps, tp, dp, precision, kernels), engines at a few slot counts (the JAX engine
+computes every slot row, so a step's batch is its slot count) stay built side by side; in each,
+every slot holds a prompt that keeps the generate call inside one KV bucket, and generate calls of 1
+and `decode_steps` steps are timed (the two tell the per-call sync from the per-step cost). Prefill
+is timed at a few of the engine's prompt buckets. `costmodel.fit` turns the samples into a
 CostModel; `fitstore.save_fit` stores it beside `local`, under the precision it ran in.
 
 Timing on a shared host drifts by 10-20 % over tens of seconds, so every point is timed in
@@ -28,10 +28,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from scaletui import xla_env
 from scaletui.roofline.costfit import fit
 from scaletui.roofline.costmodel import CostModel, DecodeSample, PrefillSample
-from scaletui.serve.config import DTYPES, KERNELS, STORAGE_DTYPES, ServeConfig
 from scaletui.serve.engine_api import SamplingParams
+from scaletui.shape import ServerShape, add_flags
 
 __all__ = [
     "DecodePoint",
@@ -85,17 +86,17 @@ def _spread(values: Sequence[int], k: int) -> tuple[int, ...]:
     return tuple(sorted({v[round(i * (len(v) - 1) / (k - 1))] for i in range(k)}))
 
 
-def grid_for(config: ServeConfig, decode_buckets: Sequence[int], prefill_buckets: Sequence[int],
+def grid_for(config: ServerShape, decode_buckets: Sequence[int], prefill_buckets: Sequence[int],
              quick: bool = False) -> Grid:  # fmt: skip
     """The default grid for a server configuration: batches dp, ~slots/4, slots (multiples of
     dp: the slot counts a user turns to around this one), three KV buckets (first, middle, last),
     steps {1, decode_steps}; at `slots` rows, the batch the server always decodes at, also every
-    other KV bucket at decode_steps (a step is concave in the context on a CPU: the chord between
-    buckets 256 and 1024 read 5 % low at 512 for `small` on Zen 4, and a loaded server spends
-    most of its calls there). Then the prompt buckets that those contexts' prompts fill (so the
-    prefill compiles serve both) and every smaller one. `quick` times 2 calls in 3 passes (in 2,
-    one slow spell of a shared host skewed a third of a quick fit's points: the TUI's first
-    screen then read 1.25x its expected decode step)."""
+    other KV bucket at decode_steps (a step is concave in the context on a CPU, so a chord between
+    distant buckets reads low in between, where a loaded server spends most of its calls;
+    docs/roofline.md, "Three levels of prediction"). Then the prompt buckets that those contexts'
+    prompts fill (so the prefill compiles serve both) and every smaller one. `quick` times 2 calls
+    in 3 passes (in 2, one slow spell of a shared host could skew a third of a quick fit's
+    points)."""
     s, dp = config.slots, config.dp
     quarter = max(dp, round(s / 4 / dp) * dp)
     batches = sorted({dp, quarter, s})
@@ -144,9 +145,9 @@ class _Timer:
     ) -> None:
         """Blocks of one untimed call (compiles on first use, warms caches) and `calls` timed
         ones, `reset` (untimed) before every block after the first, until the timed calls add
-        up to `min_s` (at most 8 blocks): a 3 ms call timed 3 times a pass read 3.4 or 4.5 ms
-        from one fit to the next. A decode block's calls advance its sequences, so `reset`
-        puts them back inside the KV bucket being timed."""
+        up to `min_s` (at most 8 blocks): a call of a few ms timed 3 times a pass read tens of
+        percent apart from one fit to the next. A decode block's calls advance its sequences, so
+        `reset` puts them back inside the KV bucket being timed."""
         got = self.times.setdefault(key, [])
         spent = 0.0
         for block in range(8):
@@ -192,7 +193,7 @@ def _prefill_call(eng, tokens: list[int], params: SamplingParams) -> Callable[[]
 
 
 def measure(
-    config: ServeConfig,
+    config: ServerShape,
     devices: list,
     grid: Grid,
     *,
@@ -262,7 +263,7 @@ def measure(
 
 
 def fit_engine(
-    config: ServeConfig,
+    config: ServerShape,
     devices: list,
     base: CostModel,
     *,
@@ -293,12 +294,7 @@ def fit_engine(
         date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         seconds=round(took, 1),
         grid={"calls": grid.calls, "rounds": grid.rounds},
-        server={
-            "slots": config.slots,
-            "max_seq_len": config.max_seq_len,
-            "decode_steps": config.decode_steps,
-            "mode": config.mode,
-        },  # fmt: skip
+        server=config.to_json(),  # the shape timed: its fit_key() says where the fit is stored
         samples={
             "decode": [[s.batch, s.context, s.steps, round(s.seconds, 6)] for s in decode],
             "prefill": [[s.tokens, round(s.seconds, 6)] for s in prefill],
@@ -326,6 +322,15 @@ def _base_hardware(host_devices: int):
         return stand_in, "no 'local' spec: the KV hand-over bandwidth is a stand-in 5 GB/s"
 
 
+# the server flags that change nothing the grid times (the scheduler's queue, real weights)
+NOT_TIMED = ("weights", "tokenizer", "max_waiting", "max_waiting_tokens")
+FIT_HELP = {
+    "mode": "recorded with the fit (the grid times the generate engine)",
+    "dtype": "compute; default: the server's (bf16 on GPU/TPU and on a CPU whose native kernels "
+    "multiply bf16, else f32)",
+}
+
+
 def build_parser():
     import argparse
 
@@ -335,22 +340,8 @@ def build_parser():
         "context x prompt length and store the fitted cost model beside 'local' (what `scaletui "
         "simulate`, `scaletui roofline --fit` and the TUI's expected column use).",
     )
+    add_flags(p, omit=NOT_TIMED, helps=FIT_HELP)  # `scaletui serve`'s, for the engine timed
     a = p.add_argument
-    a("--model", required=True, help="model spec name or YAML path")
-    a("--slots", type=int, default=8)
-    a("--max-seq-len", type=int, default=1024)
-    a("--decode-steps", type=int, default=4)
-    a("--tp", type=int, default=1)
-    a("--dp", type=int, default=1)
-    a("--mode", choices=("interleaved", "disaggregated"), default="interleaved",
-      help="recorded with the fit (the grid times the generate engine)")  # fmt: skip
-    a("--dtype", choices=DTYPES, default=None, help="compute; default: the server's (bf16 on "
-      "GPU/TPU and on a CPU whose native kernels multiply bf16, else f32)")  # fmt: skip
-    a("--weight-dtype", choices=STORAGE_DTYPES, help="weight storage (int8: per-channel "
-      "scales); default: --dtype")  # fmt: skip
-    a("--kv-dtype", choices=STORAGE_DTYPES, help="KV-cache storage (int8: a scale per position "
-      "and KV head); default: --dtype")  # fmt: skip
-    a("--kernels", choices=KERNELS, default="auto")
     a("--host-devices", type=int, help="JAX CPU: virtual devices (default: tp * dp)")
     a("--quick", action="store_true", help="3 passes of 2 calls (about two thirds of the time)")
     a("--out", help="write here instead of the fit store")
@@ -361,25 +352,19 @@ def build_parser():
 def main(argv: list[str] | None = None) -> int:
     """`scaletui calibrate --model M ...`: exit 0 with the fit written (YAML also on stdout),
     2 for a configuration that cannot be built here (the reason on stderr)."""
-    import os
     from pathlib import Path
 
     import yaml
 
     args = build_parser().parse_args(argv)
     devices_needed = args.host_devices or args.tp * args.dp
-    if devices_needed > 1 and "xla_force_host_platform_device_count" not in os.environ.get(
-        "XLA_FLAGS", ""
-    ):
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "")
-            + f" --xla_force_host_platform_device_count={devices_needed}"
-        ).strip()
+    if devices_needed > 1:  # a count the user set stays
+        xla_env.set_host_devices(devices_needed, keep=True)
     import jax
 
-    from scaletui.roofline.fitstore import fit_path, save_fit
+    from scaletui.roofline.fitstore import fit_path_for, save_fit
     from scaletui.serve.build import default_compute_dtype
-    from scaletui.serve.config import ConfigError
+    from scaletui.shape import ConfigError
     from scaletui.specs import SpecError, load_model
 
     backend = jax.default_backend()
@@ -387,12 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 args.weight_dtype, args.kv_dtype)  # fmt: skip
     try:
         model = load_model(args.model)
-        config = ServeConfig(
-            model=model, slots=args.slots, max_seq_len=args.max_seq_len,
-            decode_steps=args.decode_steps, tp=args.tp, dp=args.dp, dtype=dtype,
-            weight_dtype=args.weight_dtype or "", kv_dtype=args.kv_dtype or "",
-            kernels=args.kernels, mode=args.mode,
-        )  # fmt: skip
+        config = ServerShape.from_args(args, NOT_TIMED, model=model, dtype=dtype)
     except (SpecError, ConfigError, ValueError) as exc:
         print(f"calibrate --model: {exc}", file=sys.stderr)
         return 2
@@ -436,9 +416,9 @@ def main(argv: list[str] | None = None) -> int:
                    "(the simulator draws each call's from these)")  # fmt: skip
     text = yaml.safe_dump(cost.to_dict(), sort_keys=False)
     if not args.no_write:
-        path = Path(args.out) if args.out else fit_path(
-            model.name, p.compute, kernels, args.tp, args.dp, weight_dtype=p.weights,
-            kv_dtype=p.kv)  # fmt: skip
+        # stored under the shape's fit key, with the kernels that `auto` resolved to
+        key = {**config.fit_key(), "kernels": kernels}
+        path = Path(args.out) if args.out else fit_path_for(key)
         save_fit(cost, path)
         stderr_log(f"calibrate --model: wrote {path}")
     sys.stdout.write(text)

@@ -50,7 +50,7 @@ class StatsSnapshot:
     n_devices: int = 0
     device_bytes_limit: float | None = None  # memory of the first device
     model: dict = field(default_factory=dict)  # ModelSpec fields
-    config: dict = field(default_factory=dict)  # ServeConfig.public()
+    config: dict = field(default_factory=dict)  # ServerShape.to_json()
     slots_total: float | None = None
     slots_used: float | None = None
     waiting: float | None = None

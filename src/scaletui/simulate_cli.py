@@ -18,25 +18,31 @@ from pathlib import Path
 
 import orjson
 
+from scaletui.dtypes import cpu_bf16_pairs, default_compute_dtype
 from scaletui.loadgen import cli as loadgen_cli
 from scaletui.loadgen.output import table
 from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Workload, schedule
-from scaletui.roofline.costmodel import COMPUTE_DTYPES, DTYPE_BYTES, CostModel
-from scaletui.roofline.fitstore import load_fit, stored_fits
+from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.fitstore import load_fit, stored_fits_for
 from scaletui.roofline.simulate import (
     BOS_TOKENS,
     HOST_GAP_PER_ROW_S,
     HOST_GAP_S,
     INTAKE_S,
-    MODES,
     Load,
-    ServerShape,
     SimResult,
+    SimTiming,
     simulate,
 )
-from scaletui.specs import HardwareSpec, SpecError, load_hardware, load_model
+from scaletui.shape import ConfigError, ServerShape, add_flags
+from scaletui.specs import ModelSpec, SpecError, load_hardware, load_model
 
 MAX_REQUESTS = 1_000_000  # a --duration run draws at most this many
+SIM_HELP = {  # where the simulator reads a server flag otherwise than `scaletui serve` does
+    "prefill_devices": "disaggregated: prefill devices (0 = as many as generate has)",
+    "dtype": "compute; default: a --fit's, with --hardware local the server's here, else f32 on "
+    "a CPU spec, else bf16",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,39 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--efficiency", type=float, default=1.0, help="assumed: fraction of the spec's bandwidth")
     a("--flops-efficiency", type=float, help="assumed: fraction of peak FLOP/s (default: same)")
     a("--overhead-ms", type=float, default=0.0, help="assumed: fixed ms per step and per prefill")
-    s = p.add_argument_group("server (scaletui serve's knobs)")
-    s.add_argument("--slots", type=int, default=8)
-    s.add_argument("--decode-steps", type=int, default=4)
-    s.add_argument("--tp", type=int, default=1)
-    s.add_argument("--dp", type=int, default=1)
-    s.add_argument("--mode", choices=MODES, default="interleaved")
-    s.add_argument("--prefill-devices", type=int, default=0, help="disaggregated (0 = as many "
-                   "as generate has)")  # fmt: skip
-    s.add_argument("--max-seq-len", type=int, help="default: min(1024, the model's)")
-    s.add_argument("--page-size", type=int, default=64, help="KV positions per page (the decode "
-                   "step is compiled for 2^i pages)")  # fmt: skip
-    s.add_argument("--max-batched-tokens", type=int, default=0, help="interleaved: prompt "
-                   "tokens between two generate calls, whole pages (0: whole prompts)")  # fmt: skip
-    s.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                   help="interleaved: prefill shared prefixes every time (the server's "
-                   "--no-prefix-cache)")  # fmt: skip
-    s.add_argument("--dtype", choices=COMPUTE_DTYPES, help="compute; default: with --hardware "
-                   "local the server's here, else f32 on a CPU spec, else bf16")  # fmt: skip
-    s.add_argument("--weight-dtype", choices=tuple(DTYPE_BYTES), help="weight storage "
-                   "(int8: per-channel scales); default: --dtype")  # fmt: skip
-    s.add_argument("--kv-dtype", choices=tuple(DTYPE_BYTES), help="KV-cache storage (int8: a "
-                   "scale per position and KV head); default: --dtype")  # fmt: skip
-    s.add_argument("--kernels", choices=("auto", "native", "pallas", "xla"), default="auto")
+    s = p.add_argument_group("server (scaletui serve's flags)")
+    add_flags(s, omit=("model", "weights", "tokenizer", "seed"), helps=SIM_HELP)
     s.add_argument("--intake-ms", type=float, default=INTAKE_S * 1e3, help="a request's HTTP + "
                    "tokenizer time before it queues, one request at a time")  # fmt: skip
     s.add_argument("--gap-ms", type=float, default=HOST_GAP_S * 1e3, help="the scheduler's "
                    "host time before each engine call while busy (/stats host_gap)")  # fmt: skip
     s.add_argument("--gap-per-row-ms", type=float, default=HOST_GAP_PER_ROW_S * 1e3,
                    help="and its growth per running request")  # fmt: skip
-    s.add_argument("--max-waiting", type=int, default=256)
-    s.add_argument("--max-waiting-tokens", type=int, default=262144)
-    s.add_argument("--max-prefill-bucket", type=int, default=0, help="0 = max_seq_len; longer "
-                   "prompts are chunked")  # fmt: skip
     g = p.add_argument_group("workload (loadgen's flags)")
     g.add_argument("--qps", type=float, help="offered request rate (req/s)")
     g.add_argument("--arrival", choices=ARRIVALS, default="poisson")
@@ -124,40 +105,35 @@ def workload_from(args: argparse.Namespace) -> Workload:
     return loadgen_cli.workload_from(as_loadgen)
 
 
-def precision(args: argparse.Namespace, dtype: str) -> dict:
-    """dtype, weight_dtype and kv_dtype for `dtype` (the compute dtype) and the flags; like the
-    server, refuses weights or KV stored wider than they are computed."""
-    got = {"dtype": dtype, "weight_dtype": args.weight_dtype or dtype,
-           "kv_dtype": args.kv_dtype or dtype}  # fmt: skip
-    for key in ("weight_dtype", "kv_dtype"):
-        if DTYPE_BYTES[got[key]] > DTYPE_BYTES[dtype]:
-            raise ValueError(f"--{key.replace('_', '-')} {got[key]} is wider than --dtype "
-                             f"{dtype}: the server refuses it")  # fmt: skip
-    return got
+def server_shape(args: argparse.Namespace, model: ModelSpec) -> ServerShape:
+    """The simulated server's shape from the flags. Without --dtype the precision is a --fit's;
+    with --hardware local the one `scaletui serve` starts with here (as `calibrate --model`
+    fits it: bf16 on GPU/TPU and where the CPU's native kernels multiply bf16 pairs, read
+    from /proc/cpuinfo, not JAX); else f32 on a CPU spec, bf16 on an accelerator's."""
+    dtype, weights, kv = args.dtype, args.weight_dtype, args.kv_dtype
+    if dtype is None and args.fit:
+        fit = load_fit(args.fit)
+        dtype, weights, kv = fit.dtype, weights or fit.weight_dtype, kv or fit.kv_dtype
+    elif dtype is None and args.hardware:
+        hw = load_hardware(args.hardware)
+        local = args.hardware == "local"  # a CPU spec's own flags are not this CPU's
+        pairs = lambda: local and cpu_bf16_pairs()  # noqa: E731
+        dtype = default_compute_dtype(hw.kind, pairs, args.kernels, args.tp, args.dp, weights, kv)
+    elif dtype is None:
+        raise ValueError("give --hardware (a spec) or --fit FILE")
+    omit = ("weights", "tokenizer", "seed")
+    storage = {"weight_dtype": weights or "", "kv_dtype": kv or ""}
+    return ServerShape.from_args(args, omit, model=model, dtype=dtype, **storage)
 
 
-def server_dtype(args: argparse.Namespace, local: HardwareSpec) -> str:
-    """The compute dtype `scaletui serve` starts with on this host for these flags (as
-    `calibrate --model` fits it): bf16 on GPU/TPU and where the CPU's native kernels multiply
-    bf16 pairs, else f32. Imports JAX on a CPU host (`--hardware local` without `--dtype`)."""
-    if local.kind != "cpu":
-        return "bf16"
-    from scaletui.serve.build import default_compute_dtype
-
-    return default_compute_dtype(args.kernels, args.tp, args.dp, args.weight_dtype, args.kv_dtype)
-
-
-def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
+def cost_models(
+    args: argparse.Namespace, model: ModelSpec, shape: ServerShape
+) -> tuple[CostModel, CostModel, str]:
     """(decode, prefill, words saying where the costs come from)."""
     path = Path(args.fit) if args.fit else None
-    dtype = args.dtype
     passed_over = ""  # a stored fit for this configuration that is no longer trusted, and why
-    if dtype is None and args.hardware == "local":
-        dtype = server_dtype(args, load_hardware("local"))
     if path is None and not args.no_fit and args.hardware == "local":
-        p = precision(args, dtype)
-        found = stored_fits(model.name, dtype, args.tp, args.dp, args.kernels, None,
-                            p["weight_dtype"], p["kv_dtype"])  # fmt: skip
+        found = stored_fits_for(shape.fit_key())
         path = next((f for f, why in found if why is None), None)
         if path is None and found:  # each one there is stale
             passed_over = (f"; the stored fit {found[0][0]} was passed over ({found[0][1]}): "
@@ -178,11 +154,11 @@ def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
     if not args.hardware:
         raise ValueError("give --hardware (a spec) or --fit FILE")
     hw = load_hardware(args.hardware)
-    dtype = dtype or ("f32" if hw.kind == "cpu" else "bf16")
+    p = shape.precision
     gen_devices = args.tp * args.dp
     pre_devices = args.prefill_devices or gen_devices
     host = gen_devices + (pre_devices if shape.mode == "disaggregated" else 0)
-    kw = dict(**precision(args, dtype), efficiency=args.efficiency,
+    kw = dict(dtype=p.compute, weight_dtype=p.weights, kv_dtype=p.kv, efficiency=args.efficiency,
               flops_efficiency=args.flops_efficiency, overhead_s=args.overhead_ms / 1e3,
               kernels=args.kernels)  # fmt: skip
     decode = CostModel.assumed(model, hw, tp=args.tp, dp=args.dp, host_devices=host, **kw)
@@ -198,14 +174,9 @@ def cost_models(args, model, shape) -> tuple[CostModel, CostModel, str]:
 
 def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     model = load_model(args.model)
-    shape = ServerShape(
-        slots=args.slots, max_seq_len=args.max_seq_len or min(1024, model.max_seq_len),
-        decode_steps=args.decode_steps, mode=args.mode, max_waiting=args.max_waiting,
-        max_waiting_tokens=args.max_waiting_tokens, max_prefill_bucket=args.max_prefill_bucket,
-        page_size=args.page_size, prefix_cache=args.prefix_cache,
-        max_batched_tokens=args.max_batched_tokens, intake_s=args.intake_ms / 1e3,
-        gap_s=args.gap_ms / 1e3, gap_per_row_s=args.gap_per_row_ms / 1e3,
-    )  # fmt: skip
+    shape = server_shape(args, model)
+    ms = {"intake_s": args.intake_ms, "gap_s": args.gap_ms, "gap_per_row_s": args.gap_per_row_ms}
+    timing = SimTiming(**{k: v / 1e3 for k, v in ms.items()})
     decode, prefill, words = cost_models(args, model, shape)
     workload = workload_from(args)
     n = args.num_requests or (None if args.duration else 200)
@@ -220,14 +191,14 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
                     closed_loop=workload.closed_loop, duration=args.duration,
                     requested_rate=args.qps, prefix_groups=args.prefix_groups,
                     prefix_len=args.prefix_len and args.prefix_len + bos)  # fmt: skip
-        result = simulate(shape, decode, load, prefill, seed=args.seed)
+        result = simulate(shape, decode, load, prefill, seed=args.seed, timing=timing)
         if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
             break
         take = min(take * 4, MAX_REQUESTS)
     seconds = time.perf_counter() - t0
     result.summary["config"] = {
         "simulated": True,
-        "server": asdict(shape),
+        "server": {**shape.to_json(), **asdict(timing)},
         "tp": args.tp,
         "dp": args.dp,
         "workload": asdict(replace(workload, prompt_format=args.prompt_format)),
@@ -245,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("give --qps RATE and/or --concurrency N")
         result, words, seconds = run(args)
     except (SpecError, ValueError, OSError) as exc:
-        print(f"scaletui simulate: error: {exc}", file=sys.stderr)
+        said = exc.flag_line() if isinstance(exc, ConfigError) else exc  # names the flag
+        print(f"scaletui simulate: error: {said}", file=sys.stderr)
         return 2
     s = result.summary
     if args.out:

@@ -10,6 +10,7 @@ import sys
 
 import orjson
 
+from scaletui.dtypes import DTYPE_BYTES
 from scaletui.roofline.costmodel import CostModel, describe_precision
 from scaletui.roofline.estimate import Estimate, estimate
 from scaletui.roofline.fitstore import load_fit
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dp", type=int, default=1, help="data parallelism inside the replica")
     p.add_argument("--weight-bytes", type=float, default=2, help="bytes per weight (int4: 0.5)")
     p.add_argument("--kv-bytes", type=float, default=2, help="bytes per KV cache element")
-    p.add_argument("--compute-dtype", default="bf16", choices=["bf16", "int8", "fp8", "f32"])
+    p.add_argument("--compute-dtype", default="bf16", choices=tuple(DTYPE_BYTES))
     p.add_argument("--mfu", type=float, default=1.0, help="prefill efficiency, 0-1 (default 1.0)")
     p.add_argument("--fit", help="cost model YAML: print the expectation beside the floor")
     p.add_argument("--json", action="store_true", help="print one JSON object")

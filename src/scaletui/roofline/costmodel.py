@@ -1,6 +1,7 @@
-"""The expectation (DESIGN.md §4, level 2): step times for one server configuration, from the
-roofline's bytes and FLOPs over fitted (or assumed) rates plus fixed costs, or, once fitted on
-this host, from the measured step times themselves. Pure arithmetic and numpy; no JAX.
+"""The expectation (docs/roofline.md, the "expected" level): step times for one server
+configuration, from the roofline's bytes and FLOPs over fitted (or assumed) rates plus fixed
+costs, or, once fitted on this host, from the measured step times themselves. Pure arithmetic
+and numpy; no JAX.
 
 The physical form (what `assumed` builds, and what a fit reports as rates):
 
@@ -14,10 +15,10 @@ a decode batch, a prompt on one tp group), in the server's precision: weights an
 their storage dtypes (`weight_dtype`, `kv_dtype`; int8 KV with its scales), FLOPs at the compute
 `dtype`'s roof. On a GPU/TPU a step's cost is close to linear in the
 batch, and this form is the book's. On a CPU it is not: XLA's dot runs a matrix-vector kernel at
-one row and a packed GEMM above it, whose FLOP rate rises with the rows, so a step costs 15 ms
-at batch 1, 26 at 4 and 54 at 32 for `small` at context 128 on a 2-core EPYC (concave in the
-batch), and its KV read gets cheaper per position as the context grows (concave in the
-context); one plane through those errs by 20-40 % (docs/roofline.md). A fit therefore keeps,
+one row and a packed GEMM above it, whose FLOP rate rises with the rows, so a step is concave
+in the batch, and its KV read gets cheaper per position as the context grows (concave in the
+context); one plane through those errs by tens of percent (docs/roofline.md, "Three levels of
+prediction", for the measured table). A fit therefore keeps,
 beside the rates, the table it measured (`costfit.fit`):
 
     decode_knots = ((batch, context, step_s), ...): the decode step at measured (batch, KV
@@ -36,6 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from scaletui.dtypes import DTYPE_BYTES, SCALE_BYTES, STORAGE_DTYPES, Precision
+from scaletui.dtypes import DTYPES as COMPUTE_DTYPES
 from scaletui.roofline import costs
 from scaletui.specs import HardwareSpec, ModelSpec
 
@@ -49,10 +52,6 @@ __all__ = [
     "kv_token_bytes",
     "share_host",
 ]
-
-DTYPE_BYTES = {"f32": 4, "bf16": 2, "int8": 1}  # bytes per stored weight / KV element
-COMPUTE_DTYPES = ("f32", "bf16")  # what the server computes in (serve.config.DTYPES)
-SCALE_BYTES = 4  # an int8 KV entry's f32 scale: one per (token, layer, KV head), K and V each
 
 
 @dataclass(frozen=True)
@@ -121,8 +120,8 @@ class CostModel:
         object.__setattr__(self, "weight_dtype", self.weight_dtype or self.dtype)
         object.__setattr__(self, "kv_dtype", self.kv_dtype or self.dtype)
         for name in ("weight_dtype", "kv_dtype"):
-            if vars(self)[name] not in DTYPE_BYTES:
-                raise ValueError(f"{name} should be one of {tuple(DTYPE_BYTES)} (or empty: "
+            if vars(self)[name] not in STORAGE_DTYPES:
+                raise ValueError(f"{name} should be one of {STORAGE_DTYPES} (or empty: "
                                  f"dtype), got {vars(self)[name]!r}")  # fmt: skip
         for name in ("read_bw", "decode_flops_per_s", "prefill_flops_per_s", "transfer_bw"):
             if not vars(self)[name] > 0:
@@ -348,19 +347,15 @@ def _along_batch(points: list[tuple[float, float]], batch: float) -> float:
       - the regime below: the power law of the segment before, continued past lo;
       - the regime above: the segment above hi continued down (straight), or past the last
         point hi's step times batch / hi (compute-bound: in proportion to the rows).
-    A CPU step on XLA's ops is concave in the batch (about batch^0.5 for `small` on the 2-core
-    EPYC): the power law follows it (a chord errs 15-25 % low between knots 4-8x apart). The
-    native kernels read the weights once per call for all rows, so their step is nearly flat
-    until the multiplies take over, then grows with the rows, and near the knee it costs more
-    than either regime alone (the memory stream and the multiplies overlap only in part):
-    `small` bf16 on Zen 4 5.0 ms at 4 rows, 5.4 at 8, 8.0 at 16, 15.8 at 32, read about 5.5 and
-    8.3 (a power law from 4 to 32: 7.3 at 8, +36 %); `small` f32 on Zen 2 (AVX2) 16.1 / 18.2 /
-    22.9 / 36.4 / 72.5 ms at 1 / 4 / 8 / 16 / 32 rows, read 22.3 and 37.2 (the larger regime
-    alone: 19.4 at 8, -15 %; held-out calls up to 25 % low, 16 % with the smooth maximum). A
-    GPU step is linear with a large fixed part: a power law errs a few % high between knots
-    4-16x apart (5 ms + 0.05 ms per row: +4 % at 4 and 8 between knots 1 and 16); the segment
-    above, continued, is exact. Flat below the first point; past the last, the last segment's
-    slope per row (>= 0) continues."""
+    A CPU step on XLA's ops is concave in the batch: the power law follows it where a chord
+    reads low. The native kernels read the weights once per call for all rows, so their step is
+    nearly flat until the multiplies take over, then grows with the rows, and near the knee it
+    costs more than either regime alone (the memory stream and the multiplies overlap only in
+    part), which the smooth maximum follows and the larger regime alone reads low. A GPU step is
+    linear with a large fixed part: a power law errs a few % high between distant knots; the
+    segment above, continued, is exact. Measured curves for each case: docs/roofline.md, "Three
+    levels of prediction". Flat below the first point; past the last, the last segment's slope
+    per row (>= 0) continues."""
     (x0, y0) = points[0]
     if batch <= x0 or len(points) == 1:
         return y0
@@ -393,19 +388,16 @@ def _power_law(xa: float, ya: float, xb: float, yb: float, x: float) -> float:
 
 
 def describe_precision(dtype: str, weight_dtype: str = "", kv_dtype: str = "") -> str:
-    """'f32' when all three agree, else 'f32 compute, int8 weights, bf16 KV' (as
-    serve.config.Precision.describe words it)."""
-    weight_dtype, kv_dtype = weight_dtype or dtype, kv_dtype or dtype
-    if dtype == weight_dtype == kv_dtype:
-        return dtype
-    return f"{dtype} compute, {weight_dtype} weights, {kv_dtype} KV"
+    """'f32' when all three agree, else 'f32 compute, int8 weights, bf16 KV' (shape.Precision's
+    `describe`; "" storage dtypes follow `dtype`)."""
+    return Precision(dtype, weight_dtype or dtype, kv_dtype or dtype).describe()
 
 
 def kv_token_bytes(model: ModelSpec, kv_dtype: str) -> float:
     """K and V bytes of one token, all layers, stored in `kv_dtype`; int8 adds its f32 scales,
-    one per (layer, KV head) for K and one for V (serve.memory.kv_token_bytes)."""
-    if kv_dtype not in DTYPE_BYTES:
-        raise ValueError(f"kv_dtype should be one of {tuple(DTYPE_BYTES)}, got {kv_dtype!r}")
+    one per (layer, KV head) for K and one for V (what serve.memory sizes the cache by)."""
+    if kv_dtype not in STORAGE_DTYPES:
+        raise ValueError(f"kv_dtype should be one of {STORAGE_DTYPES}, got {kv_dtype!r}")
     scales = 2.0 * model.n_layers * model.n_kv_heads * SCALE_BYTES if kv_dtype == "int8" else 0
     return costs.kv_bytes_per_token(model, DTYPE_BYTES[kv_dtype]) + scales
 
@@ -416,8 +408,8 @@ def _shape(model: ModelSpec, dtype: str, weight_dtype: str, kv_dtype: str) -> di
     KV in `kv_dtype`; FLOPs do not depend on the precision (`dtype` sets their roof)."""
     if dtype not in COMPUTE_DTYPES:
         raise ValueError(f"dtype should be one of {COMPUTE_DTYPES}, got {dtype!r}")
-    if weight_dtype not in DTYPE_BYTES:
-        raise ValueError(f"weight_dtype should be one of {tuple(DTYPE_BYTES)}, got "
+    if weight_dtype not in STORAGE_DTYPES:
+        raise ValueError(f"weight_dtype should be one of {STORAGE_DTYPES}, got "
                          f"{weight_dtype!r}")  # fmt: skip
     return {
         "model": model.name,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import platform
 import re
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
@@ -31,15 +32,16 @@ from scaletui.specs import user_config_dir
 __all__ = [
     "FIT_VERSION", "engine_versions", "find_fit", "fit_path", "fits_dir", "fit_version",
     "kernels_source", "load_fit", "precision_tag", "save_fit", "stale", "stored_fits",
+    "stored_fits_for", "find_fit_for", "fit_path_for",
 ]  # fmt: skip
 
-# 2: the native bf16 kernels stopped copying a table per generate call (2026-12-02), the fit
-# records the kernels auto resolved to, and prefill is timed into pages as the server runs it
-# 3: every KV bucket timed at the server's slots (2026-12-03): a fit of 2 interpolated there
-# 4: a bf16 KV pool on CPU is written in place (kv_cache.pool_dtype, 2026-12-03): a paged
-# prefill no longer rewrites the whole pool, so its time stopped growing with slots x max_seq_len
-# 5: the native f32 dense kernel stopped prefetching at 1-2 rows on AVX2 (2026-12-04): steps at
-# batch 1-2 run 15-20 % faster on a Zen 2
+# 2: the native bf16 kernels stopped copying a table per generate call, the fit records the
+# kernels auto resolved to, and prefill is timed into pages as the server runs it
+# 3: every KV bucket timed at the server's slots: a fit of 2 interpolated there
+# 4: a bf16 KV pool on CPU is written in place (kv_cache.pool_dtype): a paged prefill no longer
+# rewrites the whole pool, so its time stopped growing with slots x max_seq_len
+# 5: the native f32 dense kernel stopped prefetching at 1-2 rows on AVX2: steps at batch 1-2 run
+# faster there (docs/history/benchmarks-2026-12.md has each change's figures)
 FIT_VERSION = 5
 
 
@@ -210,3 +212,23 @@ def stored_fits(
         pattern = exact.name.replace("--auto--", "--*--")
         found = sorted(exact.parent.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
     return [(p, stale(p)) for p in found]
+
+
+def fit_path_for(key: Mapping, host: str | None = None) -> Path:
+    """`fit_path` for a server shape's `fit_key()` (shape.FIT_KEYS: model, dtypes, tp, dp,
+    kernels): where a fit of that shape is stored."""
+    k = key
+    dtypes = {"weight_dtype": k["weight_dtype"], "kv_dtype": k["kv_dtype"]}
+    return fit_path(k["model"], k["dtype"], k["kernels"], k["tp"], k["dp"], host, **dtypes)
+
+
+def stored_fits_for(key: Mapping, host: str | None = None) -> list[tuple[Path, str | None]]:
+    """`stored_fits` for a server shape's `fit_key()`."""
+    k = key
+    dtypes = (k["weight_dtype"], k["kv_dtype"])
+    return stored_fits(k["model"], k["dtype"], k["tp"], k["dp"], k["kernels"], host, *dtypes)
+
+
+def find_fit_for(key: Mapping, host: str | None = None) -> Path | None:
+    """`find_fit` for a server shape's `fit_key()`."""
+    return next((p for p, why in stored_fits_for(key, host) if why is None), None)

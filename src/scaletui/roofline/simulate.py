@@ -1,5 +1,5 @@
-"""Prediction under load (DESIGN.md §4, level 3): a discrete-event simulation of our scheduler
-(serve/scheduler.py) over a CostModel, returning loadgen's summary keys.
+"""Prediction under load (docs/roofline.md, the third level): a discrete-event simulation of our
+scheduler (serve/scheduler.py) over a CostModel, returning loadgen's summary keys.
 
 What it replays, as the server does it:
 1. A request is sent at its offset (open loop), or when one of `concurrency` permits frees (the
@@ -10,10 +10,14 @@ What it replays, as the server does it:
    permit.
 2. Prefill is FCFS. A prompt is padded to its power-of-two bucket; past the largest bucket it
    runs in bucket-sized chunks. The first token reaches the client when prefill ends.
-3. Interleaved: one thread runs passes: the requests waiting at a pass's start take the free
-   slots and are prefilled, then one generate call runs (a request that arrives meanwhile
-   waits for the next pass); with a token budget (`max_batched_tokens`) at most that many
-   prompt tokens (whole pages) run between two calls, a long prompt in pieces.
+3. Interleaved: one thread runs passes, each decision scaletui.policy's (the server's own) over
+   the same KV page allocator (simslots.py): the requests waiting at a pass's start take the
+   free slots whose replica has pages and are prefilled, less a cached prefix's full pages,
+   then one generate call runs (a request that arrives meanwhile waits for the next pass);
+   with a token budget (`max_batched_tokens`) at most that many prompt tokens (whole pages)
+   run between two calls, a long prompt in pieces. Before each call the decoding sequences
+   take the pages its steps write; where a pool runs out the youngest is preempted and
+   resumes from the head of the queue by prefilling its prompt and output.
    Disaggregated: prefill (and the KV transfer) runs concurrently on its own devices into a
    bounded hand-over queue (max(2, slots)); generate inserts between calls.
 4. A generate call runs min(decode_steps, most tokens any slot still needs) steps; its tokens
@@ -44,93 +48,44 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from scaletui import policy
 from scaletui.roofline import simreport
 from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.simslots import SimSlots
+from scaletui.shape import ServerShape
 
 __all__ = ["BOS_TOKENS", "HOST_GAP_PER_ROW_S", "HOST_GAP_S", "INTAKE_S", "Load", "ServerShape",
-           "SimResult", "pow2_buckets", "simulate"]  # fmt: skip
+           "SimResult", "SimTiming", "simulate"]  # fmt: skip
 
-MODES = ("interleaved", "disaggregated")
 BOS_TOKENS = 1  # what our server puts before a text prompt (its tokenizer's BOS), not before ids
 INTAKE_S = 1e-3  # our server's intake per request (aiohttp, JSON, tokenizer; ~0.5-2 ms on CPU)
 # our scheduler's host time before an engine call (bookkeeping, insert, token fan-out) and its
-# growth per running request: the least-squares line through the server's /stats host_gap in
-# twelve loadgen runs on 2 Zen 4 vCPUs (`small`, 8 slots; 0.57-0.61 / 0.83-0.86 / 1.03-1.11 ms
-# at 1 / 4 / 8 running, each run within 9 % of the line), 2026-12-05; on Zen 2 the gaps read
-# 0.74-1.02x of the line before it (0.65 + 0.09 ms a row), about as far below as these
+# growth per running request: a line through the server's measured /stats host_gap
+# (docs/roofline.md, "Three levels of prediction")
 HOST_GAP_S = 0.55e-3
 HOST_GAP_PER_ROW_S = 0.07e-3
 ROW_GRAIN = 8  # native kernels: a running row's attention cost at its length rounded up to this
 
 
-def pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
-    """lo, 2 lo, 4 lo, ... below top, then top (serve.config.pow2_buckets, re-expressed here
-    because roofline imports nothing of serve; a test keeps the two equal)."""
-    out, b = [], lo
-    while b < top:
-        out.append(b)
-        b *= 2
-    return (*out, top)
-
-
 @dataclass(frozen=True)
-class ServerShape:
-    """The scheduler's knobs that shape timing (names as in serve.config.ServeConfig)."""
+class SimTiming:
+    """The host's costs around the engine calls, which a server's shape does not set: what the
+    simulator adds to the cost model's times, and how it reads them."""
 
-    slots: int = 8  # concurrent sequences in the decode batch
-    max_seq_len: int = 1024  # KV positions per slot: prompt + generated
-    decode_steps: int = 4  # decode steps per host sync
-    mode: str = "interleaved"  # interleaved | disaggregated
-    min_prefill_bucket: int = 16
-    max_prefill_bucket: int = 0  # 0 = max_seq_len; longer prompts are chunked
-    max_waiting: int = 256  # waiting requests beyond which 429
-    max_waiting_tokens: int = 262144  # waiting prompt tokens beyond which 429
-    page_size: int = 64  # KV positions per page: decode buckets are 2^i pages
-    prefix_cache: bool = False  # interleaved: a shared prefix's full pages prefill once
-    max_batched_tokens: int = 0  # interleaved: prompt tokens between two generate calls (0: all)
-    padded_decode: bool = True  # a step costs slots rows x KV bucket (the JAX engine's shapes)
     intake_s: float = 0.0  # a request's HTTP + tokenizer time before it queues, one at a time
     gap_s: float = 0.0  # the scheduler's host time before each engine call while it has work
     gap_per_row_s: float = 0.0  # and its growth per running request (each one's tokens fan out)
+    padded_decode: bool = True  # a step costs slots rows x KV bucket (the JAX engine's shapes)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode should be one of {MODES}, got {self.mode!r}")
-        for name in ("slots", "decode_steps", "min_prefill_bucket", "max_waiting",
-                     "max_waiting_tokens"):  # fmt: skip
-            if vars(self)[name] < 1:
-                raise ValueError(f"{name} should be >= 1, got {vars(self)[name]}")
-        if self.max_seq_len < 2:
-            raise ValueError(f"max_seq_len should be >= 2, got {self.max_seq_len}")
         for name in ("intake_s", "gap_s", "gap_per_row_s"):
             if not 0 <= vars(self)[name] < 1:
                 raise ValueError(f"{name} should be in [0, 1) s, got {vars(self)[name]}")
-        if self.max_batched_tokens < 0:
-            raise ValueError(f"max_batched_tokens should be >= 0, got {self.max_batched_tokens}")
-
-    @property
-    def budget(self) -> int:
-        """Prompt tokens per pass between generate calls, as the scheduler rounds it: whole
-        pages, at least one (0: no budget)."""
-        if not self.max_batched_tokens:
-            return 0
-        return max(self.page_size, self.max_batched_tokens // self.page_size * self.page_size)
-
-    @property
-    def prefill_buckets(self) -> tuple[int, ...]:
-        top = self.max_prefill_bucket or self.max_seq_len
-        buckets = pow2_buckets(self.min_prefill_bucket, max(top, self.min_prefill_bucket))
-        return tuple(b for b in buckets if b <= self.max_seq_len) or (self.max_seq_len,)
-
-    @property
-    def decode_buckets(self) -> tuple[int, ...]:
-        """KV lengths the generate step is compiled for: 2^i pages (serve.engine)."""
-        pages = -(-self.max_seq_len // self.page_size)
-        return tuple(b * self.page_size for b in pow2_buckets(1, pages))
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,9 +131,16 @@ class _Sim:
     """The mutable state of one run: the client, the waiting queue, the slots, the clocks."""
 
     def __init__(
-        self, shape: ServerShape, decode: CostModel, prefill: CostModel, load: Load, seed: int
+        self,
+        shape: ServerShape,
+        timing: SimTiming,
+        decode: CostModel,
+        prefill: CostModel,
+        load: Load,
+        seed: int,
     ):
         self.shape, self.decode, self.prefill_cost, self.load = shape, decode, prefill, load
+        self.timing = timing
         self._rng, self._uniform = np.random.default_rng(seed), []
         n = len(load.offsets)
         self.offsets = np.asarray(load.offsets, float).tolist()
@@ -192,6 +154,7 @@ class _Sim:
         self.intake_free = -math.inf  # when the server's intake finishes the last request
         self.next_unsent = 0
         self.end = load.duration if load.duration is not None else math.inf
+        self.on_plan: Callable[[policy.StepPlan], None] | None = None  # each pass's decisions
         self.waiting: deque[int] = deque()
         self.waiting_tokens = 0
         self.left, self.length, self.prev = [0] * n, [0] * n, [0.0] * n
@@ -207,14 +170,13 @@ class _Sim:
         self.per_step_s = 0.0  # sum over generate calls of the call's time / its steps
         self.prefill_calls, self.prefill_call_s = 0, 0.0  # prefill calls (pieces) and time
         self._prefill_memo: dict[tuple[int, int], float] = {}
-        self._cached_groups: set[int] = set()  # shared prefixes prefilled once already
         self._call_memo: dict[tuple[int, int, int], float] = {}  # (batch, bucket, steps)
         self._row_memo: dict[tuple[int, int], tuple] = {}  # native: (batch, steps) -> _row_costs
         buckets = shape.prefill_buckets
         self._pbuckets, self._chunk = buckets, buckets[-1]
         self._dbuckets = shape.decode_buckets
         # the native kernels' attention skips inactive rows (they attend position 0 only)
-        self._live_rows = shape.padded_decode and decode.kernels == "native"
+        self._live_rows = timing.padded_decode and decode.kernels == "native"
         cap = load.concurrency if load.concurrency else n
         for _ in range(min(cap, n)):
             self._send_next(0.0)
@@ -233,7 +195,7 @@ class _Sim:
         self.next_unsent += 1
         self.t_sched[i], self.t_send[i] = sched, max(sched, t_permit)
         # the server takes requests in one at a time: a burst of sends reaches the queue spread
-        t_in = max(self.t_send[i], self.intake_free) + self.shape.intake_s
+        t_in = max(self.t_send[i], self.intake_free) + self.timing.intake_s
         self.intake_free = t_in
         heapq.heappush(self.arrivals, (t_in, i))
 
@@ -267,7 +229,7 @@ class _Sim:
 
     def host_gap(self, running: int) -> float:
         """The worker's host time before its next engine call, with `running` requests."""
-        s = self.shape.gap_s + self.shape.gap_per_row_s * running
+        s = self.timing.gap_s + self.timing.gap_per_row_s * running
         self.gap_s += s
         self.gaps += 1
         return s
@@ -293,20 +255,6 @@ class _Sim:
             self._prefill_memo[(n, cached)] = s
         return s
 
-    def cached_tokens(self, i: int) -> int:
-        """Prompt tokens of request i the prefix cache holds: the full pages of its group's
-        shared prefix once one request of the group was prefilled (the server never matches a
-        whole prompt: one token at least is prefilled). Assumes the pool keeps them."""
-        load, shape = self.load, self.shape
-        if not (shape.prefix_cache and load.prefix_len) or shape.mode != "interleaved":
-            return 0
-        group = i % load.prefix_groups
-        if group not in self._cached_groups:
-            self._cached_groups.add(group)
-            return 0
-        page = shape.page_size
-        return min(load.prefix_len // page, (self.inp[i] - 1) // page) * page
-
     def piece_s(self, start: int, stop: int) -> float:
         """Prefill of prompt tokens start..stop-1 of a sequence whose earlier ones are in its
         pages (a budget's piece): the engine's bucket-sized chunks from `start`."""
@@ -319,18 +267,13 @@ class _Sim:
             self._prefill_memo[key] = s
         return s
 
-    def first_token(self, i: int, t: float) -> None:
-        self.first[i] = t
-        if self.out[i] == 1:
-            self._done(i, t, "ok")
-
     def pop_prefill(self, now: float) -> tuple[int, float] | None:
         """FCFS: the next waiting request and when its prefill (and first token) ends."""
         if not self.waiting:
             return None
         i = self.waiting.popleft()
         self.waiting_tokens -= self.inp[i]
-        s = self.prefill_s(self.inp[i], self.cached_tokens(i))
+        s = self.prefill_s(self.inp[i])  # the prefix cache serves interleaved servers only
         t = now + self.varied(s, self.prefill_cost)
         self.prefill_calls += 1
         self.prefill_call_s += t - now
@@ -339,18 +282,37 @@ class _Sim:
             self._done(i, t, "ok")
         return i, t
 
-    def insert(self, i: int, now: float) -> None:
-        self.length[i], self.left[i], self.prev[i] = self.inp[i], self.out[i] - 1, now
+    def insert(self, i: int, now: float, produced: int = 0) -> None:
+        """Request i starts decoding: its prompt, the `produced` tokens it had before a
+        preemption and the one its prefill gave are its KV."""
+        n = self.inp[i] + produced
+        self.length[i], self.left[i], self.prev[i] = n, self.out[i] - produced - 1, now
         self.active.append(i)
+
+    def prefilled(self, i: int, t: float, produced: int = 0) -> bool:
+        """Request i's prefill gave its next token at `t`: its first, or after a preemption a
+        chunk of one; True when that token ends it."""
+        if produced:
+            self.chunk_t.append(t)
+            self.chunk_gap.append(t - self.prev[i])
+            self.chunk_n.append(1)
+            self.prev[i] = t
+            if self.second[i] != self.second[i]:  # nan: this is the second chunk
+                self.second[i] = t
+        else:
+            self.first[i] = t
+        if self.out[i] - produced > 1:
+            return False
+        self._done(i, t, "ok")
+        return True
 
     def _call_s(self, batch: int, ctx: int, steps: int, active: list[int]) -> float:
         """One generate call at `batch` rows over bucket `ctx` for the `active` requests. XLA's
         engine computes every row over the bucket; the native attention reads each running
         row's own positions (0..pos, `kernels.cc`), so there the call is the `batch`-row call at
         the smallest bucket plus, per running row, 1 / batch of what `batch` rows at that row's
-        mid-call length add to it (`small` bf16 native, 8 slots, 4 steps, bucket 512: 28.2 ms
-        with 8 rows at 470 positions, 23.5 with one there and 7 at 40; charging each row the
-        bucket over-read the server's calls by 2-15 %: it read 0.87-0.98 of them in six runs)."""
+        mid-call length add to it (charging each row the bucket over-read the server's calls:
+        docs/roofline.md, "Three levels of prediction")."""
         key = (batch, ctx, steps)
         if not self._live_rows:
             full = self._call_memo.get(key)
@@ -373,11 +335,12 @@ class _Sim:
         return base, [max(self.decode.decode_call_s(batch, k * ROW_GRAIN, steps) - base, 0.0)
                       / batch for k in range(top)]  # fmt: skip
 
-    def generate(self, now: float) -> float:
-        """One generate call from `now`; returns when its tokens reach the clients."""
+    def generate(self, now: float, steps: int = 0) -> float:
+        """One generate call from `now` (of `steps` steps; 0: as the policy says); returns when
+        its tokens reach the clients."""
         active, left, length = self.active, self.left, self.length
-        steps = min(self.shape.decode_steps, max(left[i] for i in active))
-        if self.shape.padded_decode:
+        steps = steps or policy.decode_steps([left[i] for i in active], self.shape.decode_steps)
+        if self.timing.padded_decode:
             need = max(length[i] for i in active) + steps
             ctx = next((b for b in self._dbuckets if b >= need), self._dbuckets[-1])
             batch = self.shape.slots
@@ -413,49 +376,88 @@ class _Sim:
 
 
 def _interleaved(sim: _Sim) -> None:
-    """The interleaved loop as the scheduler runs it: the requests waiting when a pass starts
-    take free slots (prefill jobs, FCFS; one that arrives during the pass's prefills waits for
-    the next pass); their prompt tokens run, at most `budget` of them with --max-batched-tokens
-    (in pieces that end on a page boundary or with the prompt), then one generate call for the
-    sequences already decoding."""
-    now, slots, page = 0.0, sim.shape.slots, sim.shape.page_size
-    budget = sim.shape.budget or math.inf
-    jobs: deque[list[int]] = deque()  # [request, prompt tokens in its pages so far]
+    """The interleaved loop as the scheduler runs it, each decision scaletui.policy's over the
+    same pages (simslots): the requests waiting when a pass starts take free slots whose replica
+    has pages (prefill jobs, FCFS; one that arrives during the pass's prefills waits for the
+    next pass), reusing cached prefix pages; their prompt tokens run, at most `budget` of them
+    with --max-batched-tokens (in pieces that end on a page boundary or with the prompt), then
+    the decoding sequences grow (the youngest preempted where pages run out, to prefill prompt
+    and output again) and one generate call runs."""
+    now, shape, size = 0.0, sim.shape, sim.shape.page_size
+    budget = policy.token_budget(shape.max_batched_tokens, size)
+    kv = SimSlots(shape, sim.load.prefix_len, sim.load.prefix_groups)
+    produced: dict[int, int] = {}  # preempted requests: the tokens they had produced
+    jobs: list[list[int]] = []  # [request, slot, tokens to prefill, tokens in its pages so far]
     while True:
+        plan = policy.StepPlan()
         sim.admit(now)
-        while len(sim.active) + len(jobs) < slots and sim.waiting:
-            i = sim.waiting.popleft()
-            sim.waiting_tokens -= sim.inp[i]
-            jobs.append([i, sim.cached_tokens(i)])
-        left = budget
-        while jobs and left > 0:
-            i, done = jobs[0]
-            n = min(sim.inp[i] - done, left)
-            if done + n < sim.inp[i]:
-                n = n // page * page  # a piece ends on a page boundary, or with the prompt
-            if n == 0:
+        while sim.waiting:
+            i = sim.waiting[0]
+            n = sim.inp[i] + produced.get(i, 0)
+            got = kv.admit(i, n)
+            if got is None:
                 break
+            sim.waiting.popleft()
+            sim.waiting_tokens -= sim.inp[i]
+            plan.admitted.append((i, *got))
+            jobs.append([i, got[0], n, got[1]])
+        pieces = policy.chunks([n - done for _, _, n, done in jobs], budget, size)
+        for job, k in zip(jobs[: len(pieces)], pieces, strict=True):
+            i, slot, n, done = job
+            plan.chunks.append((i, k))
             gap = sim.host_gap(len(sim.active))
-            t = now + gap + sim.varied(sim.piece_s(done, done + n), sim.prefill_cost)
+            t = now + gap + sim.varied(sim.piece_s(done, done + k), sim.prefill_cost)
             sim.prefill_calls += 1
             sim.prefill_call_s += t - now - gap
             sim.occupied_s += len(sim.active) * (t - now)
-            now, left = t, left - n
-            if done + n < sim.inp[i]:
-                jobs[0][1] = done + n
+            now, job[3] = t, done + k
+            if job[3] < n:
                 continue
-            jobs.popleft()
-            sim.first_token(i, now)
-            if sim.out[i] > 1:
-                sim.insert(i, now)
+            kv.prefilled(slot, n)
+            before = produced.pop(i, 0)
+            if sim.prefilled(i, now, before):  # its first token ends it
+                plan.finished.append(i)
+                kv.free(slot)
+            else:
+                sim.insert(i, now, before)
+        jobs = [job for job in jobs if job[3] < job[2]]
         if sim.active:
-            gap = sim.host_gap(len(sim.active))
-            sim.occupied_s += len(sim.active) * gap
-            now = sim.generate(now + gap)
+            steps = policy.decode_steps([sim.left[i] for i in sim.active], shape.decode_steps)
+            slot_of, order = kv.slot_of, kv.order
+            seqs = [
+                policy.Seq(slot_of[i], order[slot_of[i]], sim.length[i], sim.left[i])
+                for i in sim.active
+            ]
+            for act in kv.room(steps, seqs):
+                if isinstance(act, policy.Grow):
+                    kv.grow(act.slot, act.tokens)
+                    continue
+                i = kv.req[act.slot]
+                kv.preempt(act.slot, sim.length[i])
+                sim.active.remove(i)
+                plan.preempted.append(i)
+                if policy.resumable(sim.inp[i] + sim.out[i] - sim.left[i], shape.max_seq_len):
+                    produced[i] = sim.out[i] - sim.left[i]
+                    sim.waiting.appendleft(i)
+                    sim.waiting_tokens += sim.inp[i]
+                else:  # its prompt and output fill max_seq_len: it ends there
+                    plan.finished.append(i)
+                    sim._done(i, now, "ok")
+            if sim.active:
+                gap = sim.host_gap(len(sim.active))
+                sim.occupied_s += len(sim.active) * gap
+                running = list(sim.active)
+                now = sim.generate(now + gap, steps)
+                plan.steps = steps
+                for b in sorted(kv.slot_of[i] for i in running if not sim.left[i]):
+                    plan.finished.append(kv.req[b])
+                    kv.free(b)
         elif not jobs:
-            if not sim.arrivals:
-                return
-            now = max(now, sim.next_arrival())
+            now = max(now, sim.next_arrival())  # inf: the client sends no more
+        if plan and sim.on_plan is not None:
+            sim.on_plan(plan)
+        if now == math.inf:
+            return
 
 
 def _disaggregated(sim: _Sim) -> None:
@@ -509,11 +511,15 @@ def simulate(
     load: Load,
     prefill: CostModel | None = None,
     seed: int = 0,
+    timing: SimTiming | None = None,
+    on_plan: Callable[[policy.StepPlan], None] | None = None,
 ) -> SimResult:
     """Run `load` through a server of `shape` whose steps cost what `decode` says (and prefill
-    what `prefill` says: the prefill devices' model when disaggregated; default `decode`);
-    `seed` draws the calls' variation (a fitted model's `call_spread`)."""
-    sim = _Sim(shape, decode, prefill or decode, load, seed)
+    what `prefill` says: the prefill devices' model when disaggregated; default `decode`), plus
+    the host's `timing` (default: none); `seed` draws the calls' variation (a fitted model's
+    `call_spread`); `on_plan` sees each interleaved pass's decisions."""
+    sim = _Sim(shape, timing or SimTiming(), decode, prefill or decode, load, seed)
+    sim.on_plan = on_plan
     (_interleaved if shape.mode == "interleaved" else _disaggregated)(sim)
     return _result(sim)
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from scaletui.serve.config import ConfigError
 from scaletui.serve.connections import ConnectionWatchdog, read_body
 from scaletui.serve.events import Request, ServeError
 from scaletui.serve.guard import check_admin
@@ -39,13 +38,14 @@ from scaletui.serve.validate import (
     http_error,
     parse_json,
 )
+from scaletui.shape import ConfigError
 
 log = logging.getLogger("scaletui.serve")
 
 
 @dataclass(frozen=True)
 class ApiSettings:
-    """HTTP-side options (the engines' shape lives in ServeConfig)."""
+    """HTTP-side options (the engines' shape lives in shape.ServerShape)."""
 
     host: str = "127.0.0.1"  # /admin/* needs admin_token on any non-loopback bind
     admin_token: str | None = None
@@ -215,7 +215,7 @@ async def admin_config(request: web.Request) -> web.Response:
     check_admin(request, settings.host, settings.admin_token)
     sched = request.app[SCHEDULER]
     if request.method == "GET":
-        return _json({"config": sched.config.public()})
+        return _json({"config": sched.config.to_json()})
     body = config_changes(await _body(request))
     try:
         result = await asyncio.to_thread(

@@ -16,14 +16,16 @@ from dataclasses import dataclass
 
 import jax
 
+from scaletui.dtypes import default_compute_dtype as dtype_rule
 from scaletui.serve import memory, native, pallas_attention, quant, sharding, weights
-from scaletui.serve.config import ConfigError, ServeConfig
 from scaletui.serve.engine import JaxEngine
 from scaletui.serve.engine_api import Engine, distinct
+from scaletui.shape import ConfigError, ServerShape
 
 log = logging.getLogger("scaletui.serve")
 
-# Measured with bench/fidelity.py on 2 Zen 4 cores, `small` at tp 2, one step at batch 1.
+# the note for bf16 on XLA's CPU ops; its figures: docs/history/benchmarks-2026-12.md,
+# "Held-out engine calls on Zen 4, the server's precision at each tp"
 XLA_CPU_BF16 = ("bf16 compute on XLA's CPU ops, whose bf16 matmuls run several times slower "
                 "than its f32 ones (small, tp 2, a 1-step call at batch 1: 85 ms in bf16, 14 "
                 "in f32); --dtype f32 is faster here")  # fmt: skip
@@ -45,25 +47,19 @@ class EnginePlan:
 
 
 def default_compute_dtype(
-    kernels: str = "auto", tp: int = 1, dp: int = 1, weight_dtype: str | None = None,
+    kernels: str = "auto",
+    tp: int = 1,
+    dp: int = 1,
+    weight_dtype: str | None = None,
     kv_dtype: str | None = None,
-) -> str:  # fmt: skip
-    """bf16 on GPU/TPU. On CPU the fastest correct choice: bf16 where the native kernels run
-    (unsharded, not kernels xla) and multiply bf16 pairs (AVX512_BF16): half the bytes of an
-    f32 step and twice its multiply rate (docs/serve.md, Precision). Elsewhere f32: XLA's CPU
-    bf16 matmuls run ~15x slower than f32 at batch 1, and widening bf16 kernels cost ~20-30 %
-    more than f32 from batch ~8. f32 too when the weights or the KV cache are asked in f32.
-    The server, `scaletui calibrate --model` and the fit it stores agree through this."""
-    if "f32" in (weight_dtype, kv_dtype):
-        return "f32"
-    if jax.default_backend() != "cpu":
-        return "bf16"
-    if kernels == "xla" or tp * dp != 1:
-        return "f32"
-    return "bf16" if native.available() and native.bf16_dot_products() else "f32"
+) -> str:
+    """`shape.default_compute_dtype` on JAX's default backend, with the native kernels asked
+    (they build on first use) whether they multiply bf16 pairs."""
+    pairs = lambda: native.available() and native.bf16_dot_products()  # noqa: E731
+    return dtype_rule(jax.default_backend(), pairs, kernels, tp, dp, weight_dtype, kv_dtype)
 
 
-def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
+def plan_engines(config: ServerShape, devices: list) -> list[EnginePlan]:
     """The engines `config` builds on `devices`, checked without building them: a sharding the
     devices cannot hold, or kernels='native' where the native kernels cannot run, raises
     ConfigError naming the value and the fix (start-up and reconfigure ask before anything is
@@ -88,7 +84,7 @@ def plan_engines(config: ServeConfig, devices: list) -> list[EnginePlan]:
     return plan
 
 
-def _kernels(config: ServeConfig, devs: list, dp: int, platform: str) -> tuple[str, str | None]:
+def _kernels(config: ServerShape, devs: list, dp: int, platform: str) -> tuple[str, str | None]:
     """(the kernels an engine on `devs` runs, a note saying why or how) for config.kernels."""
     pallas = pallas_attention.kernel_for(platform)
     if config.kernels == "pallas":
@@ -117,7 +113,7 @@ def _kernels(config: ServeConfig, devs: list, dp: int, platform: str) -> tuple[s
 
 
 def build_engines(
-    config: ServeConfig,
+    config: ServerShape,
     devices: list[jax.Device] | None = None,
     *,
     vocab_size: int | None = None,
@@ -168,10 +164,10 @@ class JaxEngineFactory:
     vocab_size: int | None = None  # sampling never goes beyond (default: the model's)
     eos_id: int = -1
 
-    def build(self, config: ServeConfig) -> tuple[Engine, Engine]:
+    def build(self, config: ServerShape) -> tuple[Engine, Engine]:
         return build_engines(config, vocab_size=self.vocab_size, eos_id=self.eos_id)
 
-    def check(self, config: ServeConfig, current: tuple[Engine, Engine] | None = None) -> None:
+    def check(self, config: ServerShape, current: tuple[Engine, Engine] | None = None) -> None:
         """The plan on these devices, then the memory it needs against what they have (on CPU
         counting the bytes the `current` engines hold, which a rebuild frees)."""
         devices = jax.devices()

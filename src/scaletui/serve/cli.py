@@ -1,4 +1,4 @@
-"""`scaletui serve`: flags -> ServeConfig -> engines -> scheduler -> aiohttp, until SIGTERM/SIGINT.
+"""`scaletui serve`: flags -> ServerShape -> engines -> scheduler -> aiohttp, until SIGTERM/SIGINT.
 
 Every config error is found before the port is bound (the engine plan on these devices and the
 memory it needs included) and exits 2 with one line naming the flag and the fix; an engine
@@ -22,21 +22,14 @@ import sys
 
 from aiohttp import web
 
+from scaletui import xla_env
 from scaletui.serve import memory
 from scaletui.serve.api import SCHEDULER, WATCHDOG, ApiSettings, create_app
-from scaletui.serve.config import (
-    DTYPES,
-    KERNELS,
-    MODES,
-    PAGE_SIZES,
-    STORAGE_DTYPES,
-    ConfigError,
-    ServeConfig,
-)
 from scaletui.serve.connections import quiet_accept_errors, raise_fd_limit, start_site
 from scaletui.serve.engine_api import EngineFactory
 from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.tokenizer import Tokenizer, load_tokenizer
+from scaletui.shape import ConfigError, ServerShape, add_flags
 from scaletui.specs import SpecError, load_model
 
 log = logging.getLogger("scaletui.serve")
@@ -44,57 +37,12 @@ log = logging.getLogger("scaletui.serve")
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scaletui serve", description=__doc__.splitlines()[0])
-    a = p.add_argument
-    a("--model", required=True, help="model spec: a name (tiny, small, llama3-8b) or a YAML path")
-    a("--weights", help="HF safetensors dir/file (default: seeded dummy weights)")
-    a("--tokenizer", help="HF tokenizer.json (default: the byte tokenizer)")
-    a("--slots", "--max-running", dest="slots", type=int, default=8,
-      help="running sequences at most: the decode batch's rows")  # fmt: skip
-    a("--max-seq-len", type=int, help="longest sequence, prompt + output (default: min(1024, "
-      "model's))")  # fmt: skip
-    a("--page-size", type=int, default=64, choices=PAGE_SIZES, help="KV positions per page")
-    a("--no-prefix-cache", dest="prefix_cache", action="store_false", help="prefill every "
-      "prompt whole (interleaved mode reuses the KV pages of a cached prefix)")  # fmt: skip
-    a("--max-batched-tokens", type=int, default=0, help="interleaved: prompt tokens run "
-      "between two generate calls, long prompts split in chunks (0: whole prompts)")  # fmt: skip
-    kv = p.add_mutually_exclusive_group()
-    kv.add_argument("--kv-pages", type=int, default=0, help="KV pages per data-parallel replica "
-                    "(default: enough for every slot at max_seq_len)")  # fmt: skip
+    kv = add_flags(p)  # the server's shape: one flag per ServerShape field
     kv.add_argument("--kv-memory-fraction", type=float, help="size the KV pages to this "
                     "fraction (0-1] of the memory the weights leave")  # fmt: skip
-    a("--decode-steps", type=int, default=4, help="decode steps per host sync")
-    a("--tp", type=int, default=1, help="tensor parallelism (the 'model' mesh axis)")
-    a("--dp", type=int, default=1, help="data parallelism over slots (the 'data' mesh axis)")
-    a("--mode", choices=MODES, default="interleaved", help="prefill and generate placement")
-    a("--prefill-devices", type=int, default=0, help="disaggregated: prefill devices (0 = half)")
-    a(
-        "--dtype",
-        choices=DTYPES,
-        help="compute (activations); also weights and KV cache unless set below (default: bf16; "
-        "f32 on a CPU without AVX512_BF16 or the native kernels)",
-    )
-    a(
-        "--weight-dtype",
-        choices=STORAGE_DTYPES,
-        help="weight storage (int8: per output channel, f32 scales; default: --dtype)",
-    )
-    a(
-        "--kv-dtype",
-        choices=STORAGE_DTYPES,
-        help="KV-cache storage (int8: a scale per position and KV head; default: --dtype)",
-    )
-    a(
-        "--kernels",
-        choices=KERNELS,
-        default="auto",
-        help="native CPU kernels (unsharded, f32 compute, AVX2/AVX-512; auto: where they "
-        "build) or XLA ops",
-    )
-    a("--seed", type=int, default=0, help="dummy-weight seed")
+    a = p.add_argument
     a("--host", default="127.0.0.1", help="bind address (non-loopback: /admin needs a token)")
     a("--port", type=int, default=8000, help="TCP port (0 = any free port)")
-    a("--max-waiting", type=int, default=256, help="waiting requests beyond which: 429")
-    a("--max-waiting-tokens", type=int, default=262144, help="waiting prompt tokens: 429 beyond")
     a("--admin-token", help="bearer token for /admin/* (required on non-loopback binds)")
     a("--drain-timeout", type=float, default=60.0, help="reconfigure: abort requests after (s)")
     a("--log-interval", type=float, default=10.0, help="seconds between summary lines (0 = off)")
@@ -179,7 +127,7 @@ async def _until_started(sched: Scheduler, stop: asyncio.Event) -> None:
         stop.set()
 
 
-def _pages_from_fraction(config: ServeConfig, fraction: float, fake: bool) -> ServeConfig:
+def _pages_from_fraction(config: ServerShape, fraction: float, fake: bool) -> ServerShape:
     """`--kv-memory-fraction`: kv_pages from the memory the devices have and the weights
     leave (the fake engine holds nothing: the default pages)."""
     if not 0 < fraction <= 1:
@@ -200,9 +148,8 @@ def _pages_from_fraction(config: ServeConfig, fraction: float, fake: bool) -> Se
 def warn_oversubscribed(host_devices: int) -> bool:
     """Warn when there are more virtual CPU devices than usable cores: XLA's CPU client runs
     at least one pool thread per device (a collective needs them all at once), so its ops and
-    the native kernels split their work into more threads than cores. Measured on 2 Zen 4
-    cores, `small` bf16 at tp 1: a 4-step generate call 17.7 ms with 1 device, 20.7 with 2,
-    26.4 with 4, 37.8 with 8."""
+    the native kernels split their work into more threads than cores (docs/serve.md,
+    `--host-devices`, has the measured cost)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if not cores or host_devices <= cores:
         return False
@@ -225,36 +172,11 @@ def main(argv: list[str]) -> int:
     )
     logging.getLogger("jax").setLevel(logging.WARNING)  # not "Unable to initialize backend"
     if args.host_devices:
-        flags = os.environ.get("XLA_FLAGS", "")
-        os.environ["XLA_FLAGS"] = (
-            f"{flags} --xla_force_host_platform_device_count={args.host_devices}".strip()
-        )
+        xla_env.set_host_devices(args.host_devices)
         warn_oversubscribed(args.host_devices)
     try:
         model = load_model(args.model)
-        config = ServeConfig(
-            model=model,
-            slots=args.slots,
-            max_seq_len=args.max_seq_len or min(1024, model.max_seq_len),
-            decode_steps=args.decode_steps,
-            tp=args.tp,
-            dp=args.dp,
-            mode=args.mode,
-            prefill_devices=args.prefill_devices,
-            dtype=args.dtype or default_dtype(args),
-            weight_dtype=args.weight_dtype or "",
-            kv_dtype=args.kv_dtype or "",
-            kernels=args.kernels,
-            weights=args.weights,
-            tokenizer=args.tokenizer,
-            seed=args.seed,
-            max_waiting=args.max_waiting,
-            max_waiting_tokens=args.max_waiting_tokens,
-            page_size=args.page_size,
-            kv_pages=args.kv_pages,
-            prefix_cache=args.prefix_cache,
-            max_batched_tokens=args.max_batched_tokens,
-        )
+        config = ServerShape.from_args(args, model=model, dtype=args.dtype or default_dtype(args))
         if args.kv_memory_fraction is not None:
             config = _pages_from_fraction(config, args.kv_memory_fraction, args.fake)
         tok = load_tokenizer(args.tokenizer, model.vocab_size)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from scaletui.serve.config import ServeConfig
+    from scaletui.shape import ServerShape
 
 
 @dataclass(frozen=True)
@@ -205,11 +205,11 @@ class Engine(Protocol):
 class EngineFactory(Protocol):
     """Builds engines for a config; the scheduler calls `check` before it drains anything."""
 
-    def build(self, config: ServeConfig) -> tuple[Engine, Engine]:
+    def build(self, config: ServerShape) -> tuple[Engine, Engine]:
         """(prefill engine, generate engine); the same object twice when interleaved."""
         ...
 
-    def check(self, config: ServeConfig, current: tuple[Engine, Engine] | None = None) -> None:
+    def check(self, config: ServerShape, current: tuple[Engine, Engine] | None = None) -> None:
         """Raise ConfigError when `config` cannot be built here (sharding, kernels, memory);
         `current`: the engines running now, whose memory a rebuild frees."""
         ...

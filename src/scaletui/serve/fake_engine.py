@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scaletui.serve.config import ServeConfig
 from scaletui.serve.engine_api import Engine, EngineInfo, Prefix, SamplingParams, StepOutput
+from scaletui.shape import ServerShape
 
 WARMUP_UNITS = 2  # "shapes": prefill and generate
 
@@ -198,7 +198,7 @@ class FakeEngine:
 @dataclass(frozen=True)
 class FakeEngineFactory:
     """`engine_api.EngineFactory` for FakeEngines: one engine twice when interleaved, else two
-    on consecutive (pretend) device ids. Every config the ServeConfig accepts is buildable."""
+    on consecutive (pretend) device ids. Every config the ServerShape accepts is buildable."""
 
     vocab_limit: int | None = None  # the tokenizer's vocabulary (default: the model's)
     eos_id: int = 257
@@ -207,7 +207,7 @@ class FakeEngineFactory:
     warmup_s: float = 0.0
     engine: type[FakeEngine] = FakeEngine  # tests pass a subclass that fails on purpose
 
-    def build(self, config: ServeConfig) -> tuple[Engine, Engine]:
+    def build(self, config: ServerShape) -> tuple[Engine, Engine]:
         vocab = self.vocab_limit or config.model.vocab_size
         n = config.tp * config.dp
 
@@ -223,5 +223,5 @@ class FakeEngineFactory:
             return engine, engine
         return make("fake-prefill", 0), make("fake-generate", n)
 
-    def check(self, config: ServeConfig, current: tuple[Engine, Engine] | None = None) -> None:
+    def check(self, config: ServerShape, current: tuple[Engine, Engine] | None = None) -> None:
         """Nothing to check: fakes hold no device memory and run on any 'mesh'."""

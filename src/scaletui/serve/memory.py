@@ -1,4 +1,4 @@
-"""What a ServeConfig holds in memory, from the roofline's pure counts, and whether it fits.
+"""What a ServerShape holds in memory, from the roofline's pure counts, and whether it fits.
 
 `footprint(config)` gives the parameter count, weight bytes and KV-cache bytes in the config's
 precision (int8 weights: one byte per matrix parameter plus an f32 scale per output channel,
@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from scaletui.dtypes import DTYPE_BYTES, SCALE_BYTES, Precision
+from scaletui.roofline import costmodel
 from scaletui.roofline.costs import param_count, params_by_part
-from scaletui.serve.config import ConfigError, Precision, ServeConfig
+from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import ModelSpec
 
 log = logging.getLogger("scaletui.serve")
-ITEMSIZE = {"f32": 4, "bf16": 2, "int8": 1}
-SCALE_BYTES = 4  # int8 scales are f32
 DEVICE_FRACTION = 0.9  # of an accelerator's bytes_limit: the rest for activations, scratch
 HOST_MARGIN = 0.1  # of the host's total RAM kept free on CPU
 
@@ -38,7 +38,7 @@ class Footprint:
     kv_page_bytes: int  # one page: page_size positions of K and V in every layer
     host_bytes: int = 0  # the host params at load: as made (f32 for int8) and, if any, converted
 
-    def describe(self, config: ServeConfig) -> str:
+    def describe(self, config: ServerShape) -> str:
         return (
             f"{config.model.name}: {_count(self.params)} parameters, "
             f"{config.precision.describe()}, weights "
@@ -66,20 +66,20 @@ def weight_bytes(m: ModelSpec, p: Precision) -> int:
         per_layer = (m.n_heads + 2 * m.n_kv_heads) * m.head_dim + 2 * m.d_model + 2 * m.d_ff
         tables = 1 if m.tied_embeddings else 2
         scales = (m.n_layers * per_layer + tables * m.vocab_size) * SCALE_BYTES
-    return matrices * ITEMSIZE[p.weights] + norms * ITEMSIZE[p.compute] + scales
+    return matrices * DTYPE_BYTES[p.weights] + norms * DTYPE_BYTES[p.compute] + scales
 
 
 def kv_token_bytes(m: ModelSpec, kv: str) -> int:
-    """K and V bytes per token in every layer (int8: with a scale per KV head)."""
-    per_head = m.head_dim * ITEMSIZE[kv] + (SCALE_BYTES if kv == "int8" else 0)
-    return 2 * m.n_layers * m.n_kv_heads * per_head
+    """K and V bytes per token in every layer (int8: with a scale per KV head), as the roofline
+    counts them."""
+    return int(costmodel.kv_token_bytes(m, kv))
 
 
-def footprint(config: ServeConfig) -> Footprint:
+def footprint(config: ServerShape) -> Footprint:
     m, p = config.model, config.precision
     page = kv_token_bytes(m, p.kv) * config.page_size
     stored = weight_bytes(m, p)
-    made = stored if p.weights != "int8" else param_count(m) * ITEMSIZE["f32"] + stored
+    made = stored if p.weights != "int8" else param_count(m) * DTYPE_BYTES["f32"] + stored
     return Footprint(param_count(m), stored, page * config.pages * config.dp, page, made)
 
 
@@ -91,7 +91,7 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
-def _split(config: ServeConfig, capacity: Capacity, replicas: int) -> tuple[float, float]:
+def _split(config: ServerShape, capacity: Capacity, replicas: int) -> tuple[float, float]:
     """(fixed bytes, bytes per KV page of one replica) where `capacity` counts: the busiest
     device (a tp shard of the weights, its replica's pages) or the host's RAM (every device's
     copy, and the host copies the weights are placed from)."""
@@ -103,14 +103,14 @@ def _split(config: ServeConfig, capacity: Capacity, replicas: int) -> tuple[floa
     return fixed, fp.kv_page_bytes * config.dp * tp / kv_split
 
 
-def pages_that_fit(config: ServeConfig, capacity: Capacity, fraction: float, replicas: int) -> int:
+def pages_that_fit(config: ServerShape, capacity: Capacity, fraction: float, replicas: int) -> int:
     """KV pages per replica in `fraction` of what `capacity` leaves after the weights
     (`--kv-memory-fraction`); at least 2 (a scratch page and one more)."""
     fixed, per_page = _split(config, capacity, replicas)
     return max(2, int(max(0, capacity.bytes - fixed) * fraction // per_page))
 
 
-def check_fits(config: ServeConfig, replicas: int, capacity: Capacity) -> None:
+def check_fits(config: ServerShape, replicas: int, capacity: Capacity) -> None:
     """ConfigError naming `kv_pages` or `slots` (and the most that fit) when `config` needs more
     memory than `capacity`; `replicas`: weight copies the plan places (one per data-parallel
     mesh row)."""

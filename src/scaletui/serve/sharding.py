@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scaletui.serve.config import ConfigError, divisors, one_of
+from scaletui.shape import ConfigError
 from scaletui.specs import ModelSpec
 
 AXES = ("data", "model")
@@ -122,3 +122,13 @@ def tree_shardings(mesh: Mesh, axes: object, shapes: object) -> object:
     """Map a pytree of logical-axis tuples and a matching pytree of shapes to NamedShardings."""
     is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
     return jax.tree.map(lambda a, s: named(mesh, a, s), axes, shapes, is_leaf=is_axes)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def one_of(values: list[int]) -> str:
+    """[1, 2, 4] -> '1, 2 or 4'."""
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"

@@ -65,7 +65,7 @@ def build_stats(sched: Scheduler, window_s: float = 5.0) -> dict:
         "uptime_s": time.perf_counter() - sched.started,
         "state": sched.state,
         "error": sched.error,
-        "config": {**c.public(), **running},
+        "config": {**c.to_json(), **running},
         "model": model,
         "backend": backend,
         "devices": devices,

@@ -13,11 +13,11 @@ import orjson
 from aiohttp.test_utils import TestClient, TestServer
 
 from scaletui.serve.api import WATCHDOG, ApiSettings, create_app
-from scaletui.serve.config import ServeConfig
 from scaletui.serve.connections import start_site
 from scaletui.serve.fake_engine import FakeEngineFactory
 from scaletui.serve.scheduler import Scheduler
 from scaletui.serve.tokenizer import load_tokenizer
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 
@@ -27,7 +27,7 @@ async def fake_server(
 ):
     """(client, scheduler) for a FakeEngine server on tiny with the byte tokenizer."""
     config.setdefault("max_seq_len", 128)
-    cfg = ServeConfig(load_model("tiny"), **config)
+    cfg = ServerShape(load_model("tiny"), **config)
     tok = load_tokenizer(None, cfg.model.vocab_size)
 
     factory = FakeEngineFactory(tok.vocab_size, tok.eos_id, step_s, step_s, warmup_s)
@@ -86,7 +86,7 @@ def serve_in_thread(app, host: str = "127.0.0.1"):
         thread.join(60)
 
 
-def greedy_tokens(config: ServeConfig, prompts: list[list[int]], calls: int = 2) -> tuple:
+def greedy_tokens(config: ServerShape, prompts: list[list[int]], calls: int = 2) -> tuple:
     """(tokens per prompt, prefill engine, generate engine): `config`'s engines built on every
     device, each prompt prefilled (and handed over) into slot i, then `calls` generate calls of
     `config.decode_steps` steps; greedy, EOS ignored. For tests that compare engines."""

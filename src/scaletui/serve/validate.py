@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import orjson
 
-from scaletui.serve.config import RECONFIGURABLE
 from scaletui.serve.engine_api import SamplingParams
 from scaletui.serve.events import ErrorKind
 from scaletui.serve.tokenizer import Tokenizer
+from scaletui.shape import RECONFIGURABLE
 
 STRING_KEYS = ("mode", "dtype", "weight_dtype", "kv_dtype", "kernels")  # /admin/config strings
 ROLES = ("system", "user", "assistant", "tool", "developer")

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaletui import specs
+from scaletui.dtypes import Precision
 from scaletui.loadgen.workload import Lengths, Workload, schedule
-from scaletui.roofline.costmodel import DTYPE_BYTES, CostModel
+from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.fitstore import fits_dir, load_fit
 from scaletui.roofline.simulate import BOS_TOKENS as BOS
 from scaletui.roofline.simulate import (
@@ -29,11 +30,12 @@ from scaletui.roofline.simulate import (
     HOST_GAP_S,
     INTAKE_S,
     Load,
-    ServerShape,
+    SimTiming,
     simulate,
 )
+from scaletui.shape import ServerShape
 from scaletui.tui.host import FitKey, kernels_of, serve_max_seq_len
-from scaletui.tui.knobs import Knobs, Precision
+from scaletui.tui.knobs import Knobs
 from scaletui.tui.predict import host_devices
 from scaletui.tui.simrun import SimRun
 
@@ -42,48 +44,21 @@ TOKEN_CHUNKS = 12_000  # simulated requests x generate calls each: about 20 ms o
 SWEEP_POINTS = 10  # points of the expected curve across a sweep's range
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    """The server settings an expectation needs beyond the knobs (from /stats "config")."""
-
-    max_seq_len: int = 1024
-    decode_steps: int = 4
-    dtype: str = "f32"  # compute
-    weight_dtype: str = "f32"  # weight storage: f32 | bf16 | int8
-    kv_dtype: str = "f32"  # KV-cache storage: f32 | bf16 | int8
-    kernels: str = "auto"
-    min_prefill_bucket: int = 16
-    max_prefill_bucket: int = 0  # 0 = max_seq_len
-    max_waiting: int = 256
-    max_waiting_tokens: int = 262144
-    page_size: int = 64  # KV positions per page
-    prefix_cache: bool = True
-
-    @classmethod
-    def from_stats(
-        cls, config: dict, knobs: Knobs, model_max: int | None, backend: str | None = None
-    ) -> ServerConfig:
-        """From /stats "config" and the knobs' precision; what it lacks (no server yet) as
-        the embedded server will start: max_seq_len for the knobs' lengths, f32 on a CPU
-        backend, else bf16, weights and KV as the compute dtype."""
-        buckets = [int(b) for b in config.get("prefill_buckets") or () if int(b) > 0]
-        precision = Precision.of(knobs, config, str(config.get("dtype") or start_dtype(backend)))
-        # what runs now says which kernels the staged configuration gets, unless the mesh moves
-        same_mesh = (knobs.tp, knobs.dp) == (config.get("tp", 1), config.get("dp", 1))
-        return cls(
-            max_seq_len=int(config.get("max_seq_len") or serve_max_seq_len(knobs, model_max)),
-            decode_steps=int(config.get("decode_steps") or 4),
-            page_size=int(config.get("page_size") or 64),
-            prefix_cache=bool(config.get("prefix_cache", True)),
-            dtype=precision.compute,
-            weight_dtype=precision.weights,
-            kv_dtype=precision.kv,
-            kernels=kernels_of(config) if same_mesh else str(config.get("kernels") or "auto"),
-            min_prefill_bucket=min(buckets) if buckets else 16,
-            max_prefill_bucket=max(buckets) if buckets else 0,
-            max_waiting=int(config.get("max_waiting") or 256),
-            max_waiting_tokens=int(config.get("max_waiting_tokens") or 262144),
-        )
+def server_shape(
+    config: dict, knobs: Knobs, model: specs.ModelSpec, backend: str | None = None
+) -> ServerShape:
+    """The server the knobs describe: /stats "config" (what runs) with the knobs' server keys
+    (a staged edit) applied. What /stats lacks (no server yet) is as the embedded server will
+    start: max_seq_len for the knobs' lengths, f32 on a CPU backend, else bf16, weights and KV
+    as the compute dtype. The kernels are those that run now (`kernels_running`), unless the
+    mesh moves. ValueError (ConfigError) for a shape the server would refuse."""
+    same_mesh = (knobs.tp, knobs.dp) == (config.get("tp", 1), config.get("dp", 1))
+    runs = {
+        "max_seq_len": config.get("max_seq_len") or serve_max_seq_len(knobs, model.max_seq_len),
+        "dtype": config.get("dtype") or start_dtype(backend),
+        "kernels": kernels_of(config) if same_mesh else config.get("kernels") or "auto",
+    }
+    return knobs.shape(ServerShape.from_json({**config, **runs}, model))
 
 
 @dataclass(frozen=True)
@@ -120,9 +95,9 @@ def start_dtype(backend: str | None) -> str:
     return "f32" if backend in (None, "cpu", "?") else "bf16"
 
 
-def fit_key(model: str, cfg: ServerConfig, knobs: Knobs) -> FitKey:
-    """The fit of the server the knobs describe, precision included."""
-    return FitKey(model, cfg.dtype, knobs.tp, knobs.dp, cfg.kernels, cfg.weight_dtype, cfg.kv_dtype)
+def fit_key(shape: ServerShape) -> FitKey:
+    """The fit of the server `shape` describes, precision included (its `fit_key()`)."""
+    return FitKey(**shape.fit_key())
 
 
 def fit_label(cost: CostModel) -> str:
@@ -141,39 +116,33 @@ def fit_label(cost: CostModel) -> str:
 
 
 def cost_models(
-    model: specs.ModelSpec,
-    hardware: specs.HardwareSpec | None,
-    knobs: Knobs,
-    cfg: ServerConfig,
-    use_fits: str | None,
+    hardware: specs.HardwareSpec | None, knobs: Knobs, shape: ServerShape, use_fits: str | None
 ) -> tuple[CostModel, CostModel, FitChoice]:
-    """(decode, prefill, choice). `use_fits` None looks for this host's fit; otherwise it is why
-    fits do not apply (a what-if spec, a remote server) and the costs are assumed. ValueError
-    when there is neither a fit nor a hardware spec."""
+    """(decode, prefill, choice) for `shape` (the knobs' server). `use_fits` None looks for this
+    host's fit; otherwise it is why fits do not apply (a what-if spec, a remote server) and the
+    costs are assumed. ValueError when there is neither a fit nor a hardware spec."""
     if use_fits is None:
-        path = fit_key(model.name, cfg, knobs).find()
+        path = fit_key(shape).find()
         if path is not None:
             cost = load_fit(path)  # ValueError naming the file when it is not a cost model
             return cost, cost, FitChoice("fit", fit_label(cost), None, path)
-        precision = Precision(cfg.dtype, cfg.weight_dtype, cfg.kv_dtype)
+        precision = shape.precision
         shown = "" if precision.uniform else f" ({precision.label()})"
         why = f"no fit for this configuration{shown} yet"
     else:
         why = use_fits
     if hardware is None:
         raise ValueError(f"no hardware spec to assume costs on ({why})")
-    for dtype in (cfg.dtype, cfg.weight_dtype, cfg.kv_dtype):
-        if dtype not in DTYPE_BYTES:
-            raise ValueError(f"no cost model for dtype {dtype!r}")
+    p, model = shape.precision, shape.model
     devices = host_devices(knobs)
     dispatch = (hardware.extra.get("measured") or {}).get("dispatch_s") or 0.0
     kw = dict(
-        dtype=cfg.dtype,
-        weight_dtype=cfg.weight_dtype,
-        kv_dtype=cfg.kv_dtype,
+        dtype=p.compute,
+        weight_dtype=p.weights,
+        kv_dtype=p.kv,
         efficiency=ASSUMED_EFFICIENCY,
         overhead_s=float(dispatch),
-        kernels=cfg.kernels,
+        kernels=shape.kernels,
         host_devices=devices,
     )
     decode = CostModel.assumed(model, hardware, tp=knobs.tp, dp=knobs.dp, **kw)
@@ -183,25 +152,6 @@ def cost_models(
         prefill = CostModel.assumed(model, hardware, tp=knobs.tp, dp=max(pre // knobs.tp, 1), **kw)
     note = f"expected: assumed efficiencies, {why}"
     return decode, prefill, FitChoice("assumed", "none (assumed efficiencies)", note)
-
-
-def server_shape(knobs: Knobs, cfg: ServerConfig) -> ServerShape:
-    return ServerShape(
-        slots=knobs.slots,
-        max_seq_len=cfg.max_seq_len,
-        decode_steps=cfg.decode_steps,
-        mode=knobs.mode,
-        min_prefill_bucket=cfg.min_prefill_bucket,
-        max_prefill_bucket=cfg.max_prefill_bucket,
-        max_waiting=cfg.max_waiting,
-        max_waiting_tokens=cfg.max_waiting_tokens,
-        page_size=cfg.page_size,
-        prefix_cache=cfg.prefix_cache,
-        max_batched_tokens=knobs.max_batched_tokens,  # the knob the TUI applies
-        intake_s=INTAKE_S,
-        gap_s=HOST_GAP_S,
-        gap_per_row_s=HOST_GAP_PER_ROW_S,
-    )
 
 
 def tui_workload(knobs: Knobs) -> Workload:
@@ -215,11 +165,11 @@ def tui_workload(knobs: Knobs) -> Workload:
     )
 
 
-def tui_load(knobs: Knobs, cfg: ServerConfig, budget: int = TOKEN_CHUNKS) -> Load:
+def tui_load(knobs: Knobs, shape: ServerShape, budget: int = TOKEN_CHUNKS) -> Load:
     """The TUI's load as loadgen sends it: closed loop at the knobs' concurrency (16 waves of
     it), or Poisson arrivals at the knobs' rate; as many requests as `budget` generate-call
     chunks allow, at least 32."""
-    chunks = math.ceil(knobs.output_len / cfg.decode_steps)
+    chunks = math.ceil(knobs.output_len / shape.decode_steps)
     most = max(32, budget // chunks)
     closed = knobs.load != "qps"
     n = max(32, min(16 * knobs.concurrency, 512, most)) if closed else min(100, most)
@@ -234,34 +184,34 @@ def tui_load(knobs: Knobs, cfg: ServerConfig, budget: int = TOKEN_CHUNKS) -> Loa
     )
 
 
-def decode_step_s(cost: CostModel, knobs: Knobs, cfg: ServerConfig) -> float:
+def decode_step_s(cost: CostModel, knobs: Knobs, shape: ServerShape) -> float:
     """A generate call of `decode_steps` steps over every slot row, divided by its steps, at
     the KV bucket the longest request reaches: the decode step when the simulation ran no
     generate call (else its `mean_step_ms`, averaged over its calls as /stats
     `per_token_mean` averages the server's)."""
-    shape = server_shape(knobs, cfg)
-    need = min(knobs.longest + BOS, cfg.max_seq_len)
+    need = min(knobs.longest + BOS, shape.max_seq_len)
     ctx = next((b for b in shape.decode_buckets if b >= need), shape.decode_buckets[-1])
-    return cost.decode_call_s(knobs.slots, ctx, cfg.decode_steps) / cfg.decode_steps
+    return cost.decode_call_s(shape.slots, ctx, shape.decode_steps) / shape.decode_steps
 
 
 def expect(
-    model: specs.ModelSpec,
     hardware: specs.HardwareSpec | None,
     knobs: Knobs,
-    cfg: ServerConfig,
+    shape: ServerShape,
     use_fits: str | None = None,
     budget: int = TOKEN_CHUNKS,
 ) -> Expectation:
-    """Simulate the knobs' load on the server they describe (ValueError: why not)."""
-    decode, prefill, choice = cost_models(model, hardware, knobs, cfg, use_fits)
-    if knobs.longest + BOS > cfg.max_seq_len:
+    """Simulate the knobs' load on the server they describe, `shape` (`server_shape`; ValueError:
+    why not)."""
+    decode, prefill, choice = cost_models(hardware, knobs, shape, use_fits)
+    if knobs.longest + BOS > shape.max_seq_len:
         raise ValueError(
             f"the longest input + output + BOS = {knobs.longest + BOS} ({knobs.lengths_label()}) "
-            f"is past the server's max_seq_len {cfg.max_seq_len}: requests would fail"
+            f"is past the server's max_seq_len {shape.max_seq_len}: requests would fail"
         )
-    load = tui_load(knobs, cfg, budget)
-    result = simulate(server_shape(knobs, cfg), decode, load, prefill)
+    load = tui_load(knobs, shape, budget)
+    host = SimTiming(intake_s=INTAKE_S, gap_s=HOST_GAP_S, gap_per_row_s=HOST_GAP_PER_ROW_S)
+    result = simulate(shape, decode, load, prefill, timing=host)  # as our server's host pays
     s = result.summary
     ms = lambda key: s.get(key)  # noqa: E731 - None when nothing completed
     return Expectation(
@@ -269,7 +219,7 @@ def expect(
         ttft_p99_ms=ms("p99_ttft_ms"),
         tpot_p50_ms=ms("median_tpot_ms"),
         tpot_p99_ms=ms("p99_tpot_ms"),
-        decode_step_ms=s.get("mean_step_ms") or decode_step_s(decode, knobs, cfg) * 1e3,
+        decode_step_ms=s.get("mean_step_ms") or decode_step_s(decode, knobs, shape) * 1e3,
         tok_s=s.get("output_throughput"),
         mean_batch=s.get("mean_running_batch"),
         fit=choice,
@@ -282,22 +232,21 @@ _MEMO: dict[tuple, Expectation | str] = {}
 
 
 def expect_cached(
-    model: specs.ModelSpec,
     hardware: specs.HardwareSpec | None,
     knobs: Knobs,
-    cfg: ServerConfig,
+    shape: ServerShape,
     use_fits: str | None = None,
     generation: int = 0,
     budget: int = TOKEN_CHUNKS,
 ) -> Expectation | str:
     """`expect`, memoized (the render tick asks for the same few every second; `generation`
     changes when a fit is written), or why there is none, in words."""
-    key = (model, repr(hardware), knobs, cfg, use_fits, generation, budget, fits_dir())
+    key = (repr(hardware), knobs, shape, use_fits, generation, budget, fits_dir())
     if key not in _MEMO:
         if len(_MEMO) >= MEMO_ENTRIES:
             _MEMO.clear()
         try:
-            _MEMO[key] = expect(model, hardware, knobs, cfg, use_fits, budget)
+            _MEMO[key] = expect(hardware, knobs, shape, use_fits, budget)
         except (ValueError, KeyError, specs.SpecError) as exc:
             _MEMO[key] = f"no expectation: {exc}"
     return _MEMO[key]

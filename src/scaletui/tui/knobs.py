@@ -2,20 +2,23 @@
 load and prediction settings.
 
 Frozen; edits make a new `Knobs` (`step`/`replace`). `server_changes` is what POST /admin/config
-gets; load and hardware knobs only change the next run and the prediction.
+gets, `shape` the server they describe; load and hardware knobs only change the next run and the
+prediction.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-MODES = ("interleaved", "disaggregated")
+from scaletui.dtypes import STORAGE_DTYPES as PRECISIONS  # the `w`/`k` cycle
+from scaletui.dtypes import Precision
+from scaletui.shape import MAX_SLOTS, MODES, PAGE_SIZES, ServerShape
+
+__all__ = ["Knobs", "Precision", "check_mesh", "next_precision", "step_pow2"]
+
 LOADS = ("concurrency", "qps")
-PRECISIONS = ("f32", "bf16", "int8")  # weight and KV-cache storage dtypes, the `w`/`k` cycle
 SERVER_KEYS = ("slots", "tp", "dp", "mode", "prefill_devices", "weight_dtype", "kv_dtype",
                "page_size", "max_batched_tokens")  # fmt: skip
-PAGE_SIZES = (16, 32, 64, 128)  # the server's
-MAX_SLOTS = 1024
 
 
 @dataclass(frozen=True)
@@ -124,40 +127,17 @@ class Knobs:
         names = {f.name for f in fields(cls)}
         return cls(**{"length_spread": 0.0, **{k: v for k, v in data.items() if k in names}})
 
+    def shape(self, server: ServerShape) -> ServerShape:
+        """The server these knobs describe: `server` (what runs) with the knobs' server keys;
+        a storage dtype the knobs leave "" stays the server's. ConfigError (a ValueError) for
+        a shape the server would refuse."""
+        mine = self.to_dict()
+        return replace(server, **{k: mine[k] for k in SERVER_KEYS if mine[k] != ""})
+
     def with_server(self, config: dict) -> Knobs:
         """These knobs with the server-side keys taken from a /stats "config"."""
         changes = {k: config[k] for k in SERVER_KEYS if k in config}
         return replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class Precision:
-    """What a server computes in and stores, resolved (no "" left): compute, weights, KV."""
-
-    compute: str  # activations: f32 | bf16 (the server's --dtype; not a knob here)
-    weights: str  # f32 | bf16 | int8
-    kv: str  # f32 | bf16 | int8
-
-    @classmethod
-    def of(cls, knobs: Knobs, config: dict, compute: str) -> Precision:
-        """The knobs' storage dtypes, else the server's (its /stats `config`), else `compute`."""
-        weights = knobs.weight_dtype or config.get("weight_dtype") or compute
-        kv = knobs.kv_dtype or config.get("kv_dtype") or compute
-        return cls(compute, str(weights), str(kv))
-
-    @property
-    def uniform(self) -> bool:
-        return self.compute == self.weights == self.kv
-
-    def label(self) -> str:
-        """'f32' when all three agree, else the compute dtype and what differs from it:
-        'f32·w int8·kv bf16'."""
-        parts = [self.compute]
-        if self.weights != self.compute:
-            parts.append(f"w {self.weights}")
-        if self.kv != self.compute:
-            parts.append(f"kv {self.kv}")
-        return "·".join(parts)
 
 
 def next_precision(dtype: str) -> str:

@@ -20,9 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scaletui import specs
+from scaletui.dtypes import DTYPE_BYTES
 from scaletui.tui.knobs import Knobs
-
-DTYPE_BYTES = {"f32": 4, "bf16": 2, "fp8": 1, "int8": 1}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from scaletui import specs
+from scaletui.dtypes import Precision
 from scaletui.records import (
     LoadSummary,
     LoadWindow,
@@ -22,15 +23,16 @@ from scaletui.records import (
     StatsSnapshot,
     number,
 )
+from scaletui.shape import ServerShape
 from scaletui.tui.expect import (
     TOKEN_CHUNKS,
     Expectation,
-    ServerConfig,
     expect_cached,
+    server_shape,
     start_dtype,
     sweep_grid,
 )
-from scaletui.tui.knobs import Knobs, Precision
+from scaletui.tui.knobs import Knobs
 from scaletui.tui.predict import Prediction, model_spec_from, pick_hardware, predict_cached
 
 HISTORY = 300  # samples kept per series (5 min at 1 Hz)
@@ -347,11 +349,13 @@ class SessionState:
         compute = str(config.get("dtype") or start_dtype(self.stats.raw.get("backend")))
         return Precision.of(knobs or self.knobs, config, compute)
 
-    def server_config(self, knobs: Knobs | None = None) -> ServerConfig:
-        """The server settings beyond the knobs (/stats "config"; defaults before it says)."""
-        model_max = self.spec.max_seq_len if self.spec else None
+    def server_shape(self, knobs: Knobs | None = None) -> ServerShape:
+        """The server `knobs` describe (default: what is shown): /stats "config" with the knobs'
+        server keys (defaults before /stats says); ValueError naming what it cannot be."""
+        if self.spec is None:
+            raise ValueError("no model spec yet")
         backend = self.stats.raw.get("backend")
-        return ServerConfig.from_stats(self.stats.config, knobs or self.knobs, model_max, backend)
+        return server_shape(self.stats.config, knobs or self.knobs, self.spec, backend)
 
     def _fit_scope(self) -> str | None:
         """None when this host's fits apply to the server, else why not (then costs are
@@ -372,14 +376,13 @@ class SessionState:
         if self.spec is None:
             return f"no expectation: {self.spec_error or 'no model spec yet'}"
         try:
-            config = self.server_config(knobs)
-        except (TypeError, ValueError) as exc:  # another server's /stats config
+            shape = self.server_shape(knobs)
+        except (TypeError, ValueError) as exc:  # another server's /stats config, or a bad edit
             return f"no expectation: cannot read the server's config: {exc}"
         return expect_cached(
-            self.spec,
             self.hardware.spec,
             knobs,
-            config,
+            shape,
             self._fit_scope(),
             self.fit_generation,
             budget,
