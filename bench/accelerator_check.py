@@ -56,7 +56,7 @@ def main() -> int:
         except Exception:
             failed.append(mod.name)
             print(f"import {mod.name} failed:\n{traceback.format_exc()}")
-    from scaletui.serve import native
+    from scaletui.serve.engine import native
 
     print(f"native CPU kernels: {native.unavailable_reason() or 'built and registered'}")
     print(f"imports: {'failed: ' + ', '.join(failed) if failed else 'all ok'}")

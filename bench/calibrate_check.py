@@ -91,7 +91,7 @@ def engine_read_bw(
     from scaletui.calibrate import ReadStream
     from scaletui.engine_fit import Grid, measure
     from scaletui.roofline import costs
-    from scaletui.serve import weights
+    from scaletui.serve.weights import weights
     from scaletui.shape import ServerShape
     from scaletui.specs import load_model
 

@@ -8,7 +8,7 @@ FLOP/s and efficiency = predicted / measured; then prefill time vs prediction fo
 lengths. `--json` prints one JSON object instead.
 
 The engine runs with `--kernels` (default auto, as the server does: the native CPU kernels of
-`serve/native` where they build; on GPU/TPU decode attention on JAX's Pallas paged-attention
+`serve/engine/native` where they build; on GPU/TPU decode attention on JAX's Pallas paged-attention
 kernels). When that is native or pallas, the same step is also timed on XLA's own ops in the
 same run (`xla`, and the speedup `x`; `--baseline-batches` only at those batches,
 `--no-baseline` never). `--weight-dtype` and
@@ -45,12 +45,12 @@ from jax import lax
 from scaletui import roofline
 from scaletui.dtypes import DTYPES, STORAGE_DTYPES
 from scaletui.roofline.costmodel import DTYPE_BYTES, kv_token_bytes
-from scaletui.serve import model as llama
-from scaletui.serve import quant
-from scaletui.serve.build import build_engines
-from scaletui.serve.engine_api import SamplingParams
-from scaletui.serve.paging import fixed_table
-from scaletui.serve.weights import dummy_params, layer_shapes
+from scaletui.serve.engine import model as llama
+from scaletui.serve.engine.build import build_engines
+from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.scheduling.paging import fixed_table
+from scaletui.serve.weights import quant
+from scaletui.serve.weights.weights import dummy_params, layer_shapes
 from scaletui.shape import KERNELS, ConfigError, ServerShape
 from scaletui.specs import HardwareSpec, SpecError, load_hardware, load_model
 

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     import ml_dtypes
     import numpy as np
 
-    from scaletui.serve import native, quant
+    from scaletui.serve.engine import native
+    from scaletui.serve.weights import quant
 
     if not native.available():
         print(f"dense_kernels: no native kernels here: {native.unavailable_reason()}")

@@ -46,7 +46,8 @@ from _smoke import shrink  # noqa: E402
 
 from scaletui import engine_fit  # noqa: E402
 from scaletui.roofline.costfit import fit  # noqa: E402
-from scaletui.roofline.costmodel import CostModel, PrefillSample  # noqa: E402
+from scaletui.roofline.costmodel import CostModel  # noqa: E402
+from scaletui.roofline.samples import PrefillSample  # noqa: E402
 from scaletui.specs import HardwareSpec, ModelSpec, SpecError, load_hardware, load_model  # noqa: E402
 
 # -- what is judged ------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ def precision(args, tp: int) -> dict:
     times slower than its f32 ones, and slower at 1 row than at 2)."""
     dtype = args.dtype
     if dtype == "auto":
-        from scaletui.serve.build import default_compute_dtype
+        from scaletui.serve.engine.build import default_compute_dtype
 
         dtype = default_compute_dtype(args.kernels, tp, weight_dtype=args.weight_dtype or None,
                                       kv_dtype=args.kv_dtype or None)  # fmt: skip
@@ -360,7 +361,7 @@ def _on_term(*_: object) -> None:
 
 
 def _simulate(fit_file: Path, server: list[str], workload: list[str]) -> dict:
-    from scaletui import simulate_cli
+    from scaletui.commands import simulate as simulate_cli
 
     sim_args = simulate_cli.build_parser().parse_args(["--fit", str(fit_file), *server, *workload])
     result, _, _ = simulate_cli.run(sim_args)

@@ -23,12 +23,12 @@ import numpy as np
 import orjson
 from _smoke import shrink
 
-from scaletui.serve import model as llama
-from scaletui.serve.build import build_engines
-from scaletui.serve.engine_api import SamplingParams
-from scaletui.serve.paging import fixed_table
-from scaletui.serve.tokenizer import load_tokenizer
-from scaletui.serve.weights import dummy_params
+from scaletui.serve.engine import model as llama
+from scaletui.serve.engine.build import build_engines
+from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.http.tokenizer import load_tokenizer
+from scaletui.serve.scheduling.paging import fixed_table
+from scaletui.serve.weights.weights import dummy_params
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 

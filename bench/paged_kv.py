@@ -38,12 +38,12 @@ import orjson  # noqa: E402
 from _smoke import shrink  # noqa: E402
 
 from scaletui.loadgen import cli as loadgen_cli  # noqa: E402
-from scaletui.serve import memory  # noqa: E402
-from scaletui.serve.api import ApiSettings, create_app  # noqa: E402
-from scaletui.serve.build import JaxEngineFactory  # noqa: E402
-from scaletui.serve.scheduler import Scheduler  # noqa: E402
-from scaletui.serve.testing import serve_in_thread  # noqa: E402
-from scaletui.serve.tokenizer import load_tokenizer  # noqa: E402
+from scaletui.serve.engine import memory  # noqa: E402
+from scaletui.serve.engine.build import JaxEngineFactory  # noqa: E402
+from scaletui.serve.http.api import ApiSettings, create_app  # noqa: E402
+from scaletui.serve.http.testing import serve_in_thread  # noqa: E402
+from scaletui.serve.http.tokenizer import load_tokenizer  # noqa: E402
+from scaletui.serve.scheduling.scheduler import Scheduler  # noqa: E402
 from scaletui.shape import ServerShape  # noqa: E402
 from scaletui.specs import load_model  # noqa: E402
 

@@ -54,7 +54,7 @@ def tiny_seed() -> int:
 @pytest.fixture(scope="session")
 def tiny():
     """The `tiny` model spec and its seeded dummy weights (TINY_SEED)."""
-    from scaletui.serve import weights
+    from scaletui.serve.weights import weights
     from scaletui.specs import load_model
 
     m = load_model("tiny")
@@ -69,7 +69,8 @@ def greedy_reference():
     import jax.numpy as jnp
     import numpy as np
 
-    from scaletui.serve import model, weights
+    from scaletui.serve.engine import model
+    from scaletui.serve.weights import weights
 
     forwards = {}
 

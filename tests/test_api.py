@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scaletui.serve.api import ApiSettings
-from scaletui.serve.testing import fake_server, sse
+from scaletui.serve.http.api import ApiSettings
+from scaletui.serve.http.testing import fake_server, sse
 
 
 async def test_completion_text_and_usage() -> None:
@@ -164,8 +164,8 @@ async def test_input_the_engine_refuses_fails_that_request_only() -> None:
 
 
 def test_huge_top_k_means_off_and_packs_into_the_engine_int32() -> None:
-    from scaletui.serve.kv_cache import pack_insert_args
-    from scaletui.serve.validate import generation
+    from scaletui.serve.engine.kv_cache import pack_insert_args
+    from scaletui.serve.http.validate import generation
 
     params = generation({"top_k": 10**12}, [1, 2], 128, chat=False).params
     assert params.top_k == 2**31 - 1
@@ -174,8 +174,8 @@ def test_huge_top_k_means_off_and_packs_into_the_engine_int32() -> None:
 
 
 def test_text_stream_keeps_only_the_unsent_tail_and_cuts_at_a_stop_string() -> None:
-    from scaletui.serve.streaming import TextStream
-    from scaletui.serve.tokenizer import load_tokenizer
+    from scaletui.serve.http.streaming import TextStream
+    from scaletui.serve.http.tokenizer import load_tokenizer
 
     tok = load_tokenizer(None, 512)
     text = TextStream(tok, ("STOP", "xyz"))

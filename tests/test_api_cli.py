@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.request
 
-from scaletui.serve.cli import main
+from scaletui.commands.serve import main
 
 
 def test_serve_process_answers_logs_and_stops_on_sigterm() -> None:

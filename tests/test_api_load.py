@@ -7,8 +7,8 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from scaletui.serve.api import ApiSettings
-from scaletui.serve.testing import fake_server, sse
+from scaletui.serve.http.api import ApiSettings
+from scaletui.serve.http.testing import fake_server, sse
 
 
 def stream_body(prompt: list[int], max_tokens: int) -> dict:

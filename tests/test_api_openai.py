@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from openai import OpenAI
 
-from scaletui.serve.api import ApiSettings, create_app
-from scaletui.serve.build import JaxEngineFactory
-from scaletui.serve.scheduler import Scheduler
-from scaletui.serve.testing import serve_in_thread
-from scaletui.serve.tokenizer import load_tokenizer
+from scaletui.serve.engine.build import JaxEngineFactory
+from scaletui.serve.http.api import ApiSettings, create_app
+from scaletui.serve.http.testing import serve_in_thread
+from scaletui.serve.http.tokenizer import load_tokenizer
+from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 

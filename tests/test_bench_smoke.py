@@ -93,8 +93,8 @@ def test_the_weights_only_floor_runs_on_every_op_set(tiny):
 
     import jax
 
-    from scaletui.serve import native
-    from scaletui.serve.build import build_engines
+    from scaletui.serve.engine import native
+    from scaletui.serve.engine.build import build_engines
     from scaletui.shape import ServerShape
 
     m, params = tiny
@@ -116,7 +116,7 @@ def test_greedy_check(smoke):
 
 
 def test_dense_kernels(smoke):
-    from scaletui.serve import native
+    from scaletui.serve.engine import native
 
     if not native.available():
         pytest.skip(f"no native kernels here: {native.unavailable_reason()}")

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from scaletui import cli
-from scaletui.serve.native import toolchain
+from scaletui.commands import build_kernels
+from scaletui.serve.engine.native import toolchain
 
 COMPILING = "compiling native CPU kernels"
 
@@ -58,10 +59,10 @@ def test_build_kernels_compiles_once_then_hits_the_cache(cache, caplog, capsys):
 
 def test_force_rebuilds(cache, caplog, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", _fake_compiler(tmp_path))
-    assert toolchain.main([]) == 0
-    assert toolchain.main([]) == 0
+    assert build_kernels.main([]) == 0
+    assert build_kernels.main([]) == 0
     assert _compiling_lines(caplog) == 1
-    assert toolchain.main(["--force"]) == 0
+    assert build_kernels.main(["--force"]) == 0
     assert _compiling_lines(caplog) == 2
     assert "built in" in capsys.readouterr().out.split("cache:")[-1]
 
@@ -69,7 +70,7 @@ def test_force_rebuilds(cache, caplog, capsys, monkeypatch, tmp_path):
 def test_failing_compiler_exits_1_with_its_last_lines(cache, capsys, monkeypatch, tmp_path):
     body = 'echo "kernels.cc:1:1: error: the first" >&2; echo "the last error line" >&2; exit 3'
     monkeypatch.setenv("CXX", _fake_compiler(tmp_path, body))
-    assert toolchain.main([]) == 1
+    assert build_kernels.main([]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("scaletui build-kernels: error: compiling kernels.cc failed")
     assert "exit 3" in err[0] and err[-1] == "the last error line"
@@ -78,7 +79,7 @@ def test_failing_compiler_exits_1_with_its_last_lines(cache, capsys, monkeypatch
 
 def test_no_compiler_is_one_line(cache, capsys, monkeypatch):
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    assert toolchain.main([]) == 1
+    assert build_kernels.main([]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["scaletui build-kernels: error: no C++ compiler: $CXX='/nonexistent/c++' "
                    "is not an executable"]  # fmt: skip

@@ -13,8 +13,9 @@ import yaml
 
 from scaletui import calibrate as cal
 from scaletui import roofline
-from scaletui.calibrate import Sizes, main, read, timing
-from scaletui.serve import native
+from scaletui.calibrate import Sizes, read, timing
+from scaletui.commands.calibrate import main
+from scaletui.serve.engine import native
 from scaletui.specs import load_hardware, load_model, local_hardware_path
 
 GiB = 1 << 30

@@ -57,7 +57,7 @@ def test_no_compiler_on_cpu_is_a_warning_naming_it(fake_cxx, monkeypatch, capsys
 
 
 def test_no_jax_backend_exits_1_naming_it(fake_cxx, monkeypatch, capsys):
-    from scaletui import doctor
+    from scaletui.commands import doctor
 
     monkeypatch.setattr(doctor, "_jax", lambda: {"backend": None, "error": "no devices"})
     f = doctor.facts()

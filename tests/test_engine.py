@@ -6,10 +6,10 @@ import jax
 import numpy as np
 import pytest
 
-from scaletui.serve import weights
-from scaletui.serve.build import build_engines
-from scaletui.serve.engine_api import SamplingParams
-from scaletui.serve.paging import fixed_table
+from scaletui.serve.engine.build import build_engines
+from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.scheduling.paging import fixed_table
+from scaletui.serve.weights import weights
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 

@@ -53,7 +53,7 @@ def test_a_prompt_keeps_every_timed_call_inside_its_kv_bucket():
 def test_calibrate_model_fits_tiny_and_stores_it_where_find_fit_looks(capsys):
     argv = ["--model", "tiny", "--slots", "4", "--max-seq-len", "64", "--decode-steps", "2",
             "--quick"]  # fmt: skip
-    from scaletui.serve.build import default_compute_dtype
+    from scaletui.serve.engine.build import default_compute_dtype
 
     assert engine_fit.main(argv) == 0
     # without --dtype, the precision `scaletui serve` would start with on this host
@@ -83,8 +83,9 @@ def test_calibrate_model_precision_flags_reach_the_engines_the_base_and_the_file
 
     from scaletui.dtypes import Precision
     from scaletui.roofline import costfit
-    from scaletui.roofline.costmodel import DecodeSample
-    from scaletui.serve import build, quant
+    from scaletui.roofline.samples import DecodeSample
+    from scaletui.serve.engine import build
+    from scaletui.serve.weights import quant
 
     seen = {}
 
@@ -130,8 +131,8 @@ def test_the_fit_times_prefill_the_way_the_interleaved_server_runs_it(monkeypatc
     prefill that only a disaggregated server runs: the two differ by 10-35 % on CPU."""
     import jax
 
-    from scaletui.serve.build import build_engines
-    from scaletui.serve.engine_api import SamplingParams
+    from scaletui.serve.engine.build import build_engines
+    from scaletui.serve.engine.engine_api import SamplingParams
 
     config = ServerShape(load_model("tiny"), slots=2, max_seq_len=128)
     eng, _ = build_engines(config, jax.devices()[:1])
@@ -151,7 +152,7 @@ def test_fit_engine_records_the_kernels_auto_resolved_to():
     import jax
 
     from scaletui.roofline.costmodel import CostModel
-    from scaletui.serve.build import plan_engines
+    from scaletui.serve.engine.build import plan_engines
     from scaletui.specs import load_hardware
 
     model = load_model("tiny")

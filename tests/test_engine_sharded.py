@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from scaletui.serve.build import build_engines
-from scaletui.serve.testing import greedy_tokens
+from scaletui.serve.engine.build import build_engines
+from scaletui.serve.http.testing import greedy_tokens
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 

@@ -136,7 +136,7 @@ def test_quick_fills_what_the_command_line_leaves_out(fidelity):
 
 
 def test_dtype_auto_is_what_the_server_picks_at_each_tp(fidelity):
-    from scaletui.serve.build import default_compute_dtype
+    from scaletui.serve.engine.build import default_compute_dtype
 
     args = fidelity.parse([])
     assert args.dtype == "auto"

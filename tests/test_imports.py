@@ -98,8 +98,12 @@ def test_no_import_cycle_in_src():
 def test_layers_import_only_what_they_may():
     """specs and the shared records/procs/latency/xla_env modules import nothing of ours;
     policy nothing, pages only policy; roofline only specs, latency, shape, policy and pages;
-    loadgen only itself and the shared modules; tui never serve (HTTP only)."""
+    loadgen only itself and the shared modules; tui never serve (HTTP only); serve's layers one
+    way, http -> scheduling -> engine -> weights (scheduling sees the engine only through its
+    protocol, engine_api); calibrate only the kernels' build; and only the `scaletui` dispatcher
+    imports the commands layer (no library imports a verb)."""
     shared = {"scaletui.records", "scaletui.procs", "scaletui.latency", "scaletui.xla_env"}
+    serve_base = {"scaletui.specs", "scaletui.dtypes", "scaletui.shape"}
     allowed = {
         "scaletui.specs": set(),
         "scaletui.records": set(),
@@ -110,6 +114,7 @@ def test_layers_import_only_what_they_may():
         "scaletui.pages": {"scaletui.policy"},
         "scaletui.dtypes": set(),
         "scaletui.shape": {"scaletui.specs", "scaletui.dtypes"},
+        "scaletui.shape_flags": {"scaletui.shape", "scaletui.dtypes"},
         "scaletui.roofline": {
             "scaletui.specs",
             "scaletui.latency",
@@ -127,9 +132,27 @@ def test_layers_import_only_what_they_may():
             "scaletui.loadgen",
             *shared,
         },
+        "scaletui.serve.weights": serve_base,
+        "scaletui.serve.engine": {*serve_base, "scaletui.serve.weights", "scaletui.roofline"},
+        "scaletui.serve.scheduling": {
+            *serve_base,
+            "scaletui.serve.engine.engine_api",
+            "scaletui.policy",
+            "scaletui.pages",
+        },
+        "scaletui.serve.http": {
+            *serve_base,
+            "scaletui.serve.scheduling",
+            "scaletui.serve.engine",
+            "scaletui.procs",
+        },
+        "scaletui.calibrate": {*serve_base, "scaletui.serve.engine.native"},
     }
+    verbs = {"scaletui.cli", "scaletui.__main__"}
     wrong = []
     for mod, deps in import_graph().items():
+        if mod not in verbs and not mod.startswith("scaletui.commands"):
+            wrong += [f"{mod} -> {d}" for d in deps if d.startswith("scaletui.commands")]
         layer = next((k for k in allowed if mod == k or mod.startswith(k + ".")), None)
         if layer is None:
             continue
@@ -149,8 +172,9 @@ def test_simulate_and_roofline_import_no_jax():
 
     code = (
         "import contextlib, sys\n"
-        "from scaletui import shape, simulate_cli\n"
-        "from scaletui.roofline import cli as roofline_cli\n"
+        "from scaletui import shape\n"
+        "from scaletui.commands import simulate as simulate_cli\n"
+        "from scaletui.commands import roofline as roofline_cli\n"
         "for main in (simulate_cli.main, roofline_cli.main):\n"
         "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(None):\n"
         "        main(['--help'])\n"

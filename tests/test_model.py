@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scaletui.serve import kv_cache, model, weights
+from scaletui.serve.engine import kv_cache, model
+from scaletui.serve.weights import weights
 from scaletui.specs import load_model
 
 pytestmark = pytest.mark.slow  # JAX forward passes and engines (README: the fast subset)

@@ -1,4 +1,5 @@
-"""Native CPU kernels (serve/native): each against numpy, and the model/engine paths they swap."""
+"""Native CPU kernels (serve/engine/native): each against numpy, and the model/engine paths they
+swap."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from scaletui.serve import model, native, quant
-from scaletui.serve import weights as weights_mod
-from scaletui.serve.build import build_engines
-from scaletui.serve.engine_api import SamplingParams
-from scaletui.serve.native import toolchain
-from scaletui.serve.paging import fixed_table
+from scaletui.serve.engine import model, native
+from scaletui.serve.engine.build import build_engines
+from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.engine.native import toolchain
+from scaletui.serve.scheduling.paging import fixed_table
+from scaletui.serve.weights import quant
+from scaletui.serve.weights import weights as weights_mod
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
@@ -380,7 +382,7 @@ def test_native_refused_where_it_cannot_run(monkeypatch, greedy_reference):
 
 
 def test_reconfigure_validation_refuses_native_where_it_cannot_run():
-    from scaletui.serve.build import JaxEngineFactory
+    from scaletui.serve.engine.build import JaxEngineFactory
 
     m = load_model("tiny")
     validate = JaxEngineFactory(m.vocab_size).check
@@ -504,7 +506,7 @@ def test_dense_kernels_bench_runs_every_layout_the_cpu_has(capsys):
 
 @needs_kernels
 def test_bf16_compute_without_bf16_pairs_says_it_widens(monkeypatch):
-    from scaletui.serve.build import plan_engines
+    from scaletui.serve.engine.build import plan_engines
 
     tiny = load_model("tiny")
     cfg = ServerShape(model=tiny, slots=2, max_seq_len=64, dtype="bf16", kernels="native")
@@ -521,7 +523,7 @@ def test_bf16_compute_without_bf16_pairs_says_it_widens(monkeypatch):
 def test_bf16_on_xlas_cpu_ops_says_f32_is_faster(caplog):
     """bf16 compute where XLA's ops run on a CPU (kernels xla, or sharded) is in the plan's note
     (/stats kernels_note) and the server's log; f32 there, and bf16 on the native kernels, not."""
-    from scaletui.serve.build import XLA_CPU_BF16, build_engines, plan_engines
+    from scaletui.serve.engine.build import XLA_CPU_BF16, build_engines, plan_engines
 
     tiny = load_model("tiny")
     cfg = ServerShape(model=tiny, slots=2, max_seq_len=64, dtype="bf16", kernels="xla")

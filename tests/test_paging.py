@@ -12,11 +12,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from scaletui.serve.engine_api import SamplingParams
-from scaletui.serve.events import Request, TooLong
-from scaletui.serve.fake_engine import FakeEngine, FakeEngineFactory
-from scaletui.serve.paging import PageTables, fixed_table
-from scaletui.serve.scheduler import Scheduler
+from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.engine.fake_engine import FakeEngine, FakeEngineFactory
+from scaletui.serve.scheduling.events import Request, TooLong
+from scaletui.serve.scheduling.paging import PageTables, fixed_table
+from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import load_model
 from tests.test_scheduler import collect, request
@@ -136,7 +136,7 @@ async def _one(sched: Scheduler, req) -> tuple[list[int], str]:
 
 
 def test_resume_input_carries_the_output_and_lowers_the_limits() -> None:
-    from scaletui.serve.events import resume_input
+    from scaletui.serve.scheduling.events import resume_input
 
     req = Request([1, 2], SamplingParams(max_tokens=10, min_tokens=4, seed=3), None)
     assert resume_input(req) == ([1, 2], req.params)
@@ -168,7 +168,7 @@ async def serve_real(waves: list, slots: int, **config) -> tuple[list[list[int]]
     """The real tiny engine (pages of 16, max_seq_len 128, 4 decode steps) serving `waves` of
     requests one wave after the other; every request's tokens (each must end at its length)
     and the settled page counts."""
-    from scaletui.serve.build import JaxEngineFactory
+    from scaletui.serve.engine.build import JaxEngineFactory
 
     cfg = ServerShape(load_model("tiny"), slots=slots, max_seq_len=128, page_size=16,
                       decode_steps=4, **config)  # fmt: skip

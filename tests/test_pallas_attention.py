@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from scaletui.serve import kv_cache, model, pallas_attention, sharding
-from scaletui.serve.build import plan_engines
+from scaletui.serve.engine import kv_cache, model, pallas_attention
+from scaletui.serve.engine.build import plan_engines
+from scaletui.serve.weights import sharding
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 

@@ -11,9 +11,10 @@ import pytest
 from scaletui import policy
 from scaletui.policy import Grow, Preempt, Seq, StepPlan
 from scaletui.roofline.costmodel import CostModel
-from scaletui.roofline.simulate import Load, simulate
-from scaletui.serve.fake_engine import FakeEngineFactory
-from scaletui.serve.scheduler import Scheduler
+from scaletui.roofline.simrecords import Load
+from scaletui.roofline.simulate import simulate
+from scaletui.serve.engine.fake_engine import FakeEngineFactory
+from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 from tests.test_scheduler import collect, request

@@ -16,15 +16,16 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from jax.sharding import PartitionSpec as P
 
+from scaletui.commands.serve import main
 from scaletui.dtypes import Precision
-from scaletui.serve import kv_cache, memory, model, native, quant, weights
-from scaletui.serve.api import ApiSettings, create_app
-from scaletui.serve.build import JaxEngineFactory, build_engines
-from scaletui.serve.cli import main
-from scaletui.serve.engine_api import SamplingParams
-from scaletui.serve.scheduler import Scheduler
-from scaletui.serve.testing import greedy_tokens
-from scaletui.serve.tokenizer import load_tokenizer
+from scaletui.serve.engine import kv_cache, memory, model, native
+from scaletui.serve.engine.build import JaxEngineFactory, build_engines
+from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.http.api import ApiSettings, create_app
+from scaletui.serve.http.testing import greedy_tokens
+from scaletui.serve.http.tokenizer import load_tokenizer
+from scaletui.serve.scheduling.scheduler import Scheduler
+from scaletui.serve.weights import quant, weights
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import load_model
 
@@ -98,7 +99,7 @@ def test_native_kernels_take_every_precision() -> None:
 def test_cpu_default_dtype_is_bf16_only_where_the_native_pairs_kernel_runs(monkeypatch) -> None:
     import argparse
 
-    from scaletui.serve.cli import default_dtype
+    from scaletui.commands.serve import default_dtype
 
     def args(**kw) -> argparse.Namespace:
         base = {"fake": False, "weight_dtype": None, "kv_dtype": None, "kernels": "auto"}

@@ -12,7 +12,7 @@ import pytest
 
 from scaletui import roofline as rl
 from scaletui.cli import main as scaletui_main
-from scaletui.roofline.cli import main as roofline_main
+from scaletui.commands.roofline import main as roofline_main
 from scaletui.specs import HardwareSpec, load_hardware, load_model
 
 CONTRACT_KEYS = [
@@ -154,7 +154,7 @@ def test_cli_requires_model_and_hardware(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_roofline_cli_does_not_import_jax() -> None:
     code = (
-        "import sys; from scaletui.roofline.cli import main; "
+        "import sys; from scaletui.commands.roofline import main; "
         "main(['--model','tiny','--hardware','h100','--json']); "
         "assert 'jax' not in sys.modules, 'jax imported'"
     )

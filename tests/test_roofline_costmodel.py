@@ -207,7 +207,7 @@ def test_a_native_fit_is_stale_once_the_kernels_source_changes(private_config):
 
 
 def test_roofline_cli_prints_the_expectation_beside_the_floor(tmp_path, capsys):
-    from scaletui.roofline.cli import main
+    from scaletui.commands.roofline import main
 
     cost = rl.CostModel.assumed(load_model("small"), load_hardware("h200"), efficiency=0.5)
     path = fitstore.save_fit(cost, tmp_path / "fit.yaml")

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletui.serve import sampling
+from scaletui.serve.engine import sampling
 
 B, V = 64, 50
 

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from scaletui.serve.engine_api import SamplingParams
-from scaletui.serve.events import Failed, Overloaded, Request, Unavailable
-from scaletui.serve.fake_engine import FakeEngine, FakeEngineFactory
-from scaletui.serve.scheduler import Scheduler
+from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.engine.fake_engine import FakeEngine, FakeEngineFactory
+from scaletui.serve.scheduling.events import Failed, Overloaded, Request, Unavailable
+from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 

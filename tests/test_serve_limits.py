@@ -11,15 +11,15 @@ import time
 
 import pytest
 
-from scaletui.serve.api import ApiSettings, create_app
-from scaletui.serve.cli import main
-from scaletui.serve.connections import quiet_accept_errors, raise_fd_limit
-from scaletui.serve.fake_engine import FakeEngineFactory
-from scaletui.serve.memory import Capacity, check_fits, footprint
-from scaletui.serve.scheduler import Scheduler
-from scaletui.serve.streaming import TextStream
-from scaletui.serve.testing import fake_server, serve_in_thread
-from scaletui.serve.tokenizer import load_tokenizer
+from scaletui.commands.serve import main
+from scaletui.serve.engine.fake_engine import FakeEngineFactory
+from scaletui.serve.engine.memory import Capacity, check_fits, footprint
+from scaletui.serve.http.api import ApiSettings, create_app
+from scaletui.serve.http.connections import quiet_accept_errors, raise_fd_limit
+from scaletui.serve.http.streaming import TextStream
+from scaletui.serve.http.testing import fake_server, serve_in_thread
+from scaletui.serve.http.tokenizer import load_tokenizer
+from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import load_model
 
@@ -352,7 +352,7 @@ def test_startup_config_errors_exit_2_with_one_line(flags, line, capsys) -> None
 
 
 def test_more_virtual_devices_than_cores_is_warned_with_the_fix(monkeypatch, caplog):
-    from scaletui.serve import cli as serve_cli
+    from scaletui.commands import serve as serve_cli
 
     monkeypatch.setattr(serve_cli.os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
     with caplog.at_level(logging.WARNING, logger="scaletui.serve"):

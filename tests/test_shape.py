@@ -8,7 +8,8 @@ import argparse
 import pytest
 
 from scaletui.dtypes import DTYPE_BYTES, Precision, default_compute_dtype
-from scaletui.shape import ConfigError, ServerShape, add_flags, pow2_buckets
+from scaletui.shape import ConfigError, ServerShape, pow2_buckets
+from scaletui.shape_flags import add_flags
 from scaletui.specs import load_model
 
 TINY, SMALL = load_model("tiny"), load_model("small")
@@ -115,8 +116,9 @@ def test_the_default_compute_dtype_rule():
 def test_serve_simulate_and_calibrate_read_the_same_flags():
     """`scaletui serve`'s argv for a shape parses back to it in serve itself; simulate and
     calibrate take the same flags for what they model (not the weights, tokenizer, queue)."""
-    from scaletui import engine_fit, simulate_cli
-    from scaletui.serve.cli import parser
+    from scaletui import engine_fit
+    from scaletui.commands import simulate as simulate_cli
+    from scaletui.commands.serve import parser
 
     shape = SHAPES[1]
     argv = shape.to_flags()
@@ -133,3 +135,21 @@ def test_serve_simulate_and_calibrate_read_the_same_flags():
         got = ServerShape.from_args(args, ("weights", "tokenizer", "seed", "max_waiting",
                                            "max_waiting_tokens"))  # fmt: skip
         assert got.fit_key() == shape.fit_key() and got.slots == shape.slots
+
+
+def test_part_of_a_shape_is_checked_by_the_same_rules():
+    """`check` runs each rule whose fields it is given (the TUI's knobs check theirs by it), and
+    `to_flags(keys)` spells those fields alone, in field order."""
+    from scaletui.shape import check
+
+    check({"slots": 8, "dp": 2, "weight_dtype": "f32"})  # no dtype: the width rule waits
+    with pytest.raises(ConfigError, match="use slots 8") as info:
+        check({"slots": 6, "dp": 4})
+    assert info.value.key == "slots"
+    with pytest.raises(ConfigError, match="kv_dtype=f32 is wider"):
+        check({"dtype": "bf16", "weight_dtype": "", "kv_dtype": "f32"})
+    shape = SHAPES[1]
+    assert shape.to_flags(("kv_dtype", "slots", "model")) == [
+        "--model", "small", "--slots", "6", "--kv-dtype", "bf16",
+    ]  # fmt: skip
+    assert SHAPES[0].to_flags(("weight_dtype", "prefix_cache")) == []  # unset, default

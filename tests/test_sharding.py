@@ -6,7 +6,7 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from scaletui.serve import sharding
+from scaletui.serve.weights import sharding
 from scaletui.specs import load_model
 
 

@@ -11,12 +11,13 @@ import orjson
 import pytest
 import yaml
 
+from scaletui.commands.simulate import main as simulate_main
 from scaletui.loadgen.workload import Lengths, Workload, iter_requests
 from scaletui.roofline import fitstore
 from scaletui.roofline.costmodel import CostModel
-from scaletui.roofline.simulate import Load, SimTiming, simulate
+from scaletui.roofline.simrecords import Load, SimTiming
+from scaletui.roofline.simulate import simulate
 from scaletui.shape import ServerShape, pow2_buckets
-from scaletui.simulate_cli import main as simulate_main
 from scaletui.specs import load_hardware, load_model, local_hardware_path
 
 SMALL = load_model("small")
@@ -419,7 +420,7 @@ def test_simulate_cli_on_a_local_cpu_defaults_to_the_servers_dtype(capsys, monke
     /proc/cpuinfo says: no JAX)."""
     from fake_specs import CPU
 
-    from scaletui import simulate_cli
+    from scaletui.commands import simulate as simulate_cli
 
     spec = {k: v for k, v in dataclasses.asdict(CPU).items() if k != "extra"}
     local_hardware_path().parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from scaletui.serve.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from scaletui.serve.http.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 TEXTS = ["hello", "héllo wörld", "日本語のテキスト", "emoji 🙂🚀 mixed ascii", "a\nb\tc"]
 

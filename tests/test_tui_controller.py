@@ -267,6 +267,20 @@ def test_the_embedded_server_starts_at_the_knobs_precision():
     assert cmd.count("--weight-dtype") == 1 and cmd[-1] == "bf16"
 
 
+def test_the_embedded_server_starts_in_the_knobs_shape():
+    """A restart starts the server in the shape last applied, every server knob included, as
+    `scaletui serve` parses it back; a flag the user passed wins over the knob's."""
+    from scaletui.commands.serve import parser
+    from scaletui.shape import ServerShape
+
+    knobs = Knobs(slots=4, dp=2, page_size=32, max_batched_tokens=128, kv_dtype="int8")
+    cmd = host.serve_command("py", "tiny", 8000, knobs, 0, ["--slots", "2"])
+    shape = ServerShape.from_args(parser().parse_args(cmd[4:]))
+    assert (shape.slots, shape.dp, shape.page_size) == (2, 2, 32)
+    assert (shape.max_batched_tokens, shape.kv_dtype, shape.max_seq_len) == (128, "int8", 256)
+    assert cmd.count("--slots") == 1
+
+
 async def test_f32_storage_on_a_bf16_server_asks_for_f32_compute_too(tmp_path):
     """`w`/`k` to f32 on a server computing in bf16 (the CPU default where the native kernels
     multiply bf16 pairs) would be refused as storage wider than compute."""

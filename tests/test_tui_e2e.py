@@ -15,7 +15,7 @@ from rich.console import Console
 
 from scaletui import specs
 from scaletui.procs import group_alive
-from scaletui.serve import native
+from scaletui.serve.engine import native
 from scaletui.tui.controller import Controller
 from scaletui.tui.knobs import Knobs
 from scaletui.tui.session import Session

@@ -302,7 +302,7 @@ def test_a_part_of_the_simulated_run_reads_as_the_pool_reads_the_measured_one():
     1 s: 14 in (0, 1]."""
     import numpy as np
 
-    from scaletui.roofline.simulate import SimResult
+    from scaletui.roofline.simrecords import SimResult
     from scaletui.tui.simrun import SimRun
 
     r = SimResult(

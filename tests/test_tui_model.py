@@ -229,7 +229,7 @@ def test_server_events_drive_phase_and_status():
 
 
 def test_cli_rejects_bad_flags_with_a_clear_message(capsys, tmp_path):
-    from scaletui.tui.app import main
+    from scaletui.commands.tui import main
 
     assert main(["--replay", str(tmp_path / "nope.jsonl")]) == 2
     assert "nope.jsonl does not exist" in capsys.readouterr().err

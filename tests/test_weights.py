@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scaletui.serve import model, weights
+from scaletui.serve.engine import model
+from scaletui.serve.weights import weights
 
 
 def test_dummy_init_is_deterministic_per_seed(tiny, tiny_seed):

@@ -12,13 +12,22 @@ import sys
 from scaletui import compile_cache
 
 SUBCOMMANDS = {
-    "serve": ("scaletui.serve.cli", "run the JAX inference server (OpenAI-compatible HTTP)"),
-    "roofline": ("scaletui.roofline.cli", "print the book's roofline estimates for a config"),
-    "calibrate": ("scaletui.calibrate", "measure this host's devices; write the 'local' spec"),
-    "simulate": ("scaletui.simulate_cli", "predict what loadgen would measure (simulated server)"),
-    "build-kernels": ("scaletui.serve.native.toolchain", "compile and cache the native kernels"),
-    "doctor": ("scaletui.doctor", "say what this host has: JAX, devices, kernels, calibration"),
-    "tui": ("scaletui.tui.app", "the interactive lab bench (default)"),
+    "serve": ("scaletui.commands.serve", "run the JAX inference server (OpenAI-compatible HTTP)"),
+    "roofline": ("scaletui.commands.roofline", "print the book's roofline estimates for a config"),
+    "calibrate": (
+        "scaletui.commands.calibrate",
+        "measure this host's devices; write the 'local' spec",
+    ),
+    "simulate": (
+        "scaletui.commands.simulate",
+        "predict what loadgen would measure (simulated server)",
+    ),
+    "build-kernels": ("scaletui.commands.build_kernels", "compile and cache the native kernels"),
+    "doctor": (
+        "scaletui.commands.doctor",
+        "say what this host has: JAX, devices, kernels, calibration",
+    ),
+    "tui": ("scaletui.commands.tui", "the interactive lab bench (default)"),
 }
 
 USAGE = f"usage: scaletui [{'|'.join(SUBCOMMANDS)}] [options]   (scaletui SUBCOMMAND -h)\n\n" + (

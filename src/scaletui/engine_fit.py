@@ -30,9 +30,11 @@ import numpy as np
 
 from scaletui import xla_env
 from scaletui.roofline.costfit import fit
-from scaletui.roofline.costmodel import CostModel, DecodeSample, PrefillSample
-from scaletui.serve.engine_api import SamplingParams
-from scaletui.shape import ServerShape, add_flags
+from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.samples import DecodeSample, PrefillSample
+from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.shape import ServerShape
+from scaletui.shape_flags import add_flags
 
 __all__ = [
     "DecodePoint",
@@ -182,7 +184,7 @@ def _prefill_call(eng, tokens: list[int], params: SamplingParams) -> Callable[[]
     engine runs the contiguous `prefill`."""
     if eng.role != "both":
         return lambda: eng.prefill(tokens, params)
-    from scaletui.serve.paging import fixed_table
+    from scaletui.serve.scheduling.paging import fixed_table
 
     state, row = [eng.init_decode_state()], fixed_table(eng)[0]
 
@@ -203,9 +205,9 @@ def measure(
     """Time `grid` on engines of `config` (one per batch in the grid, slots = batch) on
     `devices`. Returns the decode samples (one per point, whole generate calls) and the prefill
     samples (one per prompt length, on the largest engine)."""
-    from scaletui.serve import quant, weights
-    from scaletui.serve.build import build_engines
-    from scaletui.serve.paging import fixed_table
+    from scaletui.serve.engine.build import build_engines
+    from scaletui.serve.scheduling.paging import fixed_table
+    from scaletui.serve.weights import quant, weights
 
     m, p = config.model, config.precision
     if host_params is None:
@@ -276,7 +278,7 @@ def fit_engine(
     for the same model, precision and mesh) to it; the fit's info says when, where, how long and on
     what grid it was made, with the raw samples. The fit records the kernels the engine ran
     (what `auto` resolved to: the simulator prices a part-filled batch by them)."""
-    from scaletui.serve.build import build_engines, plan_engines
+    from scaletui.serve.engine.build import build_engines, plan_engines
 
     t0 = time.perf_counter()
     base = replace(base, kernels=plan_engines(config, devices)[-1].kernels)
@@ -363,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from scaletui.roofline.fitstore import fit_path_for, save_fit
-    from scaletui.serve.build import default_compute_dtype
+    from scaletui.serve.engine.build import default_compute_dtype
     from scaletui.shape import ConfigError
     from scaletui.specs import SpecError, load_model
 
@@ -384,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     devices = devices[: args.tp * args.dp]
     hardware, note = _base_hardware(len(jax.devices()))
-    from scaletui.serve import quant, weights
-    from scaletui.serve.build import build_engines
+    from scaletui.serve.engine.build import build_engines
+    from scaletui.serve.weights import quant, weights
 
     p = config.precision
     host_params = weights.dummy_params(model, config.seed, dtype)

@@ -3,7 +3,8 @@
 The device KV cache of one data-parallel replica is a pool of `n_pages` pages of `page_size`
 token positions each. Page 0 is the reserved "trash" page: it is never handed out (inactive decode
 rows write there). The scheduler keeps one `PagePool` per replica and a page list per running
-sequence (serve/paging.py); the simulator keeps one to replay the same decisions (policy.py).
+sequence (serve/scheduling/paging.py); the simulator keeps one to replay the same decisions
+(policy.py).
 Standard library only.
 
 Every usable page is in exactly one of three places:

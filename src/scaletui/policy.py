@@ -1,7 +1,7 @@
 """The scheduling decisions, as pure functions of plain values: the deterministic core that every
 host of a server runs, and that the simulator replays.
 
-The live scheduler (serve/batcher.py) applies them to the engine's results, the simulator
+The live scheduler (serve/scheduling/batcher.py) applies them to the engine's results, the simulator
 (roofline/simulate.py) to the cost model's times; tests/test_policy.py replays one trace through
 both and gets the same `StepPlan`s. One pass of the interleaved loop decides, in this order:
 1. admit: the head of the waiting queue (FCFS, nothing jumps it) takes the first free slot whose

@@ -2,16 +2,18 @@
 the calibrated fits all spell a server with (its dtypes' rules: `scaletui.dtypes`).
 
 JAX-free (stdlib, `specs` and `dtypes` only), so `scaletui simulate`, `scaletui roofline` and the
-TUI use it without importing JAX. `ServerShape` validates at construction (`ConfigError` names
-the key and the fix), converts to and from the admin JSON (`to_json` / `from_json`) and
-`scaletui serve`'s flags (`add_flags`, `from_args`, `to_flags`: the flags are made from the
-fields, once).
+TUI use it without importing JAX. `ServerShape` validates at construction (`check`: its rules,
+which the TUI's knobs share; `ConfigError` names the key and the fix), converts to and from the
+admin JSON (`to_json` / `from_json`) and `scaletui serve`'s flags (`to_flags`, `from_args`; the
+flags themselves, one per field, are `shape_flags.add_flags`').
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from scaletui.dtypes import DTYPE_BYTES, DTYPES, STORAGE_DTYPES, Precision
 from scaletui.specs import ModelSpec, load_model
@@ -56,7 +58,7 @@ class ConfigError(ValueError):
         super().__init__(f"{message}; {fix}" if fix else message)
 
     def flag_line(self) -> str:
-        return f"--{self.key.replace('_', '-')} {self.value}: {self}"
+        return f"{flag(self.key)} {self.value}: {self}"
 
 
 def pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
@@ -66,6 +68,103 @@ def pow2_buckets(lo: int, top: int) -> tuple[int, ...]:
         out.append(b)
         b *= 2
     return (*out, top)
+
+
+def check(value: Mapping[str, Any]) -> None:
+    """`ServerShape`'s rules, for the fields in `value` (by name) that each rule reads: a whole
+    shape's at construction, or part of one (the TUI's knobs check theirs by the same rules).
+    A rule whose fields are not all there is skipped; ConfigError names the first bad key."""
+
+    def bad(key: str, message: str, fix: str = "") -> ConfigError:
+        return ConfigError(key, value[key], message, fix)
+
+    def has(*keys: str) -> bool:
+        return all(k in value for k in keys)
+
+    if has("slots") and not 1 <= value["slots"] <= MAX_SLOTS:
+        raise bad(
+            "slots",
+            f"slots must be in [1, {MAX_SLOTS}], got {value['slots']}",
+            f"use 1 to {MAX_SLOTS} (and what fits in memory)",
+        )
+    if has("decode_steps") and not 1 <= value["decode_steps"] <= MAX_DECODE_STEPS:
+        raise bad(
+            "decode_steps",
+            f"decode_steps must be in [1, {MAX_DECODE_STEPS}], got {value['decode_steps']}",
+            f"use 1 to {MAX_DECODE_STEPS} (4-16 amortise the host sync)",
+        )
+    for key in ("tp", "dp"):
+        if has("tp", "dp") and value[key] < 1:
+            raise bad(key, f"tp and dp must be >= 1, got tp={value['tp']} dp={value['dp']}")
+    for key, allowed in (
+        ("mode", MODES),
+        ("dtype", DTYPES),
+        ("kernels", KERNELS),
+        ("weight_dtype", ("", *STORAGE_DTYPES)),
+        ("kv_dtype", ("", *STORAGE_DTYPES)),
+    ):
+        if has(key) and value[key] not in allowed:
+            shown = tuple(a for a in allowed if a)
+            raise bad(key, f"{key} must be one of {shown}, got {value[key]!r}")
+    if has("dtype", "weight_dtype", "kv_dtype"):
+        compute = value["dtype"]
+        for key, what in (("weight_dtype", "weights"), ("kv_dtype", "KV")):
+            stored = value[key] or compute
+            if DTYPE_BYTES[stored] > DTYPE_BYTES[compute]:  # stored wider than computed
+                raise bad(
+                    key,
+                    f"{key}={stored} is wider than dtype={compute}: the {what} "
+                    f"would be read in {stored} and rounded to {compute} at every step",
+                    f"use {key} {compute} (or int8), or dtype {stored}",
+                )
+    if has("page_size") and value["page_size"] not in PAGE_SIZES:
+        raise bad("page_size", f"page_size must be one of {PAGE_SIZES}, got {value['page_size']}")
+    if has("kv_pages") and (value["kv_pages"] < 0 or 0 < value["kv_pages"] < 2):
+        raise bad(
+            "kv_pages",
+            f"kv_pages must be 0 (sized from slots x max_seq_len) or >= 2 "
+            f"(one is the engine's scratch page), got {value['kv_pages']}",
+        )
+    if has("max_batched_tokens") and value["max_batched_tokens"] < 0:
+        raise bad(
+            "max_batched_tokens",
+            f"max_batched_tokens must be >= 0 (0: no bound), got {value['max_batched_tokens']}",
+        )
+    if has("prefill_devices") and value["prefill_devices"] < 0:
+        raise bad(
+            "prefill_devices", f"prefill_devices must be >= 0, got {value['prefill_devices']}"
+        )
+    if has("model", "max_seq_len") and not 2 <= value["max_seq_len"] <= value["model"].max_seq_len:
+        model = value["model"]
+        raise bad(
+            "max_seq_len",
+            f"max_seq_len must be in [2, {model.max_seq_len}] for model "
+            f"{model.name}, got {value['max_seq_len']}",
+        )
+    if has("min_prefill_bucket", "max_prefill_bucket") and (
+        value["min_prefill_bucket"] < 1 or value["max_prefill_bucket"] < 0
+    ):
+        key = "min_prefill_bucket" if value["min_prefill_bucket"] < 1 else "max_prefill_bucket"
+        raise bad(
+            key,
+            f"min_prefill_bucket must be >= 1 and max_prefill_bucket >= 0 "
+            f"(0: max_seq_len), got {value['min_prefill_bucket']} and "
+            f"{value['max_prefill_bucket']}",
+        )
+    for key in ("max_waiting", "max_waiting_tokens"):  # 0 would refuse every request
+        if has("max_waiting", "max_waiting_tokens") and value[key] < 1:
+            raise bad(
+                key,
+                f"max_waiting and max_waiting_tokens must be >= 1, got "
+                f"{value['max_waiting']} and {value['max_waiting_tokens']}",
+            )
+    if has("slots", "dp") and value["dp"] >= 1 and value["slots"] % value["dp"]:
+        slots, dp = value["slots"], value["dp"]
+        raise bad(
+            "slots",
+            f"slots ({slots}) must be a multiple of dp ({dp})",
+            f"use slots {-(-slots // dp) * dp} or a dp that divides {slots}",
+        )
 
 
 @dataclass(frozen=True)
@@ -87,7 +186,7 @@ class ServerShape:
     dtype: str = "f32"  # compute (activations); also weights and KV unless set below
     weight_dtype: str = ""  # f32 | bf16 | int8; "" = dtype
     kv_dtype: str = ""  # KV-cache storage: f32 | bf16 | int8; "" = dtype
-    # auto: native CPU kernels (serve/native) where usable, JAX's Pallas paged attention on
+    # auto: native CPU kernels (serve/engine/native) where usable, JAX's Pallas paged attention on
     # GPU/TPU, else XLA ops; pallas on CPU runs the kernel interpreted (tests: slow)
     kernels: str = "auto"
     min_prefill_bucket: int = 16  # smallest power-of-two prompt bucket
@@ -99,90 +198,7 @@ class ServerShape:
     max_waiting_tokens: int = 262144  # waiting-queue bound in prompt tokens; beyond it 429
 
     def __post_init__(self) -> None:
-        value = vars(self)  # this shape's own fields by name
-
-        def bad(key: str, message: str, fix: str = "") -> ConfigError:
-            return ConfigError(key, value[key], message, fix)
-
-        if not 1 <= self.slots <= MAX_SLOTS:
-            raise bad(
-                "slots",
-                f"slots must be in [1, {MAX_SLOTS}], got {self.slots}",
-                f"use 1 to {MAX_SLOTS} (and what fits in memory)",
-            )
-        if not 1 <= self.decode_steps <= MAX_DECODE_STEPS:
-            raise bad(
-                "decode_steps",
-                f"decode_steps must be in [1, {MAX_DECODE_STEPS}], got {self.decode_steps}",
-                f"use 1 to {MAX_DECODE_STEPS} (4-16 amortise the host sync)",
-            )
-        for key in ("tp", "dp"):
-            if value[key] < 1:
-                raise bad(key, f"tp and dp must be >= 1, got tp={self.tp} dp={self.dp}")
-        for key, allowed in (
-            ("mode", MODES),
-            ("dtype", DTYPES),
-            ("kernels", KERNELS),
-            ("weight_dtype", ("", *STORAGE_DTYPES)),
-            ("kv_dtype", ("", *STORAGE_DTYPES)),
-        ):
-            if value[key] not in allowed:
-                shown = tuple(a for a in allowed if a)
-                raise bad(key, f"{key} must be one of {shown}, got {value[key]!r}")
-        p = self.precision
-        for key, stored, what in (("weight_dtype", p.weights, "weights"), ("kv_dtype", p.kv, "KV")):
-            if DTYPE_BYTES[stored] > DTYPE_BYTES[p.compute]:  # stored wider than computed
-                raise bad(
-                    key,
-                    f"{key}={stored} is wider than dtype={p.compute}: the {what} "
-                    f"would be read in {stored} and rounded to {p.compute} at every step",
-                    f"use {key} {p.compute} (or int8), or dtype {stored}",
-                )
-        if self.page_size not in PAGE_SIZES:
-            raise bad("page_size", f"page_size must be one of {PAGE_SIZES}, got {self.page_size}")
-        if self.kv_pages < 0 or 0 < self.kv_pages < 2:
-            raise bad(
-                "kv_pages",
-                f"kv_pages must be 0 (sized from slots x max_seq_len) or >= 2 "
-                f"(one is the engine's scratch page), got {self.kv_pages}",
-            )
-        if self.max_batched_tokens < 0:
-            raise bad(
-                "max_batched_tokens",
-                f"max_batched_tokens must be >= 0 (0: no bound), got {self.max_batched_tokens}",
-            )
-        if self.prefill_devices < 0:
-            raise bad(
-                "prefill_devices", f"prefill_devices must be >= 0, got {self.prefill_devices}"
-            )
-        if not 2 <= self.max_seq_len <= self.model.max_seq_len:
-            raise bad(
-                "max_seq_len",
-                f"max_seq_len must be in [2, {self.model.max_seq_len}] for model "
-                f"{self.model.name}, got {self.max_seq_len}",
-            )
-        if self.min_prefill_bucket < 1 or self.max_prefill_bucket < 0:
-            key = "min_prefill_bucket" if self.min_prefill_bucket < 1 else "max_prefill_bucket"
-            raise bad(
-                key,
-                f"min_prefill_bucket must be >= 1 and max_prefill_bucket >= 0 "
-                f"(0: max_seq_len), got {self.min_prefill_bucket} and "
-                f"{self.max_prefill_bucket}",
-            )
-        for key in ("max_waiting", "max_waiting_tokens"):  # 0 would refuse every request
-            if value[key] < 1:
-                raise bad(
-                    key,
-                    f"max_waiting and max_waiting_tokens must be >= 1, got "
-                    f"{self.max_waiting} and {self.max_waiting_tokens}",
-                )
-        if self.slots % self.dp:
-            up = -(-self.slots // self.dp) * self.dp
-            raise bad(
-                "slots",
-                f"slots ({self.slots}) must be a multiple of dp ({self.dp})",
-                f"use slots {up} or a dp that divides {self.slots}",
-            )
+        check(vars(self))
 
     @property
     def precision(self) -> Precision:
@@ -250,7 +266,6 @@ class ServerShape:
             "max_waiting_tokens": self.max_waiting_tokens,
         }
 
-
     @classmethod
     def from_json(cls, data: dict, model: ModelSpec | None = None) -> ServerShape:
         """The shape `to_json` wrote (keys it lacks take their defaults; unknown keys, such as
@@ -274,17 +289,22 @@ class ServerShape:
         j = self.to_json()
         return {k: j[k] for k in FIT_KEYS}
 
-    def to_flags(self) -> list[str]:
-        """`scaletui serve`'s argv for this shape: from_args(parse(to_flags())) == self."""
-        argv = ["--model", self.model.name]
+    def to_flags(self, keys: Iterable[str] | None = None) -> list[str]:
+        """`scaletui serve`'s argv for this shape: the flags of the fields in `keys` (default:
+        all), in field order, but unset storage dtypes and None; from_args(parse(to_flags()))
+        == self."""
+        wanted = {f.name for f in fields(self)} if keys is None else set(keys)
+        argv = []
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "model" or v is None or v == "":
+            if f.name not in wanted or v is None or v == "":
                 continue
-            if f.name == "prefix_cache":
+            if f.name == "model":
+                argv += ["--model", self.model.name]
+            elif f.name == "prefix_cache":
                 argv += [] if v else ["--no-prefix-cache"]
             else:
-                argv += [_flag(f.name), str(v)]
+                argv += [flag(f.name), str(v)]
         return argv
 
     @classmethod
@@ -306,80 +326,6 @@ class ServerShape:
         return cls(model, **{**kw, **overrides})
 
 
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
+    """A field's command-line flag: its name with dashes (`max_seq_len` -> `--max-seq-len`)."""
     return f"--{name.replace('_', '-')}"
-
-
-# Each field's --help; the flag is the field's name with dashes.
-FLAG_HELP = {
-    "model": "model spec: a name (tiny, small, llama3-8b) or a YAML path",
-    "weights": "HF safetensors dir/file (default: seeded dummy weights)",
-    "tokenizer": "HF tokenizer.json (default: the byte tokenizer)",
-    "slots": "running sequences at most: the decode batch's rows",
-    "max_seq_len": "longest sequence, prompt + output (default: min(1024, model's))",
-    "page_size": "KV positions per page",
-    "prefix_cache": "prefill every prompt whole (interleaved mode reuses the KV pages of a "
-    "cached prefix)",
-    "max_batched_tokens": "interleaved: prompt tokens run between two generate calls, long "
-    "prompts split in chunks (0: whole prompts)",
-    "kv_pages": "KV pages per data-parallel replica (default: enough for every slot at "
-    "max_seq_len)",
-    "decode_steps": "decode steps per host sync",
-    "tp": "tensor parallelism (the 'model' mesh axis)",
-    "dp": "data parallelism over slots (the 'data' mesh axis)",
-    "mode": "prefill and generate placement",
-    "prefill_devices": "disaggregated: prefill devices (0 = half)",
-    "dtype": "compute (activations); also weights and KV cache unless set below (default: bf16; "
-    "f32 on a CPU without AVX512_BF16 or the native kernels)",
-    "weight_dtype": "weight storage (int8: per output channel, f32 scales; default: --dtype)",
-    "kv_dtype": "KV-cache storage (int8: a scale per position and KV head; default: --dtype)",
-    "kernels": "native CPU kernels (unsharded, f32 compute, AVX2/AVX-512; auto: where they "
-    "build) or XLA ops",
-    "min_prefill_bucket": "smallest power-of-two prompt bucket",
-    "max_prefill_bucket": "largest prompt bucket (0: max_seq_len); longer prompts are chunked",
-    "seed": "dummy-weight seed",
-    "max_waiting": "waiting requests beyond which: 429",
-    "max_waiting_tokens": "waiting prompt tokens: 429 beyond",
-}
-_CHOICES = {
-    "page_size": PAGE_SIZES,
-    "mode": MODES,
-    "dtype": DTYPES,
-    "weight_dtype": STORAGE_DTYPES,
-    "kv_dtype": STORAGE_DTYPES,
-    "kernels": KERNELS,
-}
-_ALIASES = {"slots": ("--max-running",)}
-
-
-def add_flags(
-    p: argparse.ArgumentParser | argparse._ArgumentGroup,
-    omit: tuple[str, ...] = (),
-    helps: dict[str, str] | None = None,
-) -> argparse._MutuallyExclusiveGroup | None:
-    """Add a flag per ServerShape field (but `omit`'s) to `p`: --slots (--max-running), ...,
-    --no-prefix-cache, each defaulting to the field's default, but for those whose default
-    depends on more than the flags (--max-seq-len on the model, --dtype on the devices, the
-    storage dtypes on --dtype): None, resolved by `from_args`. `helps` replaces some fields'
-    help. Returns the mutually exclusive group that holds --kv-pages (for flags that size the
-    KV cache another way), if added."""
-    helps = {**FLAG_HELP, **(helps or {})}
-    group = None
-    for f in fields(ServerShape):
-        name = f.name
-        if name in omit:
-            continue
-        unset = name in ("max_seq_len", "dtype") or f.default == ""
-        kw: dict = {"dest": name, "help": helps.get(name), "default": None if unset else f.default}
-        if name == "model":
-            p.add_argument("--model", required=True, help=kw["help"])
-        elif name == "prefix_cache":
-            p.add_argument("--no-prefix-cache", action="store_false", **kw)
-        elif name == "kv_pages":
-            group = p.add_mutually_exclusive_group()
-            group.add_argument("--kv-pages", type=int, **kw)
-        else:
-            kind = int if isinstance(f.default, int) else str
-            flags = (_flag(name), *_ALIASES.get(name, ()))
-            p.add_argument(*flags, type=kind, choices=_CHOICES.get(name), **kw)
-    return group

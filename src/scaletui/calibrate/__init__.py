@@ -20,13 +20,12 @@ The spec goes to `scaletui.specs.local_hardware_path()` (XDG) and to stdout as Y
 stderr. Predictions for "this machine" then use `--hardware local`.
 
 The package: timing.py (sizes, timed passes), read.py (`hbm_bw`), probes.py (FLOP/s, dispatch,
-all-reduce, memory), host.py (`calibrate()`, the spec) and command.py (the CLI). The engine fit,
-`scaletui calibrate --model M`, is engine_fit.py.
+all-reduce, memory) and host.py (`calibrate()`, the spec); the command is
+`scaletui.commands.calibrate`. The engine fit, `scaletui calibrate --model M`, is engine_fit.py.
 """
 
 from __future__ import annotations
 
-from scaletui.calibrate.command import main
 from scaletui.calibrate.host import calibrate
 from scaletui.calibrate.read import ReadStream, read_spread_note
 from scaletui.calibrate.timing import (
@@ -41,7 +40,6 @@ __all__ = [
     "Sizes",
     "calibrate",
     "last_level_cache_bytes",
-    "main",
     "pick_read_bw",
     "read_spread_note",
     "read_working_set",

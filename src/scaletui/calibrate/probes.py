@@ -34,15 +34,15 @@ def _gemm_figure(b: int, d: int, f: int, t: float, runs: list[float], method: st
 
 
 def _native_call(jax, jnp, device, b: int, d: int, f: int, dtype: str) -> Callable | None:
-    """The same product through the server's own CPU dense kernel (serve/native: weights packed
-    in panels, bf16 x bf16 as bf16 pairs where the CPU has AVX512_BF16); None where it cannot
-    run. On CPU it outruns XLA's matmul (bf16 by several times), and a roof our own kernel beats
-    is no roof."""
+    """The same product through the server's own CPU dense kernel (serve/engine/native: weights
+    packed in panels, bf16 x bf16 as bf16 pairs where the CPU has AVX512_BF16); None where it
+    cannot run. On CPU it outruns XLA's matmul (bf16 by several times), and a roof our own
+    kernel beats is no roof."""
     if device.platform != "cpu":
         return None
     import numpy as np
 
-    from scaletui.serve import native  # the kernels' build: cached, or compiled once here
+    from scaletui.serve.engine import native  # the kernels' build: cached, or compiled once here
 
     if not native.available():
         return None
@@ -75,7 +75,7 @@ def _prefill_gemms(jax, jnp, device, sizes: Sizes) -> tuple[dict, dict]:
         if kind == "xla":
             method = f"[{t}, {d}] x [{d}, {f}] {dtype} (jit), {how}"
         else:
-            from scaletui.serve import native  # imported: _native_call ran it
+            from scaletui.serve.engine import native  # imported: _native_call ran it
 
             pairs = "bf16 pairs, vdpbf16ps" if native.pairs_for(dtype) else "FMA"
             method = (f"[{t}, {d}] x [{d}, {f}] {dtype} through scaletui's native CPU dense "

@@ -53,7 +53,7 @@ def _native_read(jax, device, h, count: int) -> Callable[[int], object] | None:
         return None
     import numpy as np
 
-    from scaletui.serve import native  # the kernels' build: cached, or compiled once here
+    from scaletui.serve.engine import native  # the kernels' build: cached, or compiled once here
 
     if not native.available():
         return None

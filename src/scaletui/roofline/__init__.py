@@ -37,7 +37,7 @@ from scaletui.roofline.collectives import (
     tp_comms_limit,
 )
 from scaletui.roofline.costfit import fit
-from scaletui.roofline.costmodel import CostModel, DecodeSample, PrefillSample, share_host
+from scaletui.roofline.costmodel import CostModel, share_host
 from scaletui.roofline.costs import (
     active_param_count,
     attention_flops,
@@ -50,6 +50,7 @@ from scaletui.roofline.costs import (
     params_by_part,
 )
 from scaletui.roofline.estimate import Estimate, estimate, full_hbm_step_s
+from scaletui.roofline.samples import DecodeSample, PrefillSample
 
 __all__ = [
     "CostModel",

@@ -22,7 +22,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from scaletui.roofline.costmodel import CostModel, DecodeSample, PrefillSample
+from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.samples import DecodeSample, PrefillSample
 
 __all__ = ["fit"]
 

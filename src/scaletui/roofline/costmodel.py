@@ -19,7 +19,8 @@ one row and a packed GEMM above it, whose FLOP rate rises with the rows, so a st
 in the batch, and its KV read gets cheaper per position as the context grows (concave in the
 context); one plane through those errs by tens of percent (docs/roofline.md, "Three levels of
 prediction", for the measured table). A fit therefore keeps,
-beside the rates, the table it measured (`costfit.fit`):
+beside the rates, the table it measured (`costfit.fit`, from `samples`' timed calls; `knots`
+interpolates it):
 
     decode_knots = ((batch, context, step_s), ...): the decode step at measured (batch, KV
                    bucket) cells, piecewise linear in the context for each batch and then a
@@ -40,41 +41,17 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from scaletui.dtypes import DTYPE_BYTES, SCALE_BYTES, STORAGE_DTYPES, Precision
 from scaletui.dtypes import DTYPES as COMPUTE_DTYPES
 from scaletui.roofline import costs
+from scaletui.roofline.knots import along, decode_at
 from scaletui.specs import HardwareSpec, ModelSpec
 
 __all__ = [
     "COMPUTE_DTYPES",
     "DTYPE_BYTES",
     "CostModel",
-    "DecodeSample",
-    "PrefillSample",
     "describe_precision",
     "kv_token_bytes",
     "share_host",
 ]
-
-
-@dataclass(frozen=True)
-class DecodeSample:
-    """One timed generate call: `steps` decode steps of `batch` rows over `context` KV positions
-    (what the step reads: the engine's KV bucket)."""
-
-    batch: int
-    context: int
-    seconds: float  # the whole call, host sync included (the median of its timed calls)
-    steps: int = 1
-    spread: tuple = ()  # each timed call over `seconds` (how much one call varies here)
-
-
-@dataclass(frozen=True)
-class PrefillSample:
-    """One timed prefill call of `tokens` query positions (the padded bucket) after `start`
-    positions already in the cache (a chunk of a long prompt; 0 otherwise)."""
-
-    tokens: int
-    seconds: float  # the median of its timed calls
-    start: int = 0
-    spread: tuple = ()  # each timed call over `seconds`
 
 
 @dataclass(frozen=True)
@@ -180,7 +157,7 @@ class CostModel:
     def decode_step_s(self, batch: float, context: float) -> float:
         """One decode step of `batch` rows reading `context` KV positions each."""
         if self.decode_knots:
-            return _decode_at(self.decode_knots, batch, context)
+            return decode_at(self.decode_knots, batch, context)
         return self.linear_decode_step_s(batch, context)
 
     def linear_decode_step_s(self, batch: float, context: float) -> float:
@@ -205,7 +182,7 @@ class CostModel:
         if not self.prefill_knots:
             return s
         ratios = [(math.log(n), t / self.linear_prefill_s(n)) for n, t in self.prefill_knots]
-        return s * _along(ratios, math.log(max(prompt_len, 1.0)), flat_past=True)
+        return s * along(ratios, math.log(max(prompt_len, 1.0)), flat_past=True)
 
     def linear_prefill_s(self, prompt_len: float, start: float = 0) -> float:
         """The physical form's prefill call (the fitted or assumed rates, no knots)."""
@@ -310,81 +287,6 @@ class CostModel:
         if missing:
             raise ValueError(f"cost model is missing {sorted(missing)}")
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def _along(points: list[tuple[float, float]], x: float, flat_past: bool = False) -> float:
-    """y at x on the broken line through sorted (x, y) points; flat below the first point; past
-    the last, the last segment's slope (>= 0) continues, or (`flat_past`) the last y holds."""
-    (x0, y0) = points[0]
-    if x <= x0 or len(points) == 1:
-        return y0
-    for (xa, ya), (xb, yb) in zip(points, points[1:], strict=False):
-        if x <= xb:
-            return ya + (yb - ya) * (x - xa) / (xb - xa)
-    (xa, ya), (xb, yb) = points[-2], points[-1]
-    if flat_past:
-        return yb
-    return yb + max(yb - ya, 0.0) * (x - xb) / (xb - xa)
-
-
-def _decode_at(knots: tuple, batch: float, context: float) -> float:
-    """The decode step at (batch, context) from measured (batch, context, step_s) cells: linear
-    along the context within each measured batch (the KV read), then along the batch between
-    measured batches as `_along_batch` says."""
-    by_batch: dict[float, list[tuple[float, float]]] = {}
-    for b, c, s in knots:
-        by_batch.setdefault(b, []).append((c, s))
-    return _along_batch(sorted((b, _along(cells, context)) for b, cells in by_batch.items()), batch)
-
-
-KNEE_NORM = 4  # how sharply a step turns from flat to compute-bound (see _along_batch)
-
-
-def _along_batch(points: list[tuple[float, float]], batch: float) -> float:
-    """The step at `batch` between measured (batch, step) points, sorted. Between the first two
-    a power law (straight in log batch, log step). Between later ones lo < hi, the two regimes
-    combined as a smooth maximum (their KNEE_NORM-norm), capped by the power law from lo to hi:
-      - the regime below: the power law of the segment before, continued past lo;
-      - the regime above: the segment above hi continued down (straight), or past the last
-        point hi's step times batch / hi (compute-bound: in proportion to the rows).
-    A CPU step on XLA's ops is concave in the batch: the power law follows it where a chord
-    reads low. The native kernels read the weights once per call for all rows, so their step is
-    nearly flat until the multiplies take over, then grows with the rows, and near the knee it
-    costs more than either regime alone (the memory stream and the multiplies overlap only in
-    part), which the smooth maximum follows and the larger regime alone reads low. A GPU step is
-    linear with a large fixed part: a power law errs a few % high between distant knots; the
-    segment above, continued, is exact. Measured curves for each case: docs/roofline.md, "Three
-    levels of prediction". Flat below the first point; past the last, the last segment's slope
-    per row (>= 0) continues."""
-    (x0, y0) = points[0]
-    if batch <= x0 or len(points) == 1:
-        return y0
-    for k in range(1, len(points)):
-        (lo, y_lo), (hi, y_hi) = points[k - 1], points[k]
-        if batch > hi:
-            continue
-        power = _power_law(lo, y_lo, hi, y_hi, batch)
-        if k == 1:
-            return power
-        below = _power_law(*points[k - 2], lo, y_lo, batch)  # the segment before, continued
-        if k + 1 < len(points):  # the segment above, continued down
-            (top, y_top) = points[k + 1]
-            above = y_hi - (y_top - y_hi) * (hi - batch) / (top - hi)
-        else:
-            above = y_hi * batch / hi
-        return min(
-            power, (max(below, 0.0) ** KNEE_NORM + max(above, 0.0) ** KNEE_NORM) ** (1 / KNEE_NORM)
-        )
-    (lo, y_lo), (hi, y_hi) = points[-2], points[-1]
-    return y_hi + max(y_hi - y_lo, 0.0) * (batch - hi) / (hi - lo)
-
-
-def _power_law(xa: float, ya: float, xb: float, yb: float, x: float) -> float:
-    """y at x on the line through (xa, ya) and (xb, yb) in log x and log y (a chord when a y
-    is not > 0)."""
-    if ya > 0 and yb > 0:
-        return ya * (yb / ya) ** (math.log(x / xa) / math.log(xb / xa))
-    return ya + (yb - ya) * (x - xa) / (xb - xa)
 
 
 def describe_precision(dtype: str, weight_dtype: str = "", kv_dtype: str = "") -> str:

@@ -11,7 +11,7 @@ without it), which is bumped whenever the engine's speed or what a fit measures 
 of yesterday's engine is made again rather than trusted. It carries `info.versions` too (jax and
 jaxlib as installed when it was made): XLA's code generation sets the engine's speed as much as
 ours does, so a fit made under another JAX is passed over as well. A fit of the native kernels
-carries `info.kernels_source` (a hash of `serve/native/kernels.cc`, read as a file: roofline
+carries `info.kernels_source` (a hash of `serve/engine/native/kernels.cc`, read as a file: roofline
 imports nothing of serve), and is passed over once that source changes, bumped or not.
 """
 
@@ -46,7 +46,7 @@ FIT_VERSION = 5
 
 
 ENGINE_PACKAGES = ("jax", "jaxlib")
-KERNELS_SOURCE = Path(__file__).parents[1] / "serve" / "native" / "kernels.cc"
+KERNELS_SOURCE = Path(__file__).parents[1] / "serve" / "engine" / "native" / "kernels.cc"
 
 
 def engine_versions() -> dict[str, str]:

@@ -1,5 +1,6 @@
-"""The simulator's slot table and KV pages: the live scheduler's bookkeeping (serve/paging.py)
-over the same page allocator (scaletui.pages), so the policy's decisions see the same state.
+"""The simulator's slot table and KV pages: the live scheduler's bookkeeping
+(serve/scheduling/paging.py) over the same page allocator (scaletui.pages), so the policy's
+decisions see the same state.
 
 The simulator has no token ids, so it makes them up to share what the load's prompts share:
 request i's first `prefix_len` tokens are its prefix group's (i % prefix_groups), the rest

@@ -1,5 +1,6 @@
-"""`scaletui` (no subcommand) / `scaletui tui`: parse flags, then build and run the Textual app
-(`build` makes it without running it, for a headless caller such as bench/tui_first_screen.py).
+"""The TUI's flags (`parser`) and the Textual app built from them (`build` makes it without
+running it, for a headless caller such as bench/tui_first_screen.py); `scaletui` (no subcommand)
+and `scaletui tui` run it (`scaletui.commands.tui`).
 
 Textual reads TEXTUAL_COLOR_SYSTEM once, when it is first imported, so `--color` is applied here
 before anything imports textual (the app itself lives in `scaletui.tui.ui`).
@@ -13,9 +14,7 @@ after another, until quit; `r` reruns, `a` applies pending knobs.
 from __future__ import annotations
 
 import argparse
-import atexit
 import os
-import sys
 from typing import TYPE_CHECKING
 
 from scaletui.tui.knobs import MODES, Knobs
@@ -144,24 +143,3 @@ def build(
     if args.theme:
         app.theme = args.theme
     return app, controller, state
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        app, controller, state = build(args)
-    except ValueError as exc:
-        print(f"scaletui: {exc}", file=sys.stderr)
-        return 2
-    if controller is not None:
-        atexit.register(controller.kill_children)
-    try:
-        code = app.run(mouse=not args.no_mouse)
-    finally:
-        if controller is not None:
-            controller.kill_children()
-            failed = any(e.level == "error" for e in state.events)
-            kept = controller.remove_logs(keep=failed)
-            if kept is not None:
-                print(f"scaletui: logs in {kept}", file=sys.stderr)
-    return int(code or 0)

@@ -24,15 +24,15 @@ from scaletui.dtypes import Precision
 from scaletui.loadgen.workload import Lengths, Workload, schedule
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.fitstore import fits_dir, load_fit
-from scaletui.roofline.simulate import BOS_TOKENS as BOS
-from scaletui.roofline.simulate import (
+from scaletui.roofline.simrecords import BOS_TOKENS as BOS
+from scaletui.roofline.simrecords import (
     HOST_GAP_PER_ROW_S,
     HOST_GAP_S,
     INTAKE_S,
     Load,
     SimTiming,
-    simulate,
 )
+from scaletui.roofline.simulate import simulate
 from scaletui.shape import ServerShape
 from scaletui.tui.host import FitKey, kernels_of, serve_max_seq_len
 from scaletui.tui.knobs import Knobs

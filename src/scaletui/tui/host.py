@@ -8,13 +8,12 @@ the controller reports what these return.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import glob
 import os
 import signal
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,7 +22,8 @@ import yaml
 from scaletui import specs, xla_env
 from scaletui.procs import is_loopback_host, signal_group
 from scaletui.roofline.fitstore import find_fit
-from scaletui.tui.knobs import Knobs
+from scaletui.shape import FIT_KEYS, ServerShape, flag
+from scaletui.tui.knobs import SERVER_KEYS, Knobs
 
 MAX_DEFAULT_HOST_DEVICES = 8
 ACCELERATOR_DEVICES = ("/dev/nvidia[0-9]*", "/dev/accel[0-9]*", "/dev/kfd", "/dev/vfio/[0-9]*")
@@ -86,19 +86,17 @@ def serve_command(
     host_devices: int | None,
     extra: list[str],
 ) -> list[str]:
-    """`scaletui serve` for the embedded server in the shape of `knobs`."""
-    k = knobs
-    cmd = [python, "-m", "scaletui", "serve", "--model", model]
-    cmd += ["--port", str(port), "--slots", str(k.slots), "--tp", str(k.tp)]
-    cmd += ["--dp", str(k.dp), "--mode", k.mode]
-    for flag, dtype in (("--weight-dtype", k.weight_dtype), ("--kv-dtype", k.kv_dtype)):
-        if dtype and flag not in extra:  # "": the server's default (its --dtype)
-            cmd += [flag, dtype]
-    if "--max-seq-len" not in extra:
-        model_max = None
-        with contextlib.suppress(specs.SpecError):  # a bad model: the server names it
-            model_max = specs.load_model(model).max_seq_len  # tiny: 256
-        cmd += ["--max-seq-len", str(serve_max_seq_len(k, model_max))]
+    """`scaletui serve` for the embedded server in the shape of `knobs` (their server keys and a
+    --max-seq-len for their lengths, spelled by `ServerShape.to_flags`; a storage dtype left ""
+    is the server's own), but for the flags the user passed in `extra`, which win."""
+    cmd = [python, "-m", "scaletui", "serve", "--model", model, "--port", str(port)]
+    try:
+        spec = specs.load_model(model)  # tiny: max_seq_len 256
+    except specs.SpecError:  # a bad model: the server names it
+        return cmd + extra
+    shape = knobs.shape(ServerShape(spec, max_seq_len=serve_max_seq_len(knobs, spec.max_seq_len)))
+    keys = [k for k in ("max_seq_len", *SERVER_KEYS) if flag(k) not in extra]
+    cmd += shape.to_flags(keys)
     if host_devices:
         cmd += ["--host-devices", str(host_devices)]
     return cmd + extra
@@ -149,40 +147,35 @@ def kernels_of(config: dict) -> str:
     return str(running) if running in known else str(config.get("kernels", "auto"))
 
 
+def running_shape(config: dict) -> ServerShape:
+    """The server a /stats "config" object describes, at the kernels it runs (`kernels_of`):
+    KeyError when it names no model, ValueError (SpecError, ConfigError) for one that is not
+    a shape here."""
+    return replace(ServerShape.from_json(config), kernels=kernels_of(config))
+
+
 def fit_lookup(config: dict) -> FitKey:
-    """The fit key of a /stats "config" object (KeyError naming a key it lacks)."""
-    c = config
-    dtype = str(c.get("dtype", "f32"))
-    return FitKey(
-        str(c["model"]),
-        dtype,
-        int(c.get("tp", 1)),
-        int(c.get("dp", 1)),
-        kernels_of(c),
-        str(c.get("weight_dtype") or dtype),
-        str(c.get("kv_dtype") or dtype),
-    )
+    """The fit key of a /stats "config" object (its shape's `fit_key()`; errors as
+    `running_shape`'s)."""
+    return FitKey(**running_shape(config).fit_key())
+
+
+# What `scaletui calibrate --model` is told: the fit's keys, and the sizes its grid times.
+FIT_FLAGS = (*FIT_KEYS, "slots", "max_seq_len", "decode_steps")
 
 
 def fit_command(prefix: list[str], config: dict) -> list[str]:
     """`scaletui calibrate --model M ... --quick` (after `prefix`, the python -m scaletui
     calibrate part) for the server configuration of a /stats "config" object, its precision
-    included; KeyError naming a key it lacks."""
-    c = config
-    dtype = c.get("dtype", "f32")
-    flags = {
-        "--model": c["model"],
-        "--slots": c["slots"],
-        "--max-seq-len": c["max_seq_len"],
-        "--decode-steps": c.get("decode_steps", 4),
-        "--tp": c.get("tp", 1),
-        "--dp": c.get("dp", 1),
-        "--dtype": dtype,
-        "--weight-dtype": c.get("weight_dtype") or dtype,
-        "--kv-dtype": c.get("kv_dtype") or dtype,
-        "--kernels": kernels_of(c),  # what runs: the fit is looked up by it
-    }
-    return [*prefix, *(str(x) for kv in flags.items() for x in kv), "--quick"]
+    spelled out and the kernels that run (the fit is looked up by them); KeyError naming a key
+    it lacks."""
+    missing = [k for k in ("model", "slots", "max_seq_len") if k not in config]
+    if missing:
+        raise KeyError(missing[0])
+    shape = running_shape(config)
+    p = shape.precision
+    shape = replace(shape, weight_dtype=p.weights, kv_dtype=p.kv)
+    return [*prefix, *shape.to_flags(FIT_FLAGS), "--quick"]
 
 
 def calibrate_env(host_devices: int | None) -> dict[str, str]:

@@ -2,8 +2,8 @@
 load and prediction settings.
 
 Frozen; edits make a new `Knobs` (`step`/`replace`). `server_changes` is what POST /admin/config
-gets, `shape` the server they describe; load and hardware knobs only change the next run and the
-prediction.
+gets, `shape` the server they describe (its keys are checked by the shape's own rules,
+`shape.check`); load and hardware knobs only change the next run and the prediction.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from scaletui.dtypes import STORAGE_DTYPES as PRECISIONS  # the `w`/`k` cycle
 from scaletui.dtypes import Precision
-from scaletui.shape import MAX_SLOTS, MODES, PAGE_SIZES, ServerShape
+from scaletui.shape import MODES, ServerShape, check
 
-__all__ = ["Knobs", "Precision", "check_mesh", "next_precision", "step_pow2"]
+__all__ = ["MODES", "Knobs", "Precision", "check_mesh", "next_precision", "step_pow2"]
 
 LOADS = ("concurrency", "qps")
 SERVER_KEYS = ("slots", "tp", "dp", "mode", "prefill_devices", "weight_dtype", "kv_dtype",
@@ -40,20 +40,8 @@ class Knobs:
     hardware: str = ""  # spec for predictions; "" = local if calibrated, else a fallback
 
     def __post_init__(self) -> None:
-        if not 1 <= self.slots <= MAX_SLOTS:
-            raise ValueError(f"slots must be in [1, {MAX_SLOTS}], got {self.slots}")
-        if self.tp < 1 or self.dp < 1:
-            raise ValueError(f"tp and dp must be >= 1, got tp={self.tp} dp={self.dp}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        for key in ("weight_dtype", "kv_dtype"):
-            if getattr(self, key) not in ("", *PRECISIONS):
-                raise ValueError(f"{key} must be one of {PRECISIONS}, got {getattr(self, key)!r}")
-        if self.page_size not in PAGE_SIZES:
-            raise ValueError(f"page_size must be one of {PAGE_SIZES}, got {self.page_size}")
-        if self.max_batched_tokens < 0:
-            raise ValueError(f"max_batched_tokens must be >= 0 (0: no bound), got "
-                             f"{self.max_batched_tokens}")  # fmt: skip
+        mine = vars(self)  # the server keys by the shape's own rules (a ConfigError names one)
+        check({k: mine[k] for k in SERVER_KEYS})
         if self.load not in LOADS:
             raise ValueError(f"load must be one of {LOADS}, got {self.load!r}")
         if self.rate < 0:
@@ -66,8 +54,6 @@ class Knobs:
             )
         if not 0 <= self.length_spread < 1:
             raise ValueError(f"length_spread must be in [0, 1), got {self.length_spread}")
-        if self.slots % self.dp:
-            raise ValueError(f"slots ({self.slots}) must be a multiple of dp ({self.dp})")
 
     @property
     def chips(self) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scaletui.latency import pooled, tpot_s
-from scaletui.roofline.simulate import SimResult
+from scaletui.roofline.simrecords import SimResult
 
 
 @dataclass(frozen=True, eq=False)

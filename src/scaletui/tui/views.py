@@ -27,7 +27,8 @@ from scaletui.records import LoadSummary, LoadWindow, StatsSnapshot, number
 from scaletui.tui.expect import Expectation
 from scaletui.tui.knobs import Knobs, Precision
 from scaletui.tui.predict import Prediction
-from scaletui.tui.state import RunRow, SessionState, SweepPoint
+from scaletui.tui.rows import RunRow, SweepPoint
+from scaletui.tui.state import SessionState
 
 POOL_WINDOWS = 5  # measured KPIs pool the run's last 5 loadgen windows (5 s)
 # the server's own decode step this far off its fit's gets a note: past the spread of two fits

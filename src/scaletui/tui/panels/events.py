@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import RichLog
 
-from scaletui.tui.state import Event
+from scaletui.tui.rows import Event
 
 STYLE = {"info": "", "warning": "yellow", "error": "bold red"}
 

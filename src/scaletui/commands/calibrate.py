@@ -1,0 +1,59 @@
+"""`scaletui calibrate [--quick] [--out PATH] [--no-write]`: the host roofs
+(`scaletui.calibrate`) written as the `local` hardware spec; with `--model M` the engine fit
+instead (engine_fit.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from scaletui.calibrate.host import calibrate
+from scaletui.specs import load_hardware, local_hardware_path
+
+
+def _plain(obj: object) -> object:
+    """Round floats for a readable YAML file; keep ints and strings."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, float):
+        return float(f"{obj:.4g}")
+    return obj
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if any(a == "--model" or a.startswith("--model=") for a in argv):
+        from scaletui import engine_fit  # the engine grid: `scaletui calibrate --model M`
+
+        return engine_fit.main(argv)
+    p = argparse.ArgumentParser(
+        prog="scaletui calibrate",
+        description="Measure this host's JAX devices; write the 'local' hardware spec. With "
+        "--model M (see `scaletui calibrate --model M --help`): time that server "
+        "configuration's engine and store its fitted cost model.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="same working sets, a shorter timing window (~15 s on 2 cores)",
+    )
+    p.add_argument("--out", type=Path, help=f"write here instead of {local_hardware_path()}")
+    p.add_argument("--no-write", action="store_true", help="print the spec only")
+    args = p.parse_args(argv)
+
+    spec = _plain(calibrate(quick=args.quick))
+    text = yaml.safe_dump(spec, sort_keys=False)
+    if not args.no_write:
+        path = args.out or local_hardware_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        load_hardware(path)  # what we wrote must load
+        print(f"calibrate: wrote {path}", file=sys.stderr)
+    sys.stdout.write(text)
+    return 0

@@ -1,0 +1,235 @@
+"""`scaletui simulate`: what loadgen would measure, predicted by simulating our scheduler.
+
+The workload flags are loadgen's, and loadgen's own `iter_requests` draws the request list, so
+the same flags and seed give the same offsets and lengths as a real run. The cost of each step
+comes from a fitted cost model (`--fit FILE`, else the stored fit for this server configuration
+and precision when `--hardware local`) or from the spec's roofs times assumed efficiencies, with
+weights and KV read in `--weight-dtype` and `--kv-dtype` (default: `--dtype`). Prints loadgen's
+table, or (`--json`, `--out FILE`) loadgen's summary JSON keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import orjson
+
+from scaletui.dtypes import cpu_bf16_pairs, default_compute_dtype
+from scaletui.loadgen import cli as loadgen_cli
+from scaletui.loadgen.output import table
+from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Workload, schedule
+from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.fitstore import load_fit, stored_fits_for
+from scaletui.roofline.simrecords import (
+    BOS_TOKENS,
+    HOST_GAP_PER_ROW_S,
+    HOST_GAP_S,
+    INTAKE_S,
+    Load,
+    SimResult,
+    SimTiming,
+)
+from scaletui.roofline.simulate import simulate
+from scaletui.shape import ConfigError, ServerShape
+from scaletui.shape_flags import add_flags
+from scaletui.specs import ModelSpec, SpecError, load_hardware, load_model
+
+MAX_REQUESTS = 1_000_000  # a --duration run draws at most this many
+SIM_HELP = {  # where the simulator reads a server flag otherwise than `scaletui serve` does
+    "prefill_devices": "disaggregated: prefill devices (0 = as many as generate has)",
+    "dtype": "compute; default: a --fit's, with --hardware local the server's here, else f32 on "
+    "a CPU spec, else bf16",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scaletui simulate", description=__doc__.splitlines()[0])
+    a = p.add_argument
+    a("--model", required=True, help="model spec name or YAML path")
+    a("--hardware", help="hardware spec ('local', a name, a YAML path); optional with --fit")
+    a("--fit", help="cost model YAML (default: the stored fit for this config on --hardware local)")
+    a("--no-fit", action="store_true", help="ignore stored fits: use assumed efficiencies")
+    a("--efficiency", type=float, default=1.0, help="assumed: fraction of the spec's bandwidth")
+    a("--flops-efficiency", type=float, help="assumed: fraction of peak FLOP/s (default: same)")
+    a("--overhead-ms", type=float, default=0.0, help="assumed: fixed ms per step and per prefill")
+    s = p.add_argument_group("server (scaletui serve's flags)")
+    add_flags(s, omit=("model", "weights", "tokenizer", "seed"), helps=SIM_HELP)
+    s.add_argument("--intake-ms", type=float, default=INTAKE_S * 1e3, help="a request's HTTP + "
+                   "tokenizer time before it queues, one request at a time")  # fmt: skip
+    s.add_argument("--gap-ms", type=float, default=HOST_GAP_S * 1e3, help="the scheduler's "
+                   "host time before each engine call while busy (/stats host_gap)")  # fmt: skip
+    s.add_argument("--gap-per-row-ms", type=float, default=HOST_GAP_PER_ROW_S * 1e3,
+                   help="and its growth per running request")  # fmt: skip
+    g = p.add_argument_group("workload (loadgen's flags)")
+    g.add_argument("--qps", type=float, help="offered request rate (req/s)")
+    g.add_argument("--arrival", choices=ARRIVALS, default="poisson")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape k (CV=1/sqrt k)")
+    g.add_argument("--concurrency", type=int, help="max requests in flight (alone: closed loop)")
+    g.add_argument("--num-requests", type=int, help="requests to send (default 200)")
+    g.add_argument("--duration", type=float, help="seconds to send for")
+    g.add_argument("--input-len", type=int, default=128)
+    g.add_argument("--input-dist", choices=DISTS, default="fixed")
+    g.add_argument("--input-spread", type=float, default=0.0)
+    g.add_argument("--output-len", type=int, help="max_tokens (default 128; overrides dataset)")
+    g.add_argument("--output-dist", choices=DISTS, default="fixed")
+    g.add_argument("--output-spread", type=float, default=0.0)
+    g.add_argument("--dataset", help="ShareGPT-format JSON file (first turn of each)")
+    g.add_argument("--chars-per-token", type=float, default=4.0)
+    g.add_argument("--prefix-len", type=int, default=0)
+    g.add_argument("--prefix-groups", type=int, default=1)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--prompt-format",
+        choices=PROMPT_FORMATS,
+        default="text",
+        help="text: the server prefills one BOS token more; ids: none",
+    )
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
+    o.add_argument("--out", help="write the summary JSON here")
+    return p
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    """loadgen's own Workload for these flags, drawn as ids prompts: the lengths come from
+    their own random stream, so the prompt format changes nothing but the drawing time (the
+    BOS a text prompt gains is added by `run`)."""
+    as_loadgen = argparse.Namespace(
+        **{**vars(args), "prompt_format": "text" if args.dataset else "ids"},
+        sweep=None,
+        cancel_rate=0.0,
+    )
+    return loadgen_cli.workload_from(as_loadgen)
+
+
+def server_shape(args: argparse.Namespace, model: ModelSpec) -> ServerShape:
+    """The simulated server's shape from the flags. Without --dtype the precision is a --fit's;
+    with --hardware local the one `scaletui serve` starts with here (as `calibrate --model`
+    fits it: bf16 on GPU/TPU and where the CPU's native kernels multiply bf16 pairs, read
+    from /proc/cpuinfo, not JAX); else f32 on a CPU spec, bf16 on an accelerator's."""
+    dtype, weights, kv = args.dtype, args.weight_dtype, args.kv_dtype
+    if dtype is None and args.fit:
+        fit = load_fit(args.fit)
+        dtype, weights, kv = fit.dtype, weights or fit.weight_dtype, kv or fit.kv_dtype
+    elif dtype is None and args.hardware:
+        hw = load_hardware(args.hardware)
+        local = args.hardware == "local"  # a CPU spec's own flags are not this CPU's
+        pairs = lambda: local and cpu_bf16_pairs()  # noqa: E731
+        dtype = default_compute_dtype(hw.kind, pairs, args.kernels, args.tp, args.dp, weights, kv)
+    elif dtype is None:
+        raise ValueError("give --hardware (a spec) or --fit FILE")
+    omit = ("weights", "tokenizer", "seed")
+    storage = {"weight_dtype": weights or "", "kv_dtype": kv or ""}
+    return ServerShape.from_args(args, omit, model=model, dtype=dtype, **storage)
+
+
+def cost_models(
+    args: argparse.Namespace, model: ModelSpec, shape: ServerShape
+) -> tuple[CostModel, CostModel, str]:
+    """(decode, prefill, words saying where the costs come from)."""
+    path = Path(args.fit) if args.fit else None
+    passed_over = ""  # a stored fit for this configuration that is no longer trusted, and why
+    if path is None and not args.no_fit and args.hardware == "local":
+        found = stored_fits_for(shape.fit_key())
+        path = next((f for f, why in found if why is None), None)
+        if path is None and found:  # each one there is stale
+            passed_over = (f"; the stored fit {found[0][0]} was passed over ({found[0][1]}): "
+                           f"`scaletui calibrate --model {model.name}` fits again")  # fmt: skip
+    if path is not None:
+        cost = load_fit(path)
+        if (cost.model, cost.tp, cost.dp) != (model.name, args.tp, args.dp):
+            print(f"scaletui simulate: warning: the fit is for {cost.model} tp {cost.tp} dp "
+                  f"{cost.dp}, not {model.name} tp {args.tp} dp {args.dp}",
+                  file=sys.stderr)  # fmt: skip
+        asked = {k: vars(args)[k] for k in ("dtype", "weight_dtype", "kv_dtype") if vars(args)[k]}
+        if any(vars(cost)[k] != v for k, v in asked.items()):
+            flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in asked.items())
+            print(f"scaletui simulate: warning: the fit is for {cost.describe_precision()}, "
+                  f"not {flags}", file=sys.stderr)  # fmt: skip
+        made = cost.info.get("date", "an unknown date")
+        return cost, cost, f"cost model: fit {path} ({cost.source}, {made})"
+    if not args.hardware:
+        raise ValueError("give --hardware (a spec) or --fit FILE")
+    hw = load_hardware(args.hardware)
+    p = shape.precision
+    gen_devices = args.tp * args.dp
+    pre_devices = args.prefill_devices or gen_devices
+    host = gen_devices + (pre_devices if shape.mode == "disaggregated" else 0)
+    kw = dict(dtype=p.compute, weight_dtype=p.weights, kv_dtype=p.kv, efficiency=args.efficiency,
+              flops_efficiency=args.flops_efficiency, overhead_s=args.overhead_ms / 1e3,
+              kernels=args.kernels)  # fmt: skip
+    decode = CostModel.assumed(model, hw, tp=args.tp, dp=args.dp, host_devices=host, **kw)
+    prefill = CostModel.assumed(model, hw, tp=args.tp, dp=max(pre_devices // args.tp, 1),
+                                host_devices=host, **kw)  # fmt: skip
+    eff = args.flops_efficiency or args.efficiency
+    words = (f"cost model: assumed, {args.efficiency:.0%} of {hw.name}'s bandwidth, {eff:.0%} of "
+             f"its FLOP/s, {args.overhead_ms:g} ms overhead (no fit)")  # fmt: skip
+    if hw.kind == "cpu" and host > 1:
+        words += f"; {host} virtual devices share the host's roofs"
+    return decode, prefill, words + passed_over
+
+
+def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
+    model = load_model(args.model)
+    shape = server_shape(args, model)
+    ms = {"intake_s": args.intake_ms, "gap_s": args.gap_ms, "gap_per_row_s": args.gap_per_row_ms}
+    timing = SimTiming(**{k: v / 1e3 for k, v in ms.items()})
+    decode, prefill, words = cost_models(args, model, shape)
+    workload = workload_from(args)
+    n = args.num_requests or (None if args.duration else 200)
+    growing = n is None and workload.closed_loop  # how many a closed loop sends: run and see
+    take = 1000 if growing else n
+    bos = BOS_TOKENS if args.prompt_format == "text" or args.dataset else 0  # BOS, then the prompt
+    t0 = time.perf_counter()
+    while True:
+        offsets, inp, out = schedule(workload, take, args.duration, MAX_REQUESTS)
+        inp = inp + bos
+        load = Load(offsets, inp, out, concurrency=args.concurrency,
+                    closed_loop=workload.closed_loop, duration=args.duration,
+                    requested_rate=args.qps, prefix_groups=args.prefix_groups,
+                    prefix_len=args.prefix_len and args.prefix_len + bos)  # fmt: skip
+        result = simulate(shape, decode, load, prefill, seed=args.seed, timing=timing)
+        if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
+            break
+        take = min(take * 4, MAX_REQUESTS)
+    seconds = time.perf_counter() - t0
+    result.summary["config"] = {
+        "simulated": True,
+        "server": {**shape.to_json(), **asdict(timing)},
+        "tp": args.tp,
+        "dp": args.dp,
+        "workload": asdict(replace(workload, prompt_format=args.prompt_format)),
+        "precision": decode.describe_precision(),
+        "cost_model": decode.to_dict(),
+        "cost_source": words,
+    }
+    return result, words, seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.qps is None and args.concurrency is None:
+            raise ValueError("give --qps RATE and/or --concurrency N")
+        result, words, seconds = run(args)
+    except (SpecError, ValueError, OSError) as exc:
+        said = exc.flag_line() if isinstance(exc, ConfigError) else exc  # names the flag
+        print(f"scaletui simulate: error: {said}", file=sys.stderr)
+        return 2
+    s = result.summary
+    if args.out:
+        Path(args.out).write_bytes(orjson.dumps(s, option=orjson.OPT_INDENT_2))
+    if args.json:
+        sys.stdout.write(orjson.dumps(s, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    print(f"simulated {s['num_prompts']} requests in {seconds:.2f} s at "
+          f"{s['config']['precision']}; {words}")  # fmt: skip
+    print(table(s))
+    batch = s.get("mean_running_batch")
+    print(f"mean running batch {batch:.2f} over {s['generate_calls']} generate calls"
+          if batch is not None else "no generate call")  # fmt: skip
+    return 0

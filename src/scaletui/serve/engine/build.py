@@ -1,0 +1,179 @@
+"""Engine building: the plan a config makes on these devices, and the JAX engine factory.
+
+`plan_engines` checks a config without building anything (sharding the devices cannot hold,
+native kernels that cannot run) and says which engines it builds where; `build_engines` makes
+the weights once on the host, casts or quantizes them to the config's weight precision (from
+dummy, safetensors or the caller's host params) and places them on each engine's mesh;
+`JaxEngineFactory` is the
+`engine_api.EngineFactory` the scheduler drives (build, and check before a drain, memory
+included).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import jax
+
+from scaletui.dtypes import default_compute_dtype as dtype_rule
+from scaletui.serve.engine import memory, native, pallas_attention
+from scaletui.serve.engine.engine_api import Engine, distinct
+from scaletui.serve.engine.jax_engine import JaxEngine
+from scaletui.serve.weights import quant, sharding, weights
+from scaletui.shape import ConfigError, ServerShape
+
+log = logging.getLogger("scaletui.serve")
+
+# the note for bf16 on XLA's CPU ops; its figures: docs/history/benchmarks-2026-12.md,
+# "Held-out engine calls on Zen 4, the server's precision at each tp"
+XLA_CPU_BF16 = ("bf16 compute on XLA's CPU ops, whose bf16 matmuls run several times slower "
+                "than its f32 ones (small, tp 2, a 1-step call at batch 1: 85 ms in bf16, 14 "
+                "in f32); --dtype f32 is faster here")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """One engine of a plan."""
+
+    role: str  # "both" (interleaved) | "prefill" | "generate"
+    devices: list
+    dp: int
+    kernels: str  # "native" (CPU kernels) | "pallas" (JAX's paged attention) | "xla"
+    note: str | None = None  # why XLA's ops run (kernels auto|native), or a native fallback
+
+    @property
+    def native(self) -> bool:
+        return self.kernels == "native"
+
+
+def default_compute_dtype(
+    kernels: str = "auto",
+    tp: int = 1,
+    dp: int = 1,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
+) -> str:
+    """`shape.default_compute_dtype` on JAX's default backend, with the native kernels asked
+    (they build on first use) whether they multiply bf16 pairs."""
+    pairs = lambda: native.available() and native.bf16_dot_products()  # noqa: E731
+    return dtype_rule(jax.default_backend(), pairs, kernels, tp, dp, weight_dtype, kv_dtype)
+
+
+def plan_engines(config: ServerShape, devices: list) -> list[EnginePlan]:
+    """The engines `config` builds on `devices`, checked without building them: a sharding the
+    devices cannot hold, or kernels='native' where the native kernels cannot run, raises
+    ConfigError naming the value and the fix (start-up and reconfigure ask before anything is
+    bound, drained or built).
+    """
+    m, tp, dp = config.model, config.tp, config.dp
+    pre, gen = sharding.split_devices(devices, config.mode, config.prefill_devices)
+    if config.mode == "disaggregated" and len(pre) % tp:
+        raise ConfigError(
+            "prefill_devices", config.prefill_devices, f"prefill devices ({len(pre)}) must be "
+            f"a multiple of tp={tp}", f"use a multiple of {tp} below {len(devices)}",
+        )  # fmt: skip
+    platform = devices[0].platform if devices else ""
+    sharding.validate(m, tp=tp, dp=dp, n_devices=len(gen), platform=platform)
+    if config.mode == "interleaved":
+        roles = [("both", gen[: tp * dp], dp)]
+    else:
+        roles = [("prefill", pre, len(pre) // tp), ("generate", gen[: tp * dp], dp)]
+    plan = []
+    for role, devs, d in roles:
+        plan.append(EnginePlan(role, devs, d, *_kernels(config, devs, d, platform)))
+    return plan
+
+
+def _kernels(config: ServerShape, devs: list, dp: int, platform: str) -> tuple[str, str | None]:
+    """(the kernels an engine on `devs` runs, a note saying why or how) for config.kernels."""
+    pallas = pallas_attention.kernel_for(platform)
+    if config.kernels == "pallas":
+        if pallas:
+            return "pallas", f"decode attention: JAX's Pallas {pallas.upper()} paged attention"
+        return "pallas", ("decode attention: JAX's Pallas GPU paged attention in interpret mode "
+                          f"on {platform or 'this platform'} (for tests: slow)")  # fmt: skip
+    if config.kernels == "auto" and pallas:
+        return "pallas", f"decode attention: JAX's Pallas {pallas.upper()} paged attention"
+    why_not = None
+    if config.kernels != "xla":
+        why_not = native.unusable(config, devs, dp=dp, tp=config.tp)
+    if config.kernels == "native" and why_not:
+        raise ConfigError("kernels", "native", f"kernels='native' is not usable here: "
+                          f"{why_not}", "use kernels auto or xla")  # fmt: skip
+    if config.kernels == "auto" and why_not is None:
+        why_not = native.slower_here()  # they run, but are not tuned for this CPU
+    use = config.kernels != "xla" and why_not is None
+    note = f"native kernels not used: {why_not}" if why_not and not use else None
+    if use and config.dtype == "bf16" and not native.bf16_dot_products():
+        note = ("native bf16 matmuls widen to f32 FMAs (this CPU has no AVX512_BF16): "
+                "the same results at f32's multiply rate")  # fmt: skip
+    if not use and platform == "cpu" and config.dtype == "bf16":
+        note = f"{note}; {XLA_CPU_BF16}" if note else XLA_CPU_BF16
+    return ("native" if use else "xla"), note
+
+
+def build_engines(
+    config: ServerShape,
+    devices: list[jax.Device] | None = None,
+    *,
+    vocab_size: int | None = None,
+    eos_id: int = -1,
+    host_params: dict | None = None,
+) -> tuple[JaxEngine, JaxEngine]:
+    """(prefill engine, generate engine); the same object twice when interleaved.
+
+    Weights are made (or read) once on the host, in a float dtype, then cast or quantized
+    once to `config.precision.weights` (`host_params` too, whatever float dtype they come in)
+    and placed on each mesh, so every mesh and mode computes with identical values.
+    `vocab_size`/`eos_id` come from the tokenizer.
+    """
+    m, p = config.model, config.precision
+    plan = plan_engines(config, list(devices or jax.devices()))
+    for e in plan:
+        if e.note and XLA_CPU_BF16 in e.note:
+            log.warning("%s engine: %s", e.role, XLA_CPU_BF16)
+    if host_params is None:
+        made = "f32" if p.weights == "int8" else p.weights  # int8 is quantized from f32
+        if config.weights:
+            host_params = weights.load_safetensors(config.weights, m, made)
+        else:
+            host_params = weights.dummy_params(m, config.seed, made)
+    host_params = quant.convert_params(host_params, p.compute, p.weights)
+    engines = [
+        JaxEngine(
+            config,
+            host_params,
+            e.devices,
+            dp=e.dp,
+            tp=config.tp,
+            role=e.role,
+            vocab_size=vocab_size,
+            eos_id=eos_id,
+            kernels=e.kernels,
+            kernels_note=e.note,
+        )  # fmt: skip
+        for e in plan
+    ]
+    return (engines[0], engines[0]) if len(engines) == 1 else (engines[0], engines[1])
+
+
+@dataclass(frozen=True)
+class JaxEngineFactory:
+    """`engine_api.EngineFactory` for the JAX engine, told the tokenizer's vocabulary and EOS."""
+
+    vocab_size: int | None = None  # sampling never goes beyond (default: the model's)
+    eos_id: int = -1
+
+    def build(self, config: ServerShape) -> tuple[Engine, Engine]:
+        return build_engines(config, vocab_size=self.vocab_size, eos_id=self.eos_id)
+
+    def check(self, config: ServerShape, current: tuple[Engine, Engine] | None = None) -> None:
+        """The plan on these devices, then the memory it needs against what they have (on CPU
+        counting the bytes the `current` engines hold, which a rebuild frees)."""
+        devices = jax.devices()
+        plan = plan_engines(config, devices)
+        held = sum(e.describe().held_bytes for e in distinct(current)) if current else 0
+        cap = memory.capacity(devices, held)
+        if cap is not None:
+            memory.check_fits(config, sum(p.dp for p in plan), cap)

@@ -1,0 +1,227 @@
+"""An Engine with outputs computable by hand, for scheduler/API tests and `scaletui serve --fake`.
+
+Prefill's first token is (last prompt token + 1) % vocab_size; each decode step emits
+(previous token + 1) % vocab_size. With the byte tokenizer the prompt "a" continues "bcd...",
+and a sequence reaches EOS (257) after byte 255 and BOS 256. `step_s` / `prefill_s` sleep to
+mimic compute, so timing behaviour (continuous batching, disconnects) is observable.
+`FakeEngineFactory` builds them the way `build.JaxEngineFactory` builds the real ones.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scaletui.serve.engine.engine_api import Engine, EngineInfo, Prefix, SamplingParams, StepOutput
+from scaletui.shape import ServerShape
+
+WARMUP_UNITS = 2  # "shapes": prefill and generate
+
+
+@dataclass
+class FakeState:
+    """Per-slot host arrays: the decode state the scheduler passes back."""
+
+    active: np.ndarray  # bool [B]
+    last: np.ndarray  # int32 [B]
+    lengths: np.ndarray  # int32 [B]
+    generated: np.ndarray  # int32 [B] tokens produced so far (the prefill one included)
+    params: list[SamplingParams | None] = field(default_factory=list)
+
+
+class FakeEngine:
+    """Implements `engine_api.Engine` on the host; `slots` and `max_seq_len` as configured."""
+
+    def __init__(
+        self,
+        slots: int,
+        max_seq_len: int,
+        vocab_size: int,
+        eos_id: int,
+        step_s: float = 0.0,
+        prefill_s: float = 0.0,
+        warmup_s: float = 0.0,
+        name: str = "fake",
+        *,
+        devices: tuple[int, ...] = (0,),  # ids it pretends to run on (for /stats)
+        dp: int = 1,
+        tp: int = 1,
+        page_size: int = 16,
+        pages: int = 0,  # per replica, scratch included; 0: every slot at max_seq_len
+    ) -> None:
+        self.slots, self.max_seq_len = slots, max_seq_len
+        self.replicas, self.page_size = dp, page_size
+        self.pages_per_seq = -(-max_seq_len // page_size)
+        self.pages = pages or slots // dp * self.pages_per_seq + 1
+        self.vocab_size, self.eos_id = vocab_size, eos_id
+        self.step_s, self.prefill_s, self.warmup_s = step_s, prefill_s, warmup_s
+        self.name, self.devices, self.dp, self.tp = name, devices, dp, tp
+        self._compiles = 0
+
+    def describe(self) -> EngineInfo:
+        """No kernels, no device memory; the mesh the config asked for."""
+        return EngineInfo(self.dp, self.tp, self.devices, "none", 0, 0, 0, 0, WARMUP_UNITS,
+                          page_size=self.page_size, kv_pages=self.pages)  # fmt: skip
+
+    def warmup(self, progress: Callable[[int, int], None] | None = None) -> float:
+        t0 = time.perf_counter()
+        for i in range(1, WARMUP_UNITS + 1):
+            time.sleep(self.warmup_s / WARMUP_UNITS)
+            self._compiles += 1
+            if progress is not None:
+                progress(i, WARMUP_UNITS)
+        return time.perf_counter() - t0
+
+    def compile_count(self) -> int:
+        return self._compiles
+
+    def init_decode_state(self) -> FakeState:
+        b = self.slots
+        return FakeState(
+            np.zeros(b, bool),
+            np.zeros(b, np.int32),
+            np.zeros(b, np.int32),
+            np.zeros(b, np.int32),
+            [None] * b,
+        )
+
+    def prefill(self, tokens: list[int], params: SamplingParams) -> Prefix:
+        assert 0 < len(tokens) < self.max_seq_len, len(tokens)
+        time.sleep(self.prefill_s)
+        first = (tokens[-1] + 1) % self.vocab_size
+        done = params.max_tokens <= 1 or self._is_eos(first, 1, params)
+        return Prefix(list(tokens), len(tokens), first, params, done)
+
+    def prefill_pages(
+        self,
+        state: FakeState,
+        tokens: list[int],
+        params: SamplingParams,
+        slot: int,
+        pages: Sequence[int],
+        start: int = 0,
+        stop: int | None = None,
+    ) -> tuple[FakeState, Prefix | None]:
+        """prefill's outputs; sleeps prefill_s for the share of the prompt it runs."""
+        n, stop = len(tokens), len(tokens) if stop is None else stop
+        if not 0 <= start < stop <= n or start % self.page_size:
+            raise ValueError(f"prefill_pages: need 0 <= start < stop <= {n}, start a multiple "
+                             f"of {self.page_size}, got start={start} stop={stop}")  # fmt: skip
+        if len(pages) < -(-stop // self.page_size) or not all(0 < p < self.pages for p in pages):
+            raise ValueError(f"positions up to {stop} need {-(-stop // self.page_size)} pages "
+                             f"in [1, {self.pages}), got {list(pages)}")  # fmt: skip
+        time.sleep(self.prefill_s * (stop - start) / n)
+        if stop < n:
+            return state, None
+        first = (tokens[-1] + 1) % self.vocab_size
+        done = params.max_tokens <= 1 or self._is_eos(first, 1, params)
+        return state, Prefix(None, n, first, params, done)
+
+    def transfer(self, prefix: Prefix, to: object) -> Prefix:
+        p = prefix
+        return Prefix(list(p.kv), p.length, p.first_token, p.params, p.done)
+
+    def insert(
+        self, state: FakeState, prefix: Prefix, slot: int, pages: Sequence[int]
+    ) -> FakeState:
+        assert not state.active[slot], f"slot {slot} is busy"
+        need = -(-prefix.length // self.page_size)
+        if len(pages) < need or not all(0 < p < self.pages for p in pages):
+            raise ValueError(f"a {prefix.length}-token prefix needs {need} pages in [1, "
+                             f"{self.pages}), got {list(pages)}")  # fmt: skip
+        state.active[slot] = True
+        state.last[slot] = prefix.first_token
+        state.lengths[slot] = prefix.length
+        state.generated[slot] = 1
+        state.params[slot] = prefix.params
+        return state
+
+    def release(self, state: FakeState, slot: int) -> FakeState:
+        state.active[slot] = False
+        state.params[slot] = None
+        return state
+
+    def generate(
+        self, state: FakeState, steps: int, pages: np.ndarray
+    ) -> tuple[FakeState, StepOutput]:
+        self._check_pages(state, steps, pages)
+        time.sleep(self.step_s * steps)
+        b = self.slots
+        tokens = np.zeros((steps, b), np.int32)
+        valid = np.zeros((steps, b), bool)
+        done = np.zeros((steps, b), bool)
+        for s in range(steps):
+            for slot in np.flatnonzero(state.active):
+                params = state.params[slot]
+                token = (int(state.last[slot]) + 1) % self.vocab_size
+                state.lengths[slot] += 1  # the previous token's KV is now in the cache
+                state.generated[slot] += 1
+                state.last[slot] = token
+                n = int(state.generated[slot])
+                finished = (
+                    n >= params.max_tokens
+                    or self._is_eos(token, n, params)
+                    or state.lengths[slot] >= self.max_seq_len
+                )
+                tokens[s, slot], valid[s, slot], done[s, slot] = token, True, finished
+                if finished:
+                    state.active[slot] = False
+        return state, StepOutput(tokens, valid, done, state.lengths.copy())
+
+    def _check_pages(self, state: FakeState, steps: int, pages: np.ndarray) -> None:
+        """What the real engine needs and cannot check on the device: every active slot holds
+        pages for each position the call writes, and no two slots write into the same page."""
+        written: dict[int, int] = {}
+        for slot in np.flatnonzero(state.active):
+            length, left = int(state.lengths[slot]), self._left(state, slot)
+            last = min(length + min(steps, left), self.max_seq_len) - 1  # the last one written
+            held = pages[slot, : last // self.page_size + 1]
+            if not (held > 0).all():
+                raise ValueError(f"slot {slot} at length {length} writes up to position {last} "
+                                 f"but holds pages {pages[slot].tolist()}")  # fmt: skip
+            for page in held[length // self.page_size :]:
+                other = written.setdefault(int(page), int(slot))
+                if other != slot:
+                    raise ValueError(f"slots {other} and {slot} both write page {page}")
+
+    def _left(self, state: FakeState, slot: int) -> int:
+        """Tokens slot `slot` may still produce (its max_tokens less what it has)."""
+        return state.params[slot].max_tokens - int(state.generated[slot])
+
+    def _is_eos(self, token: int, generated: int, params: SamplingParams) -> bool:
+        return token == self.eos_id and not params.ignore_eos and generated >= params.min_tokens
+
+
+@dataclass(frozen=True)
+class FakeEngineFactory:
+    """`engine_api.EngineFactory` for FakeEngines: one engine twice when interleaved, else two
+    on consecutive (pretend) device ids. Every config the ServerShape accepts is buildable."""
+
+    vocab_limit: int | None = None  # the tokenizer's vocabulary (default: the model's)
+    eos_id: int = 257
+    step_s: float = 0.002
+    prefill_s: float = 0.002
+    warmup_s: float = 0.0
+    engine: type[FakeEngine] = FakeEngine  # tests pass a subclass that fails on purpose
+
+    def build(self, config: ServerShape) -> tuple[Engine, Engine]:
+        vocab = self.vocab_limit or config.model.vocab_size
+        n = config.tp * config.dp
+
+        def make(name: str, first: int) -> FakeEngine:
+            return self.engine(
+                config.slots, config.max_seq_len, vocab, self.eos_id, self.step_s,
+                self.prefill_s, self.warmup_s, name, devices=tuple(range(first, first + n)),
+                dp=config.dp, tp=config.tp, page_size=config.page_size, pages=config.pages,
+            )  # fmt: skip
+
+        if config.mode == "interleaved":
+            engine = make("fake", 0)
+            return engine, engine
+        return make("fake-prefill", 0), make("fake-generate", n)
+
+    def check(self, config: ServerShape, current: tuple[Engine, Engine] | None = None) -> None:
+        """Nothing to check: fakes hold no device memory and run on any 'mesh'."""

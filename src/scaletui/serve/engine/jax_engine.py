@@ -1,0 +1,327 @@
+"""The JAX engine: `engine_api.Engine` over one mesh, every shape compiled ahead of time.
+
+Each hot verb is one ahead-of-time compiled executable per shape: prefill per power-of-two
+prompt bucket (plus one chunk shape for prompts past the largest bucket), insert per prefix
+length, generate per KV-length bucket (a power-of-two number of pages). `warmup()` compiles
+them all and runs each once (warm.py); afterwards a request can only reuse them (a new shape
+would show in `compile_count()`). `generate` runs k decode steps in one `fori_loop`, donates
+the decode state and copies one packed int32 array to the host. The bucket is picked on the
+host from a mirror of the slot lengths, so no device sync picks it. The KV cache is paged
+(kv_cache.py): the scheduler owns the page tables (pages.py) and hands each insert its pages
+and each generate call every row's table.
+An engine built with `kernels="native"` (build.py decides from `--kernels`: unsharded, on CPU)
+holds its weights in the native layout and runs the native C++ kernels for matmuls and decode
+attention (`serve/engine/native`); `kernels="pallas"` runs XLA ops with decode attention on JAX's
+Pallas paged-attention kernel over a head-major pool (GPU/TPU); others run XLA ops, over
+weights stored as the config's precision says (f32, bf16, or int8 with per-channel scales:
+quant.py) and a KV cache likewise (int8 with a scale per position and KV head). The jitted
+bodies live in steps.py; compiling them per shape, and `warmup()`, in programs.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import cached_property
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scaletui.serve.engine import kv_cache, model, pallas_attention
+from scaletui.serve.engine.engine_api import (
+    EngineInfo,
+    Prefix,
+    SamplingParams,
+    StepOutput,
+    check_request,
+)
+from scaletui.serve.engine.kv_cache import SlotState
+from scaletui.serve.engine.native import pack_params, pairs_for
+from scaletui.serve.engine.programs import EnginePrograms
+from scaletui.serve.engine.steps import PrefillArgs, StepConsts
+from scaletui.serve.weights import quant, sharding, weights
+from scaletui.shape import ServerShape, pow2_buckets
+
+JNP_DTYPES = quant.JNP
+
+
+class JaxEngine(EnginePrograms):
+    """One compiled model on one device mesh. role: 'both' | 'prefill' | 'generate'."""
+
+    def __init__(
+        self,
+        config: ServerShape,
+        host_params: dict,
+        devices: list[jax.Device],
+        *,
+        dp: int,
+        tp: int,
+        role: str = "both",
+        vocab_size: int | None = None,
+        eos_id: int = -1,
+        kernels: str = "xla",
+        kernels_note: str | None = None,
+    ) -> None:
+        m = config.model
+        sharding.validate(m, tp=tp, dp=dp, n_devices=len(devices))
+        self.config, self.model, self.role = config, m, role
+        self.slots, self.max_seq_len = config.slots, config.max_seq_len
+        # device rows: one spare, never-active row when slots == 1, because XLA drops a size-1
+        # slot axis and then copies every cache chunk per step instead of updating in place
+        self.rows = max(self.slots, 2)
+        self.replicas = dp  # each data-parallel replica has its own rows and its own pages
+        self.page_size, self.pages = config.page_size, config.pages  # pages: per replica
+        self.pages_per_seq = config.pages_per_seq  # a page table row's width
+        self.vocab_size = vocab_size or m.vocab_size  # sampling never goes beyond
+        self.eos_id = eos_id
+        self.devices = list(devices)
+        self.mesh = sharding.make_mesh(self.devices, dp, tp)
+        self.precision = p = config.precision
+        self.dtype = jnp.dtype(JNP_DTYPES[p.compute])  # activations
+        self.kv_dtype = jnp.dtype(JNP_DTYPES[p.kv])  # KV-cache storage (int8: with scales)
+        # build.plan_engines checked the kernels can run here: "native" (CPU), "pallas" (decode
+        # attention on JAX's Pallas kernels: GPU/TPU, or interpreted on CPU) or "xla"
+        self.kernels = kernels
+        self.native = kernels == "native"
+        self.kernels_note = kernels_note  # why not native (kernels != xla, XLA runs), or a fallback
+        host_params = quant.convert_params(host_params, p.compute, p.weights)  # free if done
+        platform = self.devices[0].platform
+        if self.native:  # fused, packed weights for the native dense kernel
+            self.ops = model.native_ops_for(self.dtype)
+            packed = pack_params(host_params, pairs=pairs_for(p.compute))
+            self.params = jax.device_put(packed, self.mesh.devices.flat[0])
+        else:  # on CPU unsharded, int8 / cast weights are converted a panel at a time
+            panel = platform == "cpu" and tp == 1
+            if kernels == "pallas":  # on CPU the GPU kernel, interpreted (tests)
+                kernel = pallas_attention.kernel_for(platform) or "gpu"
+                self.ops = model.pallas_ops(self.mesh, kernel, self.dtype, panel,
+                                            interpret=platform == "cpu")  # fmt: skip
+            else:
+                self.ops = model.xla_ops(compute=self.dtype, panel=panel, replicas=dp)
+            self.params = weights.place(host_params, m, self.mesh)
+        # a bf16 pool as its bits on CPU (kv_cache: XLA CPU would rewrite the whole pool per page
+        # written); Pallas' kernels, interpreted on CPU as well, read bf16
+        self.kv_bits = platform == "cpu" and kernels != "pallas"
+        buckets = tuple(b for b in config.prefill_buckets if b <= self.max_seq_len)
+        self.prefill_buckets = buckets or (self.max_seq_len,)
+        self.chunk = self.prefill_buckets[-1]
+        n_chunks = -(-self.max_seq_len // self.chunk)
+        self.chunked_len = n_chunks * self.chunk if self.chunk < self.max_seq_len else 0
+        # decode buckets: KV lengths of 2^i pages (a row's table is sliced to the bucket)
+        self.decode_buckets = tuple(b * self.page_size for b in pow2_buckets(1, self.pages_per_seq))
+        self._rep = sharding.replicated(self.mesh)
+        self._state_sh = kv_cache.state_shardings(
+            m, self.mesh, self.rows, dp * self.pages, self.page_size, self.kv_dtype,
+            self.ops.layout,
+        )  # fmt: skip
+        self._exes: dict[tuple, object] = {}
+        # (steps, vocab_size, eos_id) -> their device copies, placed once instead of every step
+        self._consts: dict[tuple[int, int, int], StepConsts] = {}
+        self.compile_seconds = 0.0
+        self.warm_runs: list[tuple[str, int]] = []  # what warmup ran once (warm.py)
+        self.warm_run_seconds = 0.0
+        self.last_step_stats: dict = {}  # the last generate call's bucket (bench/)
+
+    # --- what this engine is (for /stats and the memory check) ---------------------------------
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        return {name: int(n) for name, n in self.mesh.shape.items()}
+
+    @cached_property  # the weights never change; /stats asks on every poll
+    def weight_bytes(self) -> int:
+        """Weight bytes summed over this engine's devices (replicas counted on each)."""
+        leaves = jax.tree.leaves(self.params)
+        return sum(sh.data.nbytes for x in leaves for sh in x.addressable_shards)
+
+    @cached_property
+    def weight_bytes_per_device(self) -> int:
+        return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(self.params))
+
+    @cached_property
+    def kv_cache_bytes_per_device(self) -> int:
+        """K/V pages (and int8 scales) on the busiest device, in their storage dtypes."""
+        spec = jax.tree.leaves(self._state_spec().cache)
+        return sum(int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize for a in spec)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.kv_cache_bytes_per_device * len(self.devices)
+
+    def describe(self) -> EngineInfo:
+        shape = self.mesh_shape
+        return EngineInfo(
+            data=shape["data"],
+            model=shape["model"],
+            devices=tuple(int(d.id) for d in self.mesh.devices.flat),
+            kernels=self.kernels,
+            weight_bytes=self.weight_bytes,
+            kv_cache_bytes=self.kv_cache_bytes,
+            weight_bytes_per_device=self.weight_bytes_per_device,
+            kv_cache_bytes_per_device=self.kv_cache_bytes_per_device,
+            warmup_total=len(self._warmup_jobs()),
+            dtype=self.precision.compute,
+            weight_dtype=self.precision.weights,
+            kv_dtype=self.precision.kv,
+            kernels_note=self.kernels_note,
+            page_size=self.page_size,
+            kv_pages=self.pages,
+        )
+
+    def compile_count(self) -> int:
+        return len(self._exes)
+
+    # --- the verbs ------------------------------------------------------------------------------
+
+    def init_decode_state(self) -> SlotState:
+        init, _ = self._misc_exes()
+        return SlotState(init(), np.zeros(self.rows, np.int32), np.zeros(self.rows, bool))
+
+    def prefill(self, tokens: list[int], params: SamplingParams) -> Prefix:
+        check_request(tokens, params, self.max_seq_len, self.model.vocab_size)
+        n = len(tokens)
+        args = lambda start: self._put(PrefillArgs.of(n, params, self.vocab_size, start))
+        if n <= self.chunk:
+            t = next(b for b in self.prefill_buckets if b >= n)
+            padded = np.zeros(t, np.int32)
+            padded[:n] = tokens
+            kv, tok = self._prefill_exe(t)(self.params, self._put(padded), args(0))
+        else:
+            zeros, step = self._chunk_exes()
+            kv = zeros()
+            padded = np.zeros(self.chunked_len, np.int32)
+            padded[:n] = tokens
+            for start in range(0, n, self.chunk):
+                chunk = self._put(padded[start : start + self.chunk])
+                kv, tok = step(self.params, chunk, args(start), kv)
+        first = int(tok)
+        eos = first == self.eos_id and params.min_tokens == 0 and not params.ignore_eos
+        return Prefix(kv, n, first, params, done=eos or params.max_tokens <= 1)
+
+    def prefill_pages(
+        self,
+        state: SlotState,
+        tokens: list[int],
+        params: SamplingParams,
+        slot: int,
+        pages: Sequence[int],
+        start: int = 0,
+        stop: int | None = None,
+    ) -> tuple[SlotState, Prefix | None]:
+        """Prefill tokens[start:stop] of a prompt straight into `slot`'s pages (ids in its
+        replica, covering the prompt; positions before `start`, earlier chunks or a cached
+        prefix, are already there), in chunks of the largest bucket. -> (state, the Prefix to
+        `insert` (kv None: it is in the pages) once `stop` reaches the prompt's end, else
+        None)."""
+        check_request(tokens, params, self.max_seq_len, self.model.vocab_size)
+        n, stop, size = len(tokens), len(tokens) if stop is None else stop, self.page_size
+        if not 0 <= start < stop <= n or start % size or len(pages) > self.pages_per_seq:
+            raise ValueError(f"prefill_pages: need 0 <= start < stop <= {n}, start a multiple "
+                             f"of the page size {size} and at most {self.pages_per_seq} pages, "
+                             f"got start={start} stop={stop} and {len(pages)} pages")  # fmt: skip
+        base = slot // (self.rows // self.replicas) * self.pages  # the replica's scratch page
+        row = np.full(self.pages_per_seq, base, np.int32)
+        row[: len(pages)] += np.asarray(pages, np.int32)
+        row, scratch, arrays = self._put(row), self._put(np.int32(base)), state.arrays
+        tok, step = None, max(size, self.chunk // size * size)  # chunks from page boundaries
+        if step > self.chunk and stop - start > self.chunk:
+            raise ValueError(f"a {stop - start}-token prompt runs in pieces of whole pages "
+                             f"({size} tokens), longer than the largest prefill bucket "
+                             f"({self.chunk}): start the server with max_prefill_bucket >= "
+                             f"page_size")  # fmt: skip
+        for cur in range(start, stop, step):
+            c = min(stop - cur, step)
+            t = next(b for b in self.prefill_buckets if b >= c)
+            padded = np.zeros(t, np.int32)
+            padded[:c] = tokens[cur : cur + c]
+            args = self._put(PrefillArgs.of(cur + c, params, self.vocab_size, cur))
+            prior = self._gather_exe()(arrays.cache, row) if cur else self._no_prior
+            exe = self._paged_prefill_exe(t)
+            arrays, tok = exe(self.params, arrays, self._put(padded), args, row, scratch, prior)
+        state = SlotState(arrays, state.lengths, state.active)
+        if stop < n:
+            return state, None
+        first = int(tok)
+        eos = first == self.eos_id and params.min_tokens == 0 and not params.ignore_eos
+        return state, Prefix(None, n, first, params, done=eos or params.max_tokens <= 1)
+
+    def transfer(self, prefix: Prefix, to: JaxEngine) -> Prefix:
+        if to is self:
+            return prefix
+        t = prefix.kv[0][0].shape[0]
+        kv = jax.device_put(prefix.kv, to._prefix_sh(t))
+        return replace(prefix, kv=kv)
+
+    def insert(
+        self, state: SlotState, prefix: Prefix, slot: int, pages: Sequence[int]
+    ) -> SlotState:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot must be in [0, {self.slots}), got {slot}")
+        if prefix.length >= self.max_seq_len:
+            raise ValueError(f"prefix length {prefix.length} >= max_seq_len {self.max_seq_len}")
+        need = -(-prefix.length // self.page_size)
+        if len(pages) < need or not all(0 < p < self.pages for p in pages):
+            raise ValueError(f"a {prefix.length}-token prefix needs {need} pages in [1, "
+                             f"{self.pages}), got {list(pages)}")  # fmt: skip
+        # global page ids in the slot's replica; the bucket's padding past the prefix's pages
+        # goes to the replica's scratch page
+        active = not prefix.done
+        ints, floats = kv_cache.pack_insert_args(
+            slot, prefix.length, prefix.first_token, active, prefix.params
+        )
+        ints, floats = self._put(ints), self._put(floats)
+        if prefix.kv is None:  # prefill_pages wrote its K/V into the pages already
+            arrays = self._activate_exe()(state.arrays, ints, floats)
+        else:
+            t = prefix.kv[0][0].shape[0]
+            base = slot // (self.rows // self.replicas) * self.pages
+            ids = np.full(-(-t // self.page_size), base, np.int32)
+            n = min(len(pages), ids.size)
+            ids[:n] += np.asarray(pages[:n], np.int32)
+            arrays = self._insert_exe(t)(state.arrays, prefix.kv, ints, floats, self._put(ids))
+        lengths, act = state.lengths.copy(), state.active.copy()
+        lengths[slot], act[slot] = prefix.length, active
+        return SlotState(arrays, lengths, act)
+
+    def release(self, state: SlotState, slot: int) -> SlotState:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot must be in [0, {self.slots}), got {slot}")
+        _, rel = self._misc_exes()
+        act = state.active.copy()
+        act[slot] = False
+        return SlotState(rel(state.arrays, self._put(np.int32(slot))), state.lengths, act)
+
+    def pick_bucket(self, lengths: np.ndarray, active: np.ndarray, steps: int) -> int:
+        need = int(lengths[active].max(initial=0)) + steps
+        return next((b for b in self.decode_buckets if b >= need), self.decode_buckets[-1])
+
+    def generate(
+        self, state: SlotState, steps: int, pages: np.ndarray
+    ) -> tuple[SlotState, StepOutput]:
+        """`pages` [slots, >= W]: each slot's page table (local ids, 0 where it holds none),
+        covering every position this call writes (lengths + steps)."""
+        if not 1 <= steps <= self.config.decode_steps:
+            raise ValueError(f"steps must be in [1, {self.config.decode_steps}], got {steps}")
+        bucket = self.pick_bucket(state.lengths, state.active, steps)
+        exe = self._generate_exe(bucket)
+        table = np.zeros((self.rows, bucket // self.page_size), np.int32)
+        w = min(table.shape[1], pages.shape[1])
+        table[: pages.shape[0], :w] = pages[:, :w]
+        key = (steps, self.vocab_size, self.eos_id)
+        consts = self._consts.get(key)
+        if consts is None:
+            consts = self._consts[key] = self._put(StepConsts(*map(np.int32, key)))
+        table = jax.device_put(table, self._table_sh(table.shape))
+        arrays, packed = exe(self.params, state.arrays, consts, table)
+        host = np.asarray(packed)  # the one host sync
+        out = host[:-1].reshape(self.config.decode_steps, 3, self.rows)[:steps]
+        lengths = host[-1].copy()
+        done = out[:, 2].astype(bool)
+        active = state.active & ~done.any(axis=0)
+        self.last_step_stats = {"bucket": bucket, "steps": steps, "active": int(state.active.sum())}
+        n = self.slots
+        result = StepOutput(
+            out[:, 0, :n].copy(), out[:, 1, :n].astype(bool), done[:, :n], lengths[:n].copy()
+        )
+        return SlotState(arrays, lengths, active), result

@@ -1,0 +1,462 @@
+"""LLaMA-3 forward as pure functions over a params pytree (RMSNorm, RoPE, GQA, SwiGLU).
+
+Params (see `weights.param_axes`): `embed` [V, D], optional `lm_head` [V, D] (untied), `norm`
+[D], and `layers`, a list of dicts with `attn_norm` [D], `wq` [D, N, H], `wk`/`wv` [D, K, H],
+`wo` [N, H, D], `mlp_norm` [D], `w_gate`/`w_up` [D, F], `w_down` [F, D]. RoPE uses the
+rotate-half convention of HF checkpoints. Three entry points: `forward` (full causal sequence,
+the reference), `prefill` (one prompt chunk, returning its K/V) and `decode` (one token per
+slot row against a paged cache, attending over a static bucket of each row's pages only).
+
+The op set is an argument, picked once when the engine is built: `xla_ops(...)` (`XLA` is the
+default, over the layout above, with any weight precision of `quant.py`: plain, cast or int8
+`QTensor` matrices) or `native_ops_for(compute)` (`NATIVE` in f32; over `native.pack_params`'
+fused, packed projections in f32, bf16 or int8), whose matmuls run the native dense kernel and
+whose decode attention runs the native kernel, writing the step's K/V in place. The KV cache
+may be stored in f32, bf16 or int8 (with a scale per position and KV head); attention always
+reads it back in the compute dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from scaletui.serve.engine import kv_cache, pallas_attention
+from scaletui.serve.engine import native as native_ops
+from scaletui.serve.weights import quant
+from scaletui.serve.weights.quant import QTensor, dense
+from scaletui.specs import ModelSpec
+
+NEG = -1e30  # finite "minus infinity": fully masked rows stay NaN-free
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    y = xf * lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin tables [..., H] for integer positions [...] (halves repeated: rotate-half)."""
+    inv = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    ang = positions.astype(jnp.float32)[..., None] * inv
+    ang = jnp.concatenate([ang, ang], axis=-1)
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [..., heads, H]; cos/sin [..., H] broadcast over the heads axis."""
+    half = x.shape[-1] // 2
+    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    c, s = cos[..., None, :], sin[..., None, :]
+    return (x.astype(jnp.float32) * c + rot.astype(jnp.float32) * s).astype(x.dtype)
+
+
+def embed_tokens(params: dict, tokens: jax.Array, m: ModelSpec, compute=None) -> jax.Array:
+    """Token ids [...] -> embeddings [..., D] (in `compute`; None: the table's dtype)."""
+    return quant.embed_rows(params["embed"], tokens, compute)
+
+
+def mlp(p: dict, h: jax.Array, m: ModelSpec, panel: bool = False) -> jax.Array:
+    gate = dense("...D,DF->...F", h, p["w_gate"], panel=panel)
+    up = dense("...D,DF->...F", h, p["w_up"], panel=panel)
+    return dense("...F,FD->...D", jax.nn.silu(gate) * up, p["w_down"], panel=panel)
+
+
+def logits_of(params: dict, x: jax.Array, m: ModelSpec, panel: bool = False) -> jax.Array:
+    """Final norm and output projection: x [..., D] -> f32 logits [..., V]."""
+    h = rms_norm(x, params["norm"], m.norm_eps)
+    table = params.get("lm_head", params["embed"])  # [V, D]
+    return dense("...D,VD->...V", h, table, panel=panel, out=jnp.float32)
+
+
+def qkv_proj(
+    p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array, m: ModelSpec, panel: bool = False
+) -> tuple:
+    q = apply_rope(dense("...D,DNH->...NH", h, p["wq"], panel=panel), cos, sin)
+    k = apply_rope(dense("...D,DKH->...KH", h, p["wk"], panel=panel), cos, sin)
+    v = dense("...D,DKH->...KH", h, p["wv"], panel=panel)
+    return q, k, v
+
+
+def out_proj(p: dict, o: jax.Array, m: ModelSpec, panel: bool = False) -> jax.Array:
+    """Attention output o [..., N, H] -> [..., D]."""
+    flat = o.reshape(*o.shape[:-2], -1)
+    wo = p["wo"]  # 2-D, so XLA does not re-lay out the weight
+    if isinstance(wo, QTensor):
+        wo = QTensor(wo.q.reshape(flat.shape[-1], -1), wo.scale)
+    else:
+        wo = wo.reshape(flat.shape[-1], -1)
+    return dense("...E,ED->...D", flat, wo, panel=panel)
+
+
+# --- the native layout (native.pack_params): fused projections packed in panels -----------------
+
+
+def native_embed(params: dict, tokens: jax.Array, m: ModelSpec, compute=jnp.float32) -> jax.Array:
+    """Embeddings in `compute` (the activations' dtype). A tied model's native layout keeps the
+    table only once, packed for the lm head (table^T as [V/P, D, P]), and gathers from that."""
+    if not m.tied_embeddings:
+        return quant.embed_rows(params["embed"], tokens, compute)
+    head = params["lm_head"]
+    panels = head.q if isinstance(head, QTensor) else head
+    if native_ops.is_pairs(head):  # [V/P, D/2, 2P]: column c's pair of rows at 2c, 2c + 1
+        width = panels.shape[-1] // 2
+        at = 2 * (tokens % width)
+        take = lambda col: quant.take_rows(panels, (tokens // width, slice(None), col))
+        pair = jnp.stack([take(at), take(at + 1)], -1)
+        return pair.reshape(*tokens.shape, -1)[..., : m.d_model].astype(compute)
+    width = panels.shape[-1]
+    rows = quant.take_rows(panels, (tokens // width, slice(None), tokens % width))
+    rows = rows.astype(jnp.float32)
+    rows = rows * head.scale[tokens][..., None] if isinstance(head, QTensor) else rows
+    return rows.astype(compute)
+
+
+# The kernels take x in the activations' dtype and return f32 sums, rounded here to that dtype
+# once, as quant.dense does for XLA's ops: the two op sets compute the same bf16 model.
+
+
+def native_mlp(p: dict, h: jax.Array, m: ModelSpec) -> jax.Array:
+    gateup = native_ops.dense(h, p["w_gateup"], 2 * m.d_ff).astype(h.dtype)
+    gate, up = jnp.split(gateup, 2, axis=-1)
+    return native_ops.dense(jax.nn.silu(gate) * up, p["w_down"], m.d_model).astype(h.dtype)
+
+
+def native_logits(params: dict, x: jax.Array, m: ModelSpec) -> jax.Array:
+    h = rms_norm(x, params["norm"], m.norm_eps)
+    return native_ops.dense(h, params["lm_head"], m.vocab_size)
+
+
+def native_qkv(p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array, m: ModelSpec) -> tuple:
+    n, k, hd = m.n_heads, m.n_kv_heads, m.head_dim
+    y = native_ops.dense(h, p["wqkv"], (n + 2 * k) * hd).astype(h.dtype)
+    q, k, v = jnp.split(y.reshape(*y.shape[:-1], n + 2 * k, hd), [n, n + k], axis=-2)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def native_out(p: dict, o: jax.Array, m: ModelSpec) -> jax.Array:
+    flat = o.reshape(*o.shape[:-2], -1)
+    return native_ops.dense(flat, p["wo"], m.d_model).astype(o.dtype)
+
+
+def native_decode_attention(q, k, v, positions, pages, layer: dict) -> tuple:
+    """The native kernel over an f32, bf16 or int8 pool (unsharded: page ids are global):
+    writes and attends exactly each row's live positions, reading its pages in place."""
+    stored = layer["k"].dtype
+    step = quant.store_kv(k, v, kv_cache.value_dtype(stored))
+    step = (*(kv_cache.to_pool(a, stored) for a in step[:2]), *step[2:])  # the kernel's types
+    o, layer = native_ops.decode_attention(q.astype(jnp.float32), step, positions, pages, layer)
+    return o.astype(q.dtype), layer
+
+
+class Ops(NamedTuple):
+    """The functions a forward pass runs with, for one params layout (see the docstring)."""
+
+    embed: Callable  # (params, tokens [...], m) -> [..., D]
+    qkv: Callable  # (layer, h [..., D], cos, sin, m) -> q [..., N, H], k, v [..., K, H]
+    out: Callable  # (layer, o [..., N, H], m) -> [..., D]
+    mlp: Callable  # (layer, h [..., D], m) -> [..., D]
+    logits: Callable  # (params, x [..., D], m) -> f32 [..., V]
+    # (q [R, N, H], k/v [R, K, H], positions [B], page table [B, W], one layer's pool
+    # (kv_cache.DecodeState)) -> (o [R, N, H], the pool with the step's K/V at each row's
+    # position)
+    decode_attention: Callable
+    layout: str = kv_cache.PAGE_MAJOR  # the pool layout decode_attention reads (kv_cache.LAYOUTS)
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """q [B, T, N, H], k/v [B, S, K, H], mask [B, T, S] -> [B, T, N, H]."""
+    b, t, n, hd = q.shape
+    kh = k.shape[2]
+    qg = q.reshape(b, t, kh, n // kh, hd)
+    s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
+    s = jnp.where(mask[:, None, None], s * hd**-0.5, NEG)
+    pr = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    o = jnp.einsum("BKGTS,BSKH->BTKGH", pr, v)
+    return o.reshape(b, t, n, hd)
+
+
+def forward(params: dict, tokens: jax.Array, m: ModelSpec, ops: Ops | None = None) -> jax.Array:
+    """Reference: tokens [B, T] -> logits [B, T, V], causal over the whole sequence."""
+    ops = ops or XLA
+    t = tokens.shape[1]
+    x = ops.embed(params, tokens, m)  # [B, T, D]
+    cos, sin = rope(jnp.arange(t), m.head_dim, m.rope_theta)
+    mask = jnp.tril(jnp.ones((t, t), bool))[None]
+    for p in params["layers"]:
+        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        x = x + ops.out(p, _attend(q, k, v, mask), m)
+        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+    return ops.logits(params, x, m)
+
+
+def prefill(
+    params: dict,
+    tokens: jax.Array,
+    true_len: jax.Array,
+    m: ModelSpec,
+    start: jax.Array | int = 0,
+    prior: list[tuple] | None = None,
+    ops: Ops | None = None,
+    kv_dtype: jnp.dtype | None = None,
+) -> tuple[jax.Array, list[tuple]]:
+    """One prompt chunk. tokens [T] at positions start..start+T-1; true_len = prompt length.
+
+    Without `prior` the chunk is the whole prompt: returns (logits [V] at position true_len-1,
+    per-layer (k, v) [T, K, H]). With `prior` (per-layer (k, v) [S, K, H] holding the earlier
+    chunks at 0..start-1), the chunk's K/V are written into it at `start` and attention reads
+    the whole buffer; returns the updated buffer. K/V are stored in `kv_dtype` (None: the
+    compute dtype; int8 entries are (k, v, k_scale [., K], v_scale), see `quant.store_kv`), and
+    attention reads what is stored, so a prompt sees the cache precision decode will see.
+    """
+    ops = ops or XLA
+    t = tokens.shape[0]
+    pos = start + jnp.arange(t)
+    x = ops.embed(params, tokens, m)[None]  # [1, T, D]
+    cos, sin = rope(pos, m.head_dim, m.rope_theta)
+    kv_out = []
+    for i, p in enumerate(params["layers"]):
+        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        entry = quant.store_kv(k[0], v[0], kv_dtype)  # [T, K, H] (+ scales [T, K])
+        if prior is None:
+            kpos = pos
+        else:
+            at = lambda a: (start,) + (0,) * (a.ndim - 1)
+            entry = tuple(lax.dynamic_update_slice(b, a.astype(b.dtype), at(a))
+                          for a, b in zip(entry, prior[i], strict=True))  # fmt: skip
+            kpos = jnp.arange(entry[0].shape[0])
+        kv_out.append(entry)
+        keys, vals = quant.load_kv(entry, q.dtype)
+        mask = (kpos[None, :] <= pos[:, None])[None]  # [1, T, S]
+        x = x + ops.out(p, _attend(q, keys[None], vals[None], mask), m)
+        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+    last = jnp.clip(true_len - 1 - start, 0, t - 1)
+    h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
+    return ops.logits(params, h, m), kv_out
+
+
+def gather_pages(
+    cache: list[dict], pages: jax.Array, layout: str = kv_cache.PAGE_MAJOR
+) -> list[dict]:
+    """A sequence's pages `pages` [W] of every layer, page-major whatever the pool's layout:
+    {"k": [W, K, H, S], "v": [W, K, S, H]} (int8: and scales [W, K, S]), for
+    `prefill_paged`'s `prior`, as the pool stores them (bf16 bits stay bits: `_attend_chunk`
+    reads them a page at a time, where a bf16 slice would convert the whole prior to f32)."""
+    if layout == kv_cache.PAGE_MAJOR:
+        return [{name: buf[pages] for name, buf in layer.items()} for layer in cache]
+    # head-major [K, P, S, H] -> page-major (a sequence's pages only, so the transpose is small)
+    perm = {"k": (1, 0, 3, 2), "v": (1, 0, 2, 3), "k_scale": (1, 0, 2), "v_scale": (1, 0, 2)}
+    return [{name: jnp.transpose(buf[:, pages], perm[name]) for name, buf in layer.items()}
+            for layer in cache]  # fmt: skip
+
+
+def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
+    """Attention of a prompt chunk: q [T, N, H] at positions start..start+T-1, causal over its
+    own K/V (own: k, v [T, K, H] as stored, read back in q's dtype) and over every earlier
+    position, in the sequence's pages as gathered before this chunk's write (`prior`: {"k":
+    [W, K, H, S], "v": [W, K, S, H]} in the pool's storage, int8 with scales [W, K, S]).
+    The earlier pages run in a loop as long as `start` needs (none for a fresh prompt), merged
+    with a running max and sum (flash attention's online softmax), in f32. -> [T, N, H].
+    Everything runs KV-head-major ([K, G, T, .]): XLA CPU's batched dots want the batch axis
+    first, and the [T, K, G, S] order cost transposes of the scores (measured in
+    docs/history/benchmarks-2026-12.md, "Paged KV cache")."""
+    t, n, hd = q.shape
+    kh, s = prior["k"].shape[1], prior["v"].shape[2]
+    f32 = jnp.float32
+    qk = jnp.transpose(q.reshape(t, kh, n // kh, hd), (1, 2, 0, 3))  # [K, G, T, H]
+    sc = jnp.einsum("KGTH,SKH->KGTS", qk, own[0], preferred_element_type=f32) * hd**-0.5
+    causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [T, T]
+    sc = jnp.where(causal, sc, NEG)
+    m0 = sc.max(-1)
+    pr = jnp.exp(sc - m0[..., None])
+    acc0 = jnp.einsum("KGTS,SKH->KGTH", pr.astype(q.dtype), own[1], preferred_element_type=f32)
+    q32 = qk.astype(f32)
+
+    def page(i, carry):
+        m_i, l_i, acc = carry  # [K, G, T], [K, G, T], [K, G, T, H]
+        sc = jnp.einsum("KGTH,KHS->KGTS", q32, kv_cache.from_pool(prior["k"][i]).astype(f32))
+        if "k_scale" in prior:
+            sc = sc * prior["k_scale"][i][:, None, None, :]
+        sc = sc * hd**-0.5
+        m_new = jnp.maximum(m_i, sc.max(-1))
+        fade = jnp.exp(m_i - m_new)
+        pr = jnp.exp(sc - m_new[..., None])
+        l_new = l_i * fade + pr.sum(-1)
+        if "v_scale" in prior:
+            pr = pr * prior["v_scale"][i][:, None, None, :]
+        pv = jnp.einsum("KGTS,KSH->KGTH", pr, kv_cache.from_pool(prior["v"][i]).astype(f32))
+        return m_new, l_new, acc * fade[..., None] + pv
+
+    n_prior = (start + s - 1) // s
+    _, l_sum, acc = lax.fori_loop(0, n_prior, page, (m0, pr.sum(-1), acc0))
+    o = acc / l_sum[..., None]  # [K, G, T, H]
+    return jnp.transpose(o, (2, 0, 1, 3)).reshape(t, n, hd).astype(q.dtype)
+
+
+def prefill_paged(
+    params: dict,
+    tokens: jax.Array,
+    true_len: jax.Array,
+    m: ModelSpec,
+    start: jax.Array,
+    pages: jax.Array,
+    scratch: jax.Array,
+    cache: list[dict],
+    prior: list[dict],
+    ops: Ops | None = None,
+) -> tuple[jax.Array, list[dict]]:
+    """One prompt chunk of a sequence that keeps its K/V in pages (kv_cache's pool): tokens
+    [T] at positions start..start+T-1, `start` a multiple of the page size; positions before
+    it (earlier chunks, or a cached prefix) are already in the sequence's pages `pages` [W]
+    (global page ids, W * S covering the sequence), and `prior` holds those pages per layer,
+    gathered beforehand (`gather_pages`: reading the pool here as well made XLA copy the whole
+    pool before writing it). Attends causally over its own K/V and the earlier positions'
+    pages (`_attend_chunk`), then writes its K/V as whole pages from
+    `start` on (the padding past `true_len` lands in positions the sequence writes before it
+    reads them; pages past the table go to the `scratch` page). Returns (logits [V] at
+    position true_len - 1, the updated cache)."""
+    ops = ops or XLA
+    t = tokens.shape[0]
+    pos = start + jnp.arange(t)
+    x = ops.embed(params, tokens, m)[None]  # [1, T, D]
+    cos, sin = rope(pos, m.head_dim, m.rope_theta)
+    out = []
+    for layer, seen, p in zip(cache, prior, params["layers"], strict=True):
+        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        entry = quant.store_kv(k[0], v[0], kv_cache.value_dtype(layer["k"].dtype))  # [T, K, H]
+        o = _attend_chunk(q[0], quant.load_kv(entry, q.dtype), seen, start)
+        first = jnp.minimum(start // layer["v"].shape[2], pages.shape[0])
+        ids = lax.dynamic_slice_in_dim(jnp.append(pages, jnp.full_like(pages, scratch)), first,
+                                       -(-t // layer["v"].shape[2]))  # fmt: skip
+        out.append(kv_cache.write_pages(layer, entry, ids, ops.layout))
+        x = x + ops.out(p, o[None], m)
+        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+    last = jnp.clip(true_len - 1 - start, 0, t - 1)
+    h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
+    return ops.logits(params, h, m), out
+
+
+def decode(
+    params: dict,
+    cache: list[dict],
+    tokens: jax.Array,
+    positions: jax.Array,
+    pages: jax.Array,
+    m: ModelSpec,
+    n_rows: int | None = None,
+    ops: Ops | None = None,
+) -> tuple[jax.Array, list[dict]]:
+    """One token per slot row. tokens, positions [B]; pages [B, W] (each row's page table, local
+    page ids); returns (logits [R, V], updated cache).
+
+    cache: per layer a pool of pages in `ops.layout` (kv_cache: page-major {"k": [dp * P, K, H,
+    S], "v": [dp * P, K, S, H]}, int8 with "k_scale"/"v_scale" [dp * P, K, S]). The token's
+    K/V are written at its position, then attention reads the row's first W pages only (the
+    bucket). Needs positions < W * S. Only the first R = n_rows rows run the matmuls (the
+    state may carry a spare row: XLA CPU's batch-1 GEMV is far faster than a batch-2 matmul).
+    """
+    ops = ops or XLA
+    b = tokens.shape[0]
+    r = n_rows or b
+    x = ops.embed(params, tokens[:r], m)  # [R, D]
+    cos, sin = rope(positions[:r], m.head_dim, m.rope_theta)
+    out = []
+    for layer, p in zip(cache, params["layers"], strict=True):
+        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+        o, layer = ops.decode_attention(q, k, v, positions, pages, layer)
+        out.append(layer)
+        x = x + ops.out(p, o[:r], m)
+        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+    return ops.logits(params, x, m), out
+
+
+def _replica_attention(q: jax.Array, step: dict, positions, pages, pool: dict) -> tuple:
+    """One replica's rows: q [b, N, H], step {k, v: [b, K, H] (, scales [b, K])} in the pool's
+    storage, positions [b], pages [b, W] (page ids in this replica's pool [P, ...]) ->
+    (o [b, N, H], the pool with each row's K/V written at its position)."""
+    b, n, hd = q.shape
+    s = pool["v"].shape[2]
+    new = kv_cache.write_positions(pool, step, positions, pages)
+    kh = pool["k"].shape[1]
+    kp = kv_cache.take_pages(new["k"], pages).astype(q.dtype)  # [b, W, K, H, S]
+    vp = kv_cache.take_pages(new["v"], pages).astype(q.dtype)  # [b, W, K, S, H]
+    qg = q.reshape(b, kh, n // kh, hd)
+    sc = jnp.einsum("bKGH,bWKHS->bKGWS", qg, kp, preferred_element_type=jnp.float32)
+    if "k_scale" in new:  # int8: [b, W, K, S] -> [b, K, 1, W, S]
+        sc = sc * jnp.transpose(new["k_scale"][pages], (0, 2, 1, 3))[:, :, None]
+    w = pages.shape[1]
+    kpos = jnp.arange(w * s).reshape(w, s)
+    mask = (kpos[None] <= positions[:, None, None])[:, None, None]  # [b, 1, 1, W, S]
+    sc = jnp.where(mask, sc * hd**-0.5, NEG).reshape(b, kh, n // kh, w * s)
+    pr = jax.nn.softmax(sc, axis=-1).reshape(b, kh, n // kh, w, s)
+    if "v_scale" in new:
+        pr = pr * jnp.transpose(new["v_scale"][pages], (0, 2, 1, 3))[:, :, None]
+    o = jnp.einsum("bKGWS,bWKSH->bKGH", pr.astype(q.dtype), vp)
+    return o.reshape(b, n, hd), new
+
+
+def _paged_attention(q, k, v, positions, pages, layer: dict, replicas: int = 1) -> tuple:
+    """XLA decode attention over pages: q [R, N, H], k/v [R, K, H], positions [B], pages [B, W]
+    (local page ids: row block i of B / replicas rows owns pages [i P, (i + 1) P) of the pool).
+    Each replica's rows gather their own pages (vmapped over replicas, so a sharded pool stays
+    local); returns (o [B, N, H], the layer's pool)."""
+    b = positions.shape[0]
+    pad = lambda a: jnp.pad(a, [(0, b - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+    q, k, v = pad(q), pad(k), pad(v)
+    values = kv_cache.value_dtype(layer["k"].dtype)  # int8, or bf16 stored as its bits
+    step = dict(zip(("k", "v", "k_scale", "v_scale"), quant.store_kv(k, v, values), strict=False))
+    if replicas == 1:
+        return _replica_attention(q, step, positions, pages, layer)
+    split = lambda a: a.reshape(replicas, a.shape[0] // replicas, *a.shape[1:])
+    o, pool = jax.vmap(_replica_attention)(
+        split(q), jax.tree.map(split, step), split(positions), split(pages),
+        jax.tree.map(split, layer),
+    )  # fmt: skip
+    merge = lambda a: a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
+    return merge(o), jax.tree.map(merge, pool)
+
+
+def xla_ops(compute: jnp.dtype | None = None, panel: bool = False, replicas: int = 1) -> Ops:
+    """XLA's ops over weights.py's layout. `compute`: the activations' dtype (None: the
+    embedding table's); `panel`: int8 / cast weights converted a column panel at a time
+    (CPU, unsharded; see quant.dense); `replicas`: data-parallel replicas, each with its own
+    share of the KV pages."""
+    kw = {"panel": panel}
+    return Ops(partial(embed_tokens, compute=compute), partial(qkv_proj, **kw),
+               partial(out_proj, **kw), partial(mlp, **kw), partial(logits_of, **kw),
+               partial(_paged_attention, replicas=replicas))  # fmt: skip
+
+
+XLA = xla_ops()
+
+
+def pallas_ops(
+    mesh,
+    kernel: str,
+    compute: jnp.dtype | None = None,
+    panel: bool = False,
+    interpret: bool = False,
+) -> Ops:
+    """XLA's ops with decode attention on JAX's Pallas paged-attention kernel `kernel` ("gpu"
+    or "tpu", see pallas_attention.py) over a head-major pool sharded on `mesh`; `interpret`:
+    run the kernel in Pallas' interpret mode (CPU tests)."""
+    attention = partial(pallas_attention.decode_attention, mesh=mesh, kernel=kernel,
+                        interpret=interpret)  # fmt: skip
+    ops = xla_ops(compute, panel=panel)
+    return ops._replace(decode_attention=attention, layout=kv_cache.HEAD_MAJOR)
+
+
+def native_ops_for(compute: jnp.dtype = jnp.float32) -> Ops:
+    """The native kernels over native.pack_params' layout, activations in `compute` (f32 or
+    bf16)."""
+    embed = partial(native_embed, compute=jnp.dtype(compute))
+    return Ops(embed, native_qkv, native_out, native_mlp, native_logits, native_decode_attention)
+
+
+NATIVE = native_ops_for()

@@ -1,0 +1,121 @@
+"""Decode attention on JAX's own Pallas paged-attention kernels, over the head-major pool.
+
+GPU: `jax.experimental.pallas.ops.gpu.paged_attention` (Triton; f32, bf16 and int8 pages with
+a scale per position, exact to f32 rounding). TPU: `jax.experimental.pallas.ops.tpu
+.paged_attention` (Mosaic; it reads K/V as bf16 whatever they are stored in, so an f32 cache
+is attended at bf16 precision). Both take the pool as k, v [K, P, S, H] (kv_cache.HEAD_MAJOR),
+each row's page table [B, W] and its length, and a query already scaled by 1/sqrt(H).
+JAX's ragged paged-attention kernel (TPU, mixed prefill and decode) is not used: it wants K and
+V interleaved in one [P, S, 2K, H] array, and JAX 0.10's TPU interpreter cannot run it on CPU
+(a ReshapeTransform it does not handle), so it could not be tested here.
+
+The step writes each row's K/V into its page (one dynamic-update-slice per row, as
+model._replica_attention does) and then runs the kernel, all inside a `shard_map` over the
+engine's mesh: each device holds its replica's pages ('data') and its KV heads ('model', when
+tp divides K), with page ids local to the replica, so the kernel never sees a sharded array.
+On CPU the kernels run in Pallas' interpret mode: slow, for tests (`interpret=True`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
+
+from scaletui.serve.engine import kv_cache
+from scaletui.serve.weights import quant, sharding
+
+KERNELS = ("gpu", "tpu")  # which Pallas kernel: the platform's
+
+
+def kernel_for(platform: str) -> str | None:
+    """The Pallas paged-attention kernel for a JAX platform, or None (CPU: interpret only)."""
+    return {"gpu": "gpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}.get(platform)
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def _gpu_attention(q, pool: dict, pages, lengths, interpret: bool) -> jax.Array:
+    from jax.experimental.pallas.ops.gpu import paged_attention as gpu
+
+    w = pages.shape[1]
+    splits = _divisor_at_most(w, 16)  # sequence partitions run in parallel, merged at the end
+    per_block = _divisor_at_most(w // splits, 8)  # pages per inner step
+    scaled = "k_scale" in pool
+    if not scaled:
+        q = q.astype(pool["k"].dtype)  # the kernel's dots want matching operands
+    return gpu.paged_attention(
+        q, pool["k"], pool["v"], pages, lengths,
+        pool.get("k_scale"), pool.get("v_scale"),
+        block_h=16, pages_per_compute_block=per_block, k_splits=splits, interpret=interpret,
+    )  # fmt: skip
+
+
+def _tpu_attention(q, pool: dict, pages, lengths, interpret: bool) -> jax.Array:
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+    from jax.experimental.pallas.ops.tpu.paged_attention.quantization_utils import (
+        MAX_INT8,
+        QuantizedTensor,
+    )
+
+    k, v = pool["k"], pool["v"]
+    if "k_scale" in pool:  # the kernel dequantizes x * scale / 127; ours is x * scale
+        k = QuantizedTensor(k, pool["k_scale"][..., None] * MAX_INT8)
+        v = QuantizedTensor(v, pool["v_scale"][..., None] * MAX_INT8)
+    per_block = _divisor_at_most(pages.shape[1], 8)
+    call = partial(paged_attention, pages_per_compute_block=per_block)
+    if not interpret:
+        return call(q, k, v, lengths, pages)
+    with pltpu.force_tpu_interpret_mode():
+        return call(q, k, v, lengths, pages)
+
+
+ATTENTION = {"gpu": _gpu_attention, "tpu": _tpu_attention}
+
+
+def _local_step(q, step: dict, positions, pages, pool: dict, *, kernel: str, interpret: bool):
+    """One device's rows and pages: q [b, N, H], step {k, v [b, K, H] (, scales [b, K])} in the
+    pool's storage, positions [b], pages [b, W] (ids in this replica's pool) and the pool
+    {k, v [K, P, S, H] (, scales [K, P, S])} -> (o [b, N, H], the pool with each row's K/V at
+    its position; rows without a page there write the scratch page 0)."""
+    hd = q.shape[2]
+    new = kv_cache.write_positions(pool, step, positions, pages, kv_cache.HEAD_MAJOR)
+    lengths = (positions + 1).astype(jnp.int32)  # a row attends to positions 0..its own
+    qs = (q.astype(jnp.float32) * hd**-0.5).astype(q.dtype)
+    o = ATTENTION[kernel](qs, new, pages, lengths, interpret)
+    return o.astype(q.dtype), new
+
+
+def decode_attention(
+    q, k, v, positions, pages, layer: dict, *, mesh: Mesh, kernel: str, interpret: bool = False
+) -> tuple:
+    """model.Ops.decode_attention on a Pallas kernel: q [R, N, H], k/v [R, K, H], positions
+    [B], pages [B, W] (local page ids: row block i of B / dp rows owns pages [i P, (i + 1) P)),
+    one layer's head-major pool -> (o [B, N, H], the pool with the step's K/V written)."""
+    b = positions.shape[0]
+    pad = lambda a: jnp.pad(a, [(0, b - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+    q, k, v = pad(q), pad(k), pad(v)
+    scaled = "k_scale" in layer
+    step = dict(zip(("k", "v", "k_scale", "v_scale"),
+                    quant.store_kv(k, v, jnp.int8 if scaled else layer["k"].dtype),
+                    strict=False))  # fmt: skip
+    axes = kv_cache.pool_axes(kv_cache.HEAD_MAJOR)
+    pool_specs = {n: sharding.spec_for(axes[n], buf.shape, mesh) for n, buf in layer.items()}
+    heads = pool_specs["k"][0]  # 'model' when tp divides K: then q's heads split the same way
+    rows = sharding.spec_for(("slots",), (b,), mesh)[0]
+    step_specs = {n: PartitionSpec(*(rows, heads, None)[: x.ndim]) for n, x in step.items()}
+    q_spec = PartitionSpec(rows, heads, None)
+    body = partial(_local_step, kernel=kernel, interpret=interpret)
+    run = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(q_spec, step_specs, PartitionSpec(rows), PartitionSpec(rows, None), pool_specs),
+        out_specs=(q_spec, pool_specs),
+        check_vma=False,
+    )
+    return run(q, step, positions, pages, layer)

@@ -1,0 +1,157 @@
+"""The jitted step bodies the engine compiles ahead of time: prefill, chunked prefill, generate.
+
+Pure functions over named pytrees: `PrefillArgs` (one request's sampling scalars) and
+`kv_cache.DecodeState` (every slot's cache and vectors). The engine binds the static arguments
+(model spec, op set, shapes) with `functools.partial` and compiles one executable per shape.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from scaletui.serve.engine import model, sampling
+from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.engine.kv_cache import DecodeState
+from scaletui.specs import ModelSpec
+
+
+class PrefillArgs(NamedTuple):
+    """One prefill call's scalars (int32 unless noted)."""
+
+    true_len: jax.Array  # prompt length
+    seed: jax.Array  # the request's PRNG seed
+    top_k: jax.Array
+    temperature: jax.Array  # f32
+    top_p: jax.Array  # f32
+    vocab_limit: jax.Array  # sampling never goes beyond (the tokenizer's vocabulary)
+    start: jax.Array  # the chunk's first position (0 unless chunked)
+
+    @classmethod
+    def of(cls, n: int, params: SamplingParams, vocab_limit: int, start: int = 0) -> PrefillArgs:
+        """Host values (numpy scalars) for one request; `jax.device_put` the result."""
+        i32, f32 = np.int32, np.float32
+        return cls(i32(n), i32(params.seed % 2**31), i32(params.top_k), f32(params.temperature),
+                   f32(params.top_p), i32(vocab_limit), i32(start))  # fmt: skip
+
+
+class StepConsts(NamedTuple):
+    """A generate call's scalars (int32), placed once per value and reused."""
+
+    n_steps: jax.Array  # decode steps to run (<= the compiled max_steps)
+    vocab_limit: jax.Array
+    eos_id: jax.Array
+
+
+def sample_one(logits: jax.Array, args: PrefillArgs) -> jax.Array:
+    """The first token from the prompt's last logits; its key position is the new token's."""
+    one = lambda x: x[None]
+    return sampling.sample(
+        logits[None],
+        one(args.seed),
+        one(args.true_len),
+        one(args.temperature),
+        one(args.top_k),
+        one(args.top_p),
+        args.vocab_limit,
+    )[0]
+
+
+def prefill(
+    params: dict, tokens: jax.Array, args: PrefillArgs, *, m: ModelSpec, ops: model.Ops, kv_dtype
+):
+    """A whole prompt in one bucket -> (per-layer (k, v) [T, K, H] in `kv_dtype` (int8 with
+    scales), first token)."""
+    logits, kv = model.prefill(params, tokens, args.true_len, m, ops=ops, kv_dtype=kv_dtype)
+    return kv, sample_one(logits, args)
+
+
+def prefill_chunk(
+    params: dict, tokens: jax.Array, args: PrefillArgs, prior: list, *, m: ModelSpec, ops, kv_dtype
+):
+    """One chunk of a long prompt into the donated `prior` buffer -> (buffer, token so far)."""
+    logits, kv = model.prefill(
+        params, tokens, args.true_len, m, start=args.start, prior=prior, ops=ops, kv_dtype=kv_dtype
+    )
+    return kv, sample_one(logits, args)
+
+
+def prefill_paged(
+    params: dict,
+    state: DecodeState,
+    tokens: jax.Array,
+    args: PrefillArgs,
+    pages: jax.Array,
+    scratch: jax.Array,
+    prior: list,
+    *,
+    m: ModelSpec,
+    ops: model.Ops,
+) -> tuple[DecodeState, jax.Array]:
+    """One prompt chunk straight into its sequence's pages of the donated decode state, the
+    earlier positions' pages in `prior` (model.gather_pages) -> (state, the token sampled at
+    true_len: the first output token on the prompt's last chunk)."""
+    logits, cache = model.prefill_paged(
+        params, tokens, args.true_len, m, args.start, pages, scratch, state.cache, prior, ops=ops
+    )
+    return state._replace(cache=cache), sample_one(logits, args)
+
+
+def generate(
+    params: dict,
+    state: DecodeState,
+    consts: StepConsts,
+    pages: jax.Array,
+    *,
+    m: ModelSpec,
+    ops: model.Ops,
+    max_steps: int,
+    max_len: int,
+    slots: int,
+) -> tuple[DecodeState, jax.Array]:
+    """Up to max_steps decode steps (consts.n_steps of them run) -> (state, packed int32 array).
+
+    pages [rows, W]: each row's page table (local page ids), covering every position the call
+    writes. packed rows: for each step s, [tokens, valid, done] (3 rows of [rows]), then lengths.
+    """
+
+    def step(i, carry):
+        st, out = carry
+        active = st.active
+        pos = jnp.where(active, st.lengths, 0)
+        # an inactive row (free, or done earlier in this call) writes into the scratch page, never
+        # into pages it held: they may be another sequence's by now, or a shared prefix
+        table = jnp.where(active[:, None], pages, 0)
+        logits, cache = model.decode(params, st.cache, st.tokens, pos, table, m, slots, ops=ops)
+        live = lambda a: a[:slots]
+        tok = sampling.sample(
+            logits,
+            live(st.seed),
+            live(pos + 1),
+            live(st.temperature),
+            live(st.top_k),
+            live(st.top_p),
+            consts.vocab_limit,
+        )
+        tok = jnp.pad(tok, (0, pos.shape[0] - slots))  # spare rows (see JaxEngine.rows)
+        lengths = st.lengths + active
+        generated = st.generated + active
+        eos = (tok == consts.eos_id) & ~st.ignore_eos & (st.generated >= st.min_tokens)
+        done = active & (eos | (generated >= st.max_tokens) | (lengths >= max_len))
+        st = st._replace(
+            cache=cache,
+            lengths=lengths,
+            generated=generated,
+            tokens=jnp.where(active, tok, st.tokens),
+            active=active & ~done,
+        )
+        row = jnp.stack([tok, active.astype(jnp.int32), done.astype(jnp.int32)])
+        return st, lax.dynamic_update_index_in_dim(out, row, i, 0)
+
+    out = jnp.zeros((max_steps, 3, state.lengths.shape[0]), jnp.int32)
+    state, out = lax.fori_loop(0, consts.n_steps, step, (state, out))
+    return state, jnp.concatenate([out.reshape(max_steps * 3, -1), state.lengths[None]])

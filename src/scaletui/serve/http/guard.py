@@ -1,0 +1,54 @@
+"""Who may call /admin/*: a token off loopback, and never a web page the operator happens to visit.
+
+A browser lets any page POST `text/plain` to `http://127.0.0.1:8000/admin/config` without a
+CORS preflight, and a DNS-rebinding page can reach the loopback port under its own host name.
+So every /admin/* request needs a loopback `Host` on a loopback bind, an `Origin` (when a
+browser sends one) of the same kind, and a mutation needs `Content-Type: application/json`,
+which a cross-site page cannot send without a preflight this server never answers.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from scaletui.procs import is_loopback_host
+from scaletui.serve.http.validate import ApiError
+
+is_loopback = is_loopback_host  # a host name or IP, not a URL
+
+
+def _hostname(authority: str) -> str | None:
+    """'[::1]:8000' -> '::1', 'LocalHost:80' -> 'localhost'; None when it does not parse."""
+    try:
+        return urlsplit("//" + authority).hostname
+    except ValueError:
+        return None
+
+
+def check_admin(request: web.Request, bind: str, token: str | None) -> None:
+    """Raise the 401/403/415 ApiError that refuses this /admin request, if any."""
+    loopback_bind = is_loopback(bind)
+    if token is None and not loopback_bind:
+        raise ApiError(403, f"/admin is disabled on the non-loopback bind {bind}; start the "
+                       "server with --admin-token", code="forbidden")  # fmt: skip
+    host_header = request.headers.get("Host")
+    host = _hostname(host_header) if host_header is not None else None
+    if loopback_bind and host_header is not None and not is_loopback(host):
+        raise ApiError(403, f"/admin refuses Host {host_header!r}: on a loopback bind it must "
+                       "be localhost or a loopback address (DNS rebinding)",
+                       code="forbidden")  # fmt: skip
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        origin_host = _hostname(origin.split("://", 1)[-1]) if "://" in origin else None
+        same = is_loopback(origin_host) if loopback_bind else origin_host == host
+        if not same:
+            raise ApiError(403, f"/admin refuses requests from the web origin {origin!r}",
+                           code="forbidden")  # fmt: skip
+    if token is not None and request.headers.get("Authorization") != f"Bearer {token}":
+        raise ApiError(401, "/admin needs 'Authorization: Bearer <admin token>'",
+                       code="unauthorized", type="authentication_error")  # fmt: skip
+    if request.method == "POST" and request.content_type != "application/json":
+        raise ApiError(415, f"/admin needs 'Content-Type: application/json', got "
+                       f"{request.content_type!r}", code="unsupported_media_type")  # fmt: skip

@@ -1,0 +1,89 @@
+"""The `/stats` JSON snapshot for the TUI (docs/interfaces.md), built from the scheduler's state.
+
+Meshes and memory come from the engines' own `describe()`; devices from JAX when it is loaded
+(the fake engine never loads it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+from scaletui.serve.engine.engine_api import Engine, distinct
+from scaletui.serve.scheduling.scheduler import Scheduler
+
+
+def _devices() -> tuple[str, list[dict]]:
+    if "jax" not in sys.modules:  # the fake engine never loads JAX; do not load it for a poll
+        return "none", []
+    import jax
+
+    rows = []
+    for d in jax.devices():
+        try:
+            stats = d.memory_stats()
+        except Exception:  # backends without memory stats (CPU)
+            stats = None
+        memory = (
+            {"bytes_in_use": int(stats.get("bytes_in_use", 0)),
+             "bytes_limit": int(stats.get("bytes_limit", 0))}
+            if stats else None
+        )  # fmt: skip
+        rows.append({"id": d.id, "kind": d.device_kind, "platform": d.platform, "memory": memory})
+    return jax.default_backend(), rows
+
+
+def _memory(engines: tuple[Engine, Engine] | None) -> dict:
+    """Totals over the distinct engines; per device: the generate engine's."""
+    if engines is None:
+        return {"weight_bytes": 0, "kv_cache_bytes": 0, "weight_bytes_per_device": 0,
+                "kv_cache_bytes_per_device": 0}  # fmt: skip
+    infos = [e.describe() for e in distinct(engines)]
+    generate = engines[1].describe()
+    return {
+        "weight_bytes": sum(i.weight_bytes for i in infos),
+        "kv_cache_bytes": sum(i.kv_cache_bytes for i in infos),
+        "weight_bytes_per_device": generate.weight_bytes_per_device,
+        "kv_cache_bytes_per_device": generate.kv_cache_bytes_per_device,
+    }
+
+
+def build_stats(sched: Scheduler, window_s: float = 5.0) -> dict:
+    c = sched.config
+    now = sched.update_gauges()
+    backend, devices = _devices()
+    engines = sched.engines
+    meshes, running = {}, {"kernels_running": None, "kernels_note": None}
+    if engines is not None:
+        meshes = {"prefill": engines[0].describe().mesh(), "generate": engines[1].describe().mesh()}
+        gen = engines[1].describe()  # what decodes: the kernels and why, when not native
+        running = {"kernels_running": gen.kernels, "kernels_note": gen.kernels_note}
+    model = {k: v for k, v in dataclasses.asdict(c.model).items() if k != "extra"}
+    return {
+        "time": time.time(),
+        "uptime_s": time.perf_counter() - sched.started,
+        "state": sched.state,
+        "error": sched.error,
+        "config": {**c.to_json(), **running},
+        "model": model,
+        "backend": backend,
+        "devices": devices,
+        "mesh": meshes,
+        "memory": _memory(engines),
+        "slots": {"total": now["slots_total"] or c.slots, "used": now["slots_used"]},
+        "kv_cache_usage_perc": now["kv_cache_usage_perc"],
+        "kv_pages": sched.kv_pages(),
+        "requests": {
+            "waiting": now["waiting"],
+            "running": now["running"],
+            "transfer_backlog": now["transfer_backlog"],
+            **sched.metrics.request_counts(),
+        },
+        "tokens": {
+            "prompt_total": int(sched.metrics.counter_value(sched.metrics.prompt_tokens)),
+            "generation_total": int(sched.metrics.counter_value(sched.metrics.generation_tokens)),
+        },
+        **sched.metrics.window(window_s),
+        "compile": {**sched.compile, "buckets": list(c.prefill_buckets)},
+    }

@@ -1,0 +1,172 @@
+"""Streaming answers: token ids -> text (stop strings held back), OpenAI chunk/response objects,
+and the SSE writer, over a request's typed events (`events.Tokens` / `events.Failed`).
+
+A `Failed` event becomes the ApiError its kind maps to (validate.http_error); a client that
+went away raises ConnectionResetError, which the caller turns into a cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import orjson
+from aiohttp import web
+
+from scaletui.serve.http.tokenizer import Tokenizer
+from scaletui.serve.http.validate import ApiError, Generation, http_error
+from scaletui.serve.scheduling.events import Failed, Request, Tokens
+
+
+class TextStream:
+    """Token ids -> text pieces; holds back partial UTF-8 and text that may begin a stop string.
+
+    Only the unsent tail is kept and searched (at most the hold-back plus one token's text), so
+    a long generation costs O(tokens), not O(tokens * text length).
+    """
+
+    def __init__(self, tok: Tokenizer, stop: tuple[str, ...]) -> None:
+        self.decoder, self.stop = tok.decoder(), stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.tail, self.pieces, self.tokens, self.stopped = "", [], 0, False
+
+    @property
+    def text(self) -> str:
+        """All text so far: what was sent plus what is held back."""
+        return "".join(self.pieces) + self.tail
+
+    def push(self, token_id: int) -> str:
+        self.tokens += 1
+        self.tail += self.decoder.push(token_id)
+        if self.stop:  # a stop string can only start in the unsent tail
+            hits = [i for s in self.stop if (i := self.tail.find(s)) >= 0]
+            if hits:
+                self.tail, self.stopped = self.tail[: min(hits)], True
+                return self._take(len(self.tail))
+        return self._take(len(self.tail) - self.hold)
+
+    def flush(self) -> str:
+        if not self.stopped:
+            self.tail += self.decoder.flush()
+        return self._take(len(self.tail))
+
+    def _take(self, end: int) -> str:
+        piece = self.tail[: max(0, end)]
+        if piece:
+            self.tail = self.tail[len(piece) :]
+            self.pieces.append(piece)
+        return piece
+
+
+async def token_events(request: web.Request, req: Request) -> AsyncIterator[Tokens]:
+    """The request's token bursts up to its last; raises the ApiError of a `Failed` event, or
+    ConnectionResetError when the client went away."""
+    while True:
+        if req.events.empty():
+            try:
+                async with asyncio.timeout(0.5):
+                    event = await req.events.get()
+            except TimeoutError:
+                if request.transport is None or request.transport.is_closing():
+                    raise ConnectionResetError("client disconnected") from None
+                continue
+        else:
+            event = req.events.get_nowait()
+        if isinstance(event, Failed):
+            raise http_error(event.kind, event.message)
+        yield event
+        if event.finish:
+            return
+
+
+def usage_of(req: Request, completion: int) -> dict:
+    prompt = len(req.prompt)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
+
+
+class Shape:
+    """OpenAI object names and per-choice fields for completions vs chat."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat, self.model = chat, model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def chunk(
+        self, piece: str | None, finish: str | None, usage: dict | None, first: bool = False
+    ) -> bytes:
+        if piece is None:
+            choices = []
+        elif self.chat:
+            delta = {"content": piece} if piece or not finish else {}
+            if first:
+                delta = {"role": "assistant", "content": piece}
+            choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        else:
+            choices = [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}]
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}  # fmt: skip
+        if usage is not None:
+            body["usage"] = usage
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def full(self, text: str, finish: str, usage: dict) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": finish}  # fmt: skip
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": usage}  # fmt: skip
+
+
+async def stream(
+    request: web.Request,
+    req: Request,
+    gen: Generation,
+    text: TextStream,
+    shape: Shape,
+    cancel: Callable[[Request, str], None],
+) -> web.StreamResponse:
+    """Answer with SSE: one event per token burst, usage as asked, then `data: [DONE]`."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})  # fmt: skip
+    await resp.prepare(request)
+    usage_each = gen.continuous_usage
+    try:
+        if shape.chat:
+            await resp.write(shape.chunk("", None, usage_of(req, 0) if usage_each else None, True))
+        async for event in token_events(request, req):
+            ids, finish = event.ids, event.finish
+            # One SSE event per burst (the decode_steps tokens of one host sync): the tokens
+            # arrive together, and the usage delta tells a client how many the event carries,
+            # so per-token latency is the burst's gap spread over its tokens, not 0, 0, 0, gap.
+            pieces = []
+            for t in ids:
+                pieces.append(text.push(t))
+                if text.stopped:
+                    break
+            end = "stop" if text.stopped else finish
+            if end:
+                pieces.append(text.flush())
+            counts = usage_of(req, text.tokens) if usage_each and ids else None
+            if ids or end:
+                await resp.write(shape.chunk("".join(pieces), end, counts))
+            if text.stopped:
+                cancel(req, "stop")
+                break
+        if gen.include_usage:
+            await resp.write(shape.chunk(None, None, usage_of(req, text.tokens)))
+        await resp.write(b"data: [DONE]\n\n")
+    except ApiError as e:  # the server aborted the request mid-stream
+        with contextlib.suppress(ConnectionResetError):
+            await resp.write(b"data: " + orjson.dumps(e.body()) + b"\n\ndata: [DONE]\n\n")
+    except ConnectionResetError:
+        cancel(req, "abort")
+    return resp

@@ -1,0 +1,283 @@
+"""OpenAI request bodies -> a validated `Generation`, or an `ApiError` naming the bad field.
+
+Every check here is a 4xx at the API edge (never a 5xx): wrong types, empty prompts, lengths
+beyond the context, values outside their range, and behaviour we cannot honour (n > 1,
+logprobs, echo, penalties) are refused with a message that says so. Harmless fields vLLM-era
+clients send (`user`, `logprobs: null`, `repetition_penalty: 1`, ...) are accepted.
+`http_error` gives the answer for each `events.ErrorKind` (a table keyed by the kind), and
+`config_changes` checks a POST /admin/config body.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import orjson
+
+from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.http.tokenizer import Tokenizer
+from scaletui.serve.scheduling.events import ErrorKind
+from scaletui.shape import RECONFIGURABLE
+
+STRING_KEYS = ("mode", "dtype", "weight_dtype", "kv_dtype", "kernels")  # /admin/config strings
+ROLES = ("system", "user", "assistant", "tool", "developer")
+# Stop strings are searched in the event loop after every token (only the unsent tail, so each
+# check costs the new text plus the longest stop string): bound both. OpenAI allows 4.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+# OpenAI's range; below MIN_TEMPERATURE sampling is greedy (as vLLM does: 1/t would overflow)
+MAX_TEMPERATURE = 2.0
+MIN_TEMPERATURE = 1e-5
+
+
+class ApiError(Exception):
+    """A client error with OpenAI's body shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = (
+            status, message, param, code, type,
+        )  # fmt: skip
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code if self.code is not None else self.status,
+            }
+        }
+
+
+# kind -> (status, OpenAI error type, code, message template)
+HTTP_ERRORS: dict[ErrorKind, tuple[int, str, str, str]] = {
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error", "invalid_request", "{}"),
+    ErrorKind.OVERLOADED: (429, "rate_limit_error", "rate_limit_exceeded",
+                           "server overloaded: {}; retry later"),
+    ErrorKind.UNAVAILABLE: (503, "server_error", "unavailable",
+                            "server not ready ({}); retry later"),
+    ErrorKind.BUSY: (409, "invalid_request_error", "conflict", "{}"),
+    ErrorKind.ABORTED: (503, "server_error", "aborted", "{}"),
+    ErrorKind.FAILED: (500, "server_error", "aborted", "{}"),
+}  # fmt: skip
+
+
+def http_error(kind: ErrorKind, message: str) -> ApiError:
+    """The OpenAI-shaped answer to a refusal or failure of `kind`."""
+    status, type_, code, template = HTTP_ERRORS[kind]
+    return ApiError(status, template.format(message), code=code, type=type_)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a completion or chat request asks the scheduler for."""
+
+    prompt: list[int]
+    params: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from e
+    if not isinstance(body, dict):
+        raise ApiError(400, f"request body must be a JSON object, got {_kind(body)}")
+    return body
+
+
+def _kind(value: object) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)  # fmt: skip
+
+
+def _get(body: dict, name: str, kinds: tuple[type, ...], expected: str, default: object = None):
+    value = body.get(name)
+    if value is None:
+        return default
+    # bool is an int subclass: only accept it where a boolean is expected
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise ApiError(400, f"'{name}' must be {expected}, got {_kind(value)} {value!r}", name)
+    return value
+
+
+def _unsupported(body: dict, name: str, harmless: tuple[object, ...], why: str) -> None:
+    value = body.get(name)
+    if value is not None and value not in harmless:
+        raise ApiError(400, f"'{name}'={value!r} is not supported: {why}", name, "unsupported")
+
+
+def check_model(body: dict, served: str) -> None:
+    model = _get(body, "model", (str,), "a string")
+    if model is not None and model != served:
+        raise ApiError(
+            404, f"the model '{model}' does not exist; this server serves '{served}'", "model",
+            "model_not_found",
+        )  # fmt: skip
+
+
+def completion_prompt(body: dict, tok: Tokenizer, model_vocab: int) -> list[int]:
+    """`prompt`: a string, token ids, or a one-element list of either."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) > 1:
+            raise ApiError(400, f"batched prompts ({len(prompt)}) are not supported; send one "
+                           "prompt per request", "prompt", "unsupported")  # fmt: skip
+        prompt = prompt[0]
+    if prompt is None:
+        raise ApiError(400, "'prompt' is required", "prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ApiError(400, "'prompt' must not be empty", "prompt")
+        return ([tok.bos_id] if tok.bos_id >= 0 else []) + tok.encode(prompt)
+    if isinstance(prompt, list):
+        if not prompt:
+            raise ApiError(400, "'prompt' must not be empty", "prompt")
+        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)
+               or not 0 <= t < model_vocab]  # fmt: skip
+        if bad:
+            raise ApiError(400, f"'prompt' token ids must be integers in [0, {model_vocab}), "
+                           f"got {bad[:5]!r}", "prompt")  # fmt: skip
+        return list(prompt)
+    raise ApiError(400, f"'prompt' must be a string or a list of token ids, got {_kind(prompt)}",
+                   "prompt")  # fmt: skip
+
+
+def chat_prompt(body: dict, tok: Tokenizer) -> list[int]:
+    messages = body.get("messages")
+    if messages is None:
+        raise ApiError(400, "'messages' is required", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array of {role, content} objects",
+                       "messages")  # fmt: skip
+    clean = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(400, f"'{where}' must be an object, got {_kind(m)}", where)
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise ApiError(400, f"'{where}.role' must be one of {list(ROLES)}, got {role!r}",
+                           f"{where}.role")  # fmt: skip
+        if m.get("tool_calls"):
+            raise ApiError(400, f"'{where}.tool_calls' is not supported: this server has no tool "
+                           "calling", f"{where}.tool_calls", "unsupported")  # fmt: skip
+        if content is None:
+            raise ApiError(400, f"'{where}.content' is required (a string or text parts)",
+                           f"{where}.content")  # fmt: skip
+        if isinstance(content, list):  # content parts: only text is supported
+            texts = [p.get("text") for p in content if isinstance(p, dict)]
+            if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+                raise ApiError(400, f"'{where}.content' parts must be text parts "
+                               "({type: 'text', text: ...})", f"{where}.content")  # fmt: skip
+            content = "".join(texts)
+        if content is not None and not isinstance(content, str):
+            raise ApiError(400, f"'{where}.content' must be a string, got {_kind(content)}",
+                           f"{where}.content")  # fmt: skip
+        clean.append({"role": role, "content": content})
+    text = tok.apply_chat_template(clean)
+    return ([tok.bos_id] if tok.bos_id >= 0 else []) + tok.encode(text)
+
+
+def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> Generation:
+    """Sampling and streaming fields, checked against the prompt length and the context."""
+    where = "messages" if chat else "prompt"
+    if len(prompt) >= max_seq_len:
+        raise ApiError(400, f"the prompt has {len(prompt)} tokens, but the model's context "
+                       f"(max_seq_len) is {max_seq_len} tokens; shorten the prompt", where,
+                       "context_length_exceeded")  # fmt: skip
+    left = max_seq_len - len(prompt)
+    # chat: max_completion_tokens wins when present (0 and false are errors, not "unset")
+    newer = chat and body.get("max_completion_tokens") is not None
+    name = "max_completion_tokens" if newer else "max_tokens"
+    max_tokens = _get(body, name, (int,), "an integer", left if chat else min(16, left))
+    if max_tokens <= 0:
+        raise ApiError(400, f"'{name}' must be >= 1, got {max_tokens}", name)
+    if max_tokens > left:
+        raise ApiError(400, f"'{name}' is {max_tokens}, but only {left} tokens of context are "
+                       f"left (max_seq_len {max_seq_len} - prompt {len(prompt)})", name,
+                       "context_length_exceeded")  # fmt: skip
+    temperature = float(_get(body, "temperature", (int, float), "a number", 1.0))
+    if not 0 <= temperature <= MAX_TEMPERATURE:  # NaN fails too
+        raise ApiError(400, f"'temperature' must be in [0, {MAX_TEMPERATURE:g}], got "
+                       f"{temperature}", "temperature")  # fmt: skip
+    if temperature < MIN_TEMPERATURE:
+        temperature = 0.0
+    top_p = float(_get(body, "top_p", (int, float), "a number", 1.0))
+    if not 0 < top_p <= 1:
+        raise ApiError(400, f"'top_p' must be in (0, 1], got {top_p}", "top_p")
+    top_k = _get(body, "top_k", (int,), "an integer", 0)
+    if top_k < -1:
+        raise ApiError(400, f"'top_k' must be -1, 0 (off) or positive, got {top_k}", "top_k")
+    seed = _get(body, "seed", (int,), "an integer", None)
+    n = _get(body, "n", (int,), "an integer", 1)
+    if n != 1:
+        raise ApiError(400, f"'n'={n} is not supported: this server returns one choice per "
+                       "request (n=1)", "n", "unsupported")  # fmt: skip
+    min_tokens = _get(body, "min_tokens", (int,), "an integer", 0)
+    if not 0 <= min_tokens <= max_tokens:
+        raise ApiError(400, f"'min_tokens' must be in [0, max_tokens={max_tokens}], got "
+                       f"{min_tokens}", "min_tokens")  # fmt: skip
+    ignore_eos = _get(body, "ignore_eos", (bool,), "a boolean", False)
+    stop = _get(body, "stop", (str, list), "a string or an array of strings", [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS} are "
+                       "allowed", "stop")  # fmt: skip
+    if not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, f"'stop' must hold non-empty strings, got {stop!r}", "stop")
+    if longest := max((len(s) for s in stop if len(s) > MAX_STOP_CHARS), default=0):
+        raise ApiError(400, f"'stop' strings must be at most {MAX_STOP_CHARS} characters, got "
+                       f"one of {longest}", "stop")  # fmt: skip
+    stream = _get(body, "stream", (bool,), "a boolean", False)
+    options = _get(body, "stream_options", (dict,), "an object", None)
+    if options is not None and not stream:
+        raise ApiError(400, "'stream_options' is only allowed with 'stream': true",
+                       "stream_options")  # fmt: skip
+    options = options or {}
+    include = _get(options, "include_usage", (bool,), "a boolean", False)
+    continuous = _get(options, "continuous_usage_stats", (bool,), "a boolean", False)
+    _unsupported(body, "logprobs", (False, 0), "log probabilities are not returned")
+    _unsupported(body, "top_logprobs", (0,), "log probabilities are not returned")
+    _unsupported(body, "echo", (False,), "the prompt is not echoed")
+    _unsupported(body, "best_of", (1,), "one sequence per request")
+    _unsupported(body, "presence_penalty", (0, 0.0), "penalties are not implemented")
+    _unsupported(body, "frequency_penalty", (0, 0.0), "penalties are not implemented")
+    _unsupported(body, "repetition_penalty", (1, 1.0), "penalties are not implemented")
+    params = SamplingParams(
+        temperature=temperature,
+        top_k=min(max(0, top_k), 2**31 - 1),  # any k >= vocab means off; the engine packs int32
+        top_p=top_p,
+        seed=seed if seed is not None else random.getrandbits(31),
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=ignore_eos,
+    )
+    return Generation(prompt, params, tuple(stop), stream, include, continuous)
+
+
+def config_changes(body: dict) -> dict:
+    """A POST /admin/config body: reconfigurable keys only, each of its type (400 naming it)."""
+    unknown = sorted(set(body) - set(RECONFIGURABLE))
+    if unknown:
+        raise ApiError(400, f"unknown config key(s) {unknown}; reconfigurable: "
+                       f"{list(RECONFIGURABLE)}", unknown[0])  # fmt: skip
+    for key, value in body.items():
+        want = str if key in STRING_KEYS else int
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ApiError(400, f"'{key}' must be {'a string' if want is str else 'an integer'},"
+                           f" got {value!r}", key)  # fmt: skip
+    return body
