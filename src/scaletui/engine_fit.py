@@ -88,8 +88,12 @@ def _spread(values: Sequence[int], k: int) -> tuple[int, ...]:
     return tuple(sorted({v[round(i * (len(v) - 1) / (k - 1))] for i in range(k)}))
 
 
-def grid_for(config: ServerShape, decode_buckets: Sequence[int], prefill_buckets: Sequence[int],
-             quick: bool = False) -> Grid:  # fmt: skip
+def grid_for(
+    config: ServerShape,
+    decode_buckets: Sequence[int],
+    prefill_buckets: Sequence[int],
+    quick: bool = False,
+) -> Grid:
     """The default grid for a server configuration: batches dp, ~slots/4, slots (multiples of
     dp: the slot counts a user turns to around this one), three KV buckets (first, middle, last),
     steps {1, decode_steps}; at `slots` rows, the batch the server always decodes at, also every
@@ -106,8 +110,11 @@ def grid_for(config: ServerShape, decode_buckets: Sequence[int], prefill_buckets
     how = {"calls": 2, "rounds": 3} if quick else {"calls": 3, "rounds": 3}
     contexts = _spread(decode_buckets, 3)
     points = [DecodePoint(b, c, n) for b in batches for c in contexts for n in steps]
-    points += [DecodePoint(s, c, config.decode_steps) for c in sorted(set(decode_buckets))
-               if c not in contexts]  # fmt: skip
+    points += [
+        DecodePoint(s, c, config.decode_steps)
+        for c in sorted(set(decode_buckets))
+        if c not in contexts
+    ]
     prefill = set()
     for c in sorted({p.context for p in points}):
         prev = max((b for b in decode_buckets if b < c), default=0)
@@ -247,18 +254,25 @@ def measure(
             timer.run(("prefill", n), _prefill_call(big, tokens, params), grid.calls)
         log(f"pass {r + 1}/{grid.rounds} done")
     decode = [
-        DecodeSample(batch=p.batch, context=p.context, steps=p.steps, seconds=timer.median(p),
-                     spread=timer.spread(p))
+        DecodeSample(
+            batch=p.batch,
+            context=p.context,
+            steps=p.steps,
+            seconds=timer.median(p),
+            spread=timer.spread(p),
+        )
         for p in grid.decode
-    ]  # fmt: skip
+    ]
     prefill = [
         PrefillSample(tokens=n, seconds=timer.median(k), spread=timer.spread(k))
         for n in grid.prefill
         for k in [("prefill", n)]
     ]
     for s in decode:
-        log(f"decode batch {s.batch:4d} context {s.context:5d} steps {s.steps:2d}: "
-            f"{s.seconds * 1e3:8.2f} ms")  # fmt: skip
+        log(
+            f"decode batch {s.batch:4d} context {s.context:5d} steps {s.steps:2d}: "
+            f"{s.seconds * 1e3:8.2f} ms"
+        )
     for s in prefill:
         log(f"prefill {s.tokens:5d} tokens: {s.seconds * 1e3:8.2f} ms")
     return decode, prefill
@@ -317,10 +331,16 @@ def _base_hardware(host_devices: int):
         return load_hardware("local"), None
     except SpecError:
         stand_in = HardwareSpec(
-            name="local-unmeasured", kind="cpu", flops_per_s={"f32": 5e10, "bf16": 5e10},
-            hbm_bytes=16e9, hbm_bw=2e10, ici_bw=5e9, ici_bidirectional=False, dcn_bw=5e9,
+            name="local-unmeasured",
+            kind="cpu",
+            flops_per_s={"f32": 5e10, "bf16": 5e10},
+            hbm_bytes=16e9,
+            hbm_bw=2e10,
+            ici_bw=5e9,
+            ici_bidirectional=False,
+            dcn_bw=5e9,
             chips_per_host=host_devices,
-        )  # fmt: skip
+        )
         return stand_in, "no 'local' spec: the KV hand-over bandwidth is a stand-in 5 GB/s"
 
 
@@ -370,8 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     from scaletui.specs import SpecError, load_model
 
     backend = jax.default_backend()
-    dtype = args.dtype or default_compute_dtype(args.kernels, args.tp, args.dp,
-                                                args.weight_dtype, args.kv_dtype)  # fmt: skip
+    dtype = args.dtype or default_compute_dtype(
+        args.kernels, args.tp, args.dp, args.weight_dtype, args.kv_dtype
+    )
     try:
         model = load_model(args.model)
         config = ServerShape.from_args(args, NOT_TIMED, model=model, dtype=dtype)
@@ -380,9 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     devices = jax.devices()
     if len(devices) < args.tp * args.dp:
-        print(f"calibrate --model: tp * dp = {args.tp * args.dp} devices needed, "
-              f"{len(devices)} available ({backend}); on a CPU host pass --host-devices "
-              f"{args.tp * args.dp}", file=sys.stderr)  # fmt: skip
+        print(
+            f"calibrate --model: tp * dp = {args.tp * args.dp} devices needed, "
+            f"{len(devices)} available ({backend}); on a CPU host pass --host-devices "
+            f"{args.tp * args.dp}",
+            file=sys.stderr,
+        )
         return 2
     devices = devices[: args.tp * args.dp]
     hardware, note = _base_hardware(len(jax.devices()))
@@ -397,25 +421,37 @@ def main(argv: list[str] | None = None) -> int:
     grid = grid_for(config, probe.decode_buckets, probe.prefill_buckets, args.quick)
     del probe
     base = CostModel.assumed(
-        model, hardware, dtype=p.compute, weight_dtype=p.weights, kv_dtype=p.kv, tp=args.tp,
-        dp=args.dp, kernels=kernels,
+        model,
+        hardware,
+        dtype=p.compute,
+        weight_dtype=p.weights,
+        kv_dtype=p.kv,
+        tp=args.tp,
+        dp=args.dp,
+        kernels=kernels,
         host_devices=len(jax.devices()) if hardware.kind == "cpu" else None,
-    )  # fmt: skip
+    )
     n = len(grid.decode) + len(grid.prefill)
-    stderr_log(f"calibrate --model {model.name} ({p.describe()}): {n} points x {grid.rounds} "
-               f"passes on {len(devices)} {backend} device(s), kernels {kernels}")  # fmt: skip
+    stderr_log(
+        f"calibrate --model {model.name} ({p.describe()}): {n} points x {grid.rounds} "
+        f"passes on {len(devices)} {backend} device(s), kernels {kernels}"
+    )
     cost = fit_engine(config, devices, base, grid=grid, host_params=host_params, log=stderr_log)
     if note:
         cost = replace(cost, info={**cost.info, "notes": [*cost.info.get("notes", []), note]})
     i = cost.info
-    stderr_log(f"fit: decode rms error {i['decode_rms_rel_error']:.1%} (max "
-               f"{i['decode_max_rel_error']:.1%}; one straight line in the batch: "
-               f"{i['linear_decode_rms_rel_error']:.1%}), {i['seconds']} s")  # fmt: skip
+    stderr_log(
+        f"fit: decode rms error {i['decode_rms_rel_error']:.1%} (max "
+        f"{i['decode_max_rel_error']:.1%}; one straight line in the batch: "
+        f"{i['linear_decode_rms_rel_error']:.1%}), {i['seconds']} s"
+    )
     if cost.call_spread:
         q = cost.call_spread
-        stderr_log(f"fit: one call over its median: x{q[len(q) // 10]:.2f} at p10, "
-                   f"x{q[len(q) * 9 // 10]:.2f} at p90, x{q[-1]:.2f} at the top "
-                   "(the simulator draws each call's from these)")  # fmt: skip
+        stderr_log(
+            f"fit: one call over its median: x{q[len(q) // 10]:.2f} at p10, "
+            f"x{q[len(q) * 9 // 10]:.2f} at p90, x{q[-1]:.2f} at the top "
+            "(the simulator draws each call's from these)"
+        )
     text = yaml.safe_dump(cost.to_dict(), sort_keys=False)
     if not args.no_write:
         # stored under the shape's fit key, with the kernels that `auto` resolved to

@@ -50,27 +50,35 @@ def calibrate(
     log(f"calibrate:       {copy['bw'] / 1e9:.1f} GB/s copy (read + write, reference)")
     d, f = sizes.d, sizes.f
     log(f"calibrate: [2/5] thin matmuls [B, {d}] x [{d}, {f}], B = {sizes.thin_batches} ...")
-    thin = {dtype: {b: _matmul(jax, jnp, dev, b, d, f, dtype, sizes) for b in sizes.thin_batches}
-            for dtype in ("f32", "bf16")}  # fmt: skip
+    thin = {
+        dtype: {b: _matmul(jax, jnp, dev, b, d, f, dtype, sizes) for b in sizes.thin_batches}
+        for dtype in ("f32", "bf16")
+    }
     for dtype, figs in thin.items():
         text = ", ".join(f"B={b} {m['flops_per_s'] / 1e9:.0f}" for b, m in figs.items())
         log(f"calibrate:       {dtype} GFLOP/s {text}")
     for _ in range(min(1, w - 1)):
         read_passes.run()
-    log(f"calibrate: [3/5] prefill GEMM [{sizes.prefill_t}, {d}] x [{d}, {f}], f32 and bf16, "
-        f"XLA's and the native kernel's, round robin in {sizes.windows} passes ...")  # fmt: skip
+    log(
+        f"calibrate: [3/5] prefill GEMM [{sizes.prefill_t}, {d}] x [{d}, {f}], f32 and bf16, "
+        f"XLA's and the native kernel's, round robin in {sizes.windows} passes ..."
+    )
     xla_flops, native_flops = _prefill_gemms(jax, jnp, dev, sizes)
     flops = {}
     for dtype, fig in xla_flops.items():
         own = native_flops.get(dtype)
         flops[dtype] = own if own and own["flops_per_s"] > fig["flops_per_s"] else fig
-        log(f"calibrate:       {dtype} GFLOP/s XLA {fig['flops_per_s'] / 1e9:.0f}"
-            + (f", native kernel {own['flops_per_s'] / 1e9:.0f}" if own else ""))  # fmt: skip
+        log(
+            f"calibrate:       {dtype} GFLOP/s XLA {fig['flops_per_s'] / 1e9:.0f}"
+            + (f", native kernel {own['flops_per_s'] / 1e9:.0f}" if own else "")
+        )
     for _ in range(max(w - 2, 0)):
         read_passes.run()
     read = _read_figure(read_passes, sizes)
-    log(f"calibrate:       {read['bw'] / 1e9:.1f} GB/s read (past the cache; passes at the "
-        f"start, after the thin matmuls and after the GEMMs)")  # fmt: skip
+    log(
+        f"calibrate:       {read['bw'] / 1e9:.1f} GB/s read (past the cache; passes at the "
+        f"start, after the thin matmuls and after the GEMMs)"
+    )
     spread = read_spread_note(read["curve"])
     if spread:
         log(f"calibrate:       note: {spread}")

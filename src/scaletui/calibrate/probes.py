@@ -21,16 +21,22 @@ def _matmul_call(jax, jnp, device, b: int, d: int, f: int, dtype: str) -> Callab
 
 def _matmul(jax, jnp, device, b: int, d: int, f: int, dtype: str, sizes: Sizes) -> dict:
     """[b, d] x [d, f]: 2*b*d*f FLOPs, timed alone (the thin, decode-shaped ones)."""
-    t, runs = _median_time(_matmul_call(jax, jnp, device, b, d, f, dtype), sizes.reps,
-                           sizes.min_time_s)  # fmt: skip
+    t, runs = _median_time(
+        _matmul_call(jax, jnp, device, b, d, f, dtype), sizes.reps, sizes.min_time_s
+    )
     method = f"[{b}, {d}] x [{d}, {f}] {dtype} (jit), median of >= {sizes.reps} runs"
     return _gemm_figure(b, d, f, t, runs, method)
 
 
 def _gemm_figure(b: int, d: int, f: int, t: float, runs: list[float], method: str) -> dict:
     flops = 2 * b * d * f
-    return {"flops_per_s": flops / t, "method": f"{method}; {flops} FLOPs", "shape": [b, d, f],
-            "flops": flops, **_summary(t, runs)}  # fmt: skip
+    return {
+        "flops_per_s": flops / t,
+        "method": f"{method}; {flops} FLOPs",
+        "shape": [b, d, f],
+        "flops": flops,
+        **_summary(t, runs),
+    }
 
 
 def _native_call(jax, jnp, device, b: int, d: int, f: int, dtype: str) -> Callable | None:
@@ -67,8 +73,10 @@ def _prefill_gemms(jax, jnp, device, sizes: Sizes) -> tuple[dict, dict]:
         if own is not None:
             calls[f"native {dtype}"] = own
     timed = _fastest_window(calls, sizes.windows, sizes.reps, sizes.min_time_s)
-    how = (f"the fastest of {sizes.windows} passes' medians, >= {sizes.reps} runs in all, "
-           f"timed round robin with {', '.join(calls)}")  # fmt: skip
+    how = (
+        f"the fastest of {sizes.windows} passes' medians, >= {sizes.reps} runs in all, "
+        f"timed round robin with {', '.join(calls)}"
+    )
     xla, own = {}, {}
     for name, (best, runs, passes) in timed.items():
         kind, dtype = name.split()
@@ -78,8 +86,10 @@ def _prefill_gemms(jax, jnp, device, sizes: Sizes) -> tuple[dict, dict]:
             from scaletui.serve.engine import native  # imported: _native_call ran it
 
             pairs = "bf16 pairs, vdpbf16ps" if native.pairs_for(dtype) else "FMA"
-            method = (f"[{t}, {d}] x [{d}, {f}] {dtype} through scaletui's native CPU dense "
-                      f"kernel (packed panels, {pairs}), {how}")  # fmt: skip
+            method = (
+                f"[{t}, {d}] x [{d}, {f}] {dtype} through scaletui's native CPU dense "
+                f"kernel (packed panels, {pairs}), {how}"
+            )
         fig = {**_gemm_figure(t, d, f, best, runs, method), "pass_medians_s": passes}
         (xla if kind == "xla" else own)[dtype] = fig
     return xla, own

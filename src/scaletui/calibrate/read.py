@@ -38,8 +38,9 @@ def _read_stream(jax, jnp, device, sizes: Sizes) -> _Passes:
     count = sizes.read_points[-1] // mat
     # one list of matrices; the smaller working sets are its first matrices (no more memory)
     ws = [jax.device_put(jnp.ones(READ_SHAPE, jnp.float32), device) for _ in range(count)]
-    calls: dict = {n: (lambda k=n // mat: jax.block_until_ready(gemvs(h, ws[:k])))
-                   for n in sizes.read_points}  # fmt: skip
+    calls: dict = {
+        n: (lambda k=n // mat: jax.block_until_ready(gemvs(h, ws[:k]))) for n in sizes.read_points
+    }
     own = _native_read(jax, device, h, count)
     if own is not None:
         calls.update({("native", n): (lambda k=n // mat: own(k)) for n in sizes.read_points})

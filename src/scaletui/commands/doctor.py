@@ -179,9 +179,11 @@ def _lines(f: dict) -> list[str]:
     )
     paths = f"config {f['paths']['config_dir']}, cache {f['paths']['cache_dir']}"
     cc = f["compile_cache"]
-    compiled = (f"{cc['dir']}: {cc['entries']} programs, {cc['bytes'] / 2**20:.1f} MiB"
-                if cc["dir"] else f"off ({compile_cache.DIR_ENV} empty, or "
-                f"{compile_cache.default_dir()} not writable)")  # fmt: skip
+    compiled = (
+        f"{cc['dir']}: {cc['entries']} programs, {cc['bytes'] / 2**20:.1f} MiB"
+        if cc["dir"]
+        else f"off ({compile_cache.DIR_ENV} empty, or {compile_cache.default_dir()} not writable)"
+    )
     verdict = "ready to serve" if f["ok"] else "; ".join(f["problems"])
     rows = [
         ("python", f["python"]),

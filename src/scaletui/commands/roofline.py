@@ -155,15 +155,22 @@ def expected(e: Estimate, cost: CostModel) -> dict:
 def format_expected(x: dict) -> str:
     f = x["fit_config"]
     rows = [
-        ("expected", f"{x['source']} cost model for {f['model']} on {f['hardware']} "
-                     f"({describe_precision(f['dtype'], f['weight_dtype'], f['kv_dtype'])}, "
-                     f"tp={f['tp']}, dp={f['dp']})"),
-        ("decode step", f"{_si(x['decode_step_s'], 's')} "
-                        f"({x['decode_step_over_floor']:.2f}x the floor)"),
+        (
+            "expected",
+            f"{x['source']} cost model for {f['model']} on {f['hardware']} "
+            f"({describe_precision(f['dtype'], f['weight_dtype'], f['kv_dtype'])}, "
+            f"tp={f['tp']}, dp={f['dp']})",
+        ),
+        (
+            "decode step",
+            f"{_si(x['decode_step_s'], 's')} ({x['decode_step_over_floor']:.2f}x the floor)",
+        ),
         ("decode tokens/s", f"{x['decode_tokens_per_s']:,.1f}"),
-        ("prefill / TTFT", f"{_si(x['prefill_s'], 's')} "
-                           f"({x['prefill_over_floor']:.2f}x the floor)"),
-    ]  # fmt: skip
+        (
+            "prefill / TTFT",
+            f"{_si(x['prefill_s'], 's')} ({x['prefill_over_floor']:.2f}x the floor)",
+        ),
+    ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

@@ -39,8 +39,11 @@ log = logging.getLogger("scaletui.serve")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scaletui serve", description=__doc__.splitlines()[0])
     kv = add_flags(p)  # the server's shape: one flag per ServerShape field
-    kv.add_argument("--kv-memory-fraction", type=float, help="size the KV pages to this "
-                    "fraction (0-1] of the memory the weights leave")  # fmt: skip
+    kv.add_argument(
+        "--kv-memory-fraction",
+        type=float,
+        help="size the KV pages to this fraction (0-1] of the memory the weights leave",
+    )
     a = p.add_argument
     a("--host", default="127.0.0.1", help="bind address (non-loopback: /admin needs a token)")
     a("--port", type=int, default=8000, help="TCP port (0 = any free port)")
@@ -54,8 +57,12 @@ def parser() -> argparse.ArgumentParser:
         help="close a new connection whose request has not arrived after S seconds",
     )
     a("--body-timeout", type=float, default=30.0, help="408 for a body not received within S s")
-    a("--keepalive-timeout", type=float, default=75.0,
-      help="close a connection idle between requests after S seconds")  # fmt: skip
+    a(
+        "--keepalive-timeout",
+        type=float,
+        default=75.0,
+        help="close a connection idle between requests after S seconds",
+    )
     a("--host-devices", type=int, help="JAX CPU: number of virtual host devices (XLA flag)")
     a("--fake", action="store_true", help="serve the hand-computable FakeEngine (tests, demos)")
     a("--fake-step-ms", type=float, default=2.0, help="--fake: milliseconds per decode step")
@@ -125,8 +132,11 @@ async def _until_started(sched: Scheduler, stop: asyncio.Event) -> None:
     while sched.state in ("starting", "compiling"):
         await asyncio.sleep(0.1)
     if sched.state == "failed":
-        print(f"scaletui serve: error: the engines failed to start: {sched.error}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"scaletui serve: error: the engines failed to start: {sched.error}",
+            file=sys.stderr,
+            flush=True,
+        )
         stop.set()
 
 
@@ -134,8 +144,9 @@ def _pages_from_fraction(config: ServerShape, fraction: float, fake: bool) -> Se
     """`--kv-memory-fraction`: kv_pages from the memory the devices have and the weights
     leave (the fake engine holds nothing: the default pages)."""
     if not 0 < fraction <= 1:
-        raise ConfigError("kv_memory_fraction", fraction, f"kv_memory_fraction must be in (0, "
-                          f"1], got {fraction}")  # fmt: skip
+        raise ConfigError(
+            "kv_memory_fraction", fraction, f"kv_memory_fraction must be in (0, 1], got {fraction}"
+        )
     if fake:
         return config
     import jax  # after main() set XLA's host-device flags
@@ -156,10 +167,17 @@ def warn_oversubscribed(host_devices: int) -> bool:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if not cores or host_devices <= cores:
         return False
-    log.warning("--host-devices %d is more than the %d usable cores: XLA runs a thread per "
-                "device, so every engine call shares %d cores among %d threads (a tp 1 decode "
-                "runs up to 2x slower); use --host-devices %d or fewer unless tp x dp needs "
-                "more", host_devices, cores, cores, host_devices, cores)  # fmt: skip
+    log.warning(
+        "--host-devices %d is more than the %d usable cores: XLA runs a thread per "
+        "device, so every engine call shares %d cores among %d threads (a tp 1 decode "
+        "runs up to 2x slower); use --host-devices %d or fewer unless tp x dp needs "
+        "more",
+        host_devices,
+        cores,
+        cores,
+        host_devices,
+        cores,
+    )
     return True
 
 

@@ -58,12 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
     a("--overhead-ms", type=float, default=0.0, help="assumed: fixed ms per step and per prefill")
     s = p.add_argument_group("server (scaletui serve's flags)")
     add_flags(s, omit=("model", "weights", "tokenizer", "seed"), helps=SIM_HELP)
-    s.add_argument("--intake-ms", type=float, default=INTAKE_S * 1e3, help="a request's HTTP + "
-                   "tokenizer time before it queues, one request at a time")  # fmt: skip
-    s.add_argument("--gap-ms", type=float, default=HOST_GAP_S * 1e3, help="the scheduler's "
-                   "host time before each engine call while busy (/stats host_gap)")  # fmt: skip
-    s.add_argument("--gap-per-row-ms", type=float, default=HOST_GAP_PER_ROW_S * 1e3,
-                   help="and its growth per running request")  # fmt: skip
+    s.add_argument(
+        "--intake-ms",
+        type=float,
+        default=INTAKE_S * 1e3,
+        help="a request's HTTP + tokenizer time before it queues, one request at a time",
+    )
+    s.add_argument(
+        "--gap-ms",
+        type=float,
+        default=HOST_GAP_S * 1e3,
+        help="the scheduler's host time before each engine call while busy (/stats host_gap)",
+    )
+    s.add_argument(
+        "--gap-per-row-ms",
+        type=float,
+        default=HOST_GAP_PER_ROW_S * 1e3,
+        help="and its growth per running request",
+    )
     g = p.add_argument_group("workload (loadgen's flags)")
     g.add_argument("--qps", type=float, help="offered request rate (req/s)")
     g.add_argument("--arrival", choices=ARRIVALS, default="poisson")
@@ -137,19 +149,26 @@ def cost_models(
         found = stored_fits_for(shape.fit_key())
         path = next((f for f, why in found if why is None), None)
         if path is None and found:  # each one there is stale
-            passed_over = (f"; the stored fit {found[0][0]} was passed over ({found[0][1]}): "
-                           f"`scaletui calibrate --model {model.name}` fits again")  # fmt: skip
+            passed_over = (
+                f"; the stored fit {found[0][0]} was passed over ({found[0][1]}): "
+                f"`scaletui calibrate --model {model.name}` fits again"
+            )
     if path is not None:
         cost = load_fit(path)
         if (cost.model, cost.tp, cost.dp) != (model.name, args.tp, args.dp):
-            print(f"scaletui simulate: warning: the fit is for {cost.model} tp {cost.tp} dp "
-                  f"{cost.dp}, not {model.name} tp {args.tp} dp {args.dp}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"scaletui simulate: warning: the fit is for {cost.model} tp {cost.tp} dp "
+                f"{cost.dp}, not {model.name} tp {args.tp} dp {args.dp}",
+                file=sys.stderr,
+            )
         asked = {k: vars(args)[k] for k in ("dtype", "weight_dtype", "kv_dtype") if vars(args)[k]}
         if any(vars(cost)[k] != v for k, v in asked.items()):
             flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in asked.items())
-            print(f"scaletui simulate: warning: the fit is for {cost.describe_precision()}, "
-                  f"not {flags}", file=sys.stderr)  # fmt: skip
+            print(
+                f"scaletui simulate: warning: the fit is for {cost.describe_precision()}, "
+                f"not {flags}",
+                file=sys.stderr,
+            )
         made = cost.info.get("date", "an unknown date")
         return cost, cost, f"cost model: fit {path} ({cost.source}, {made})"
     if not args.hardware:
@@ -159,15 +178,24 @@ def cost_models(
     gen_devices = args.tp * args.dp
     pre_devices = args.prefill_devices or gen_devices
     host = gen_devices + (pre_devices if shape.mode == "disaggregated" else 0)
-    kw = dict(dtype=p.compute, weight_dtype=p.weights, kv_dtype=p.kv, efficiency=args.efficiency,
-              flops_efficiency=args.flops_efficiency, overhead_s=args.overhead_ms / 1e3,
-              kernels=args.kernels)  # fmt: skip
+    kw = dict(
+        dtype=p.compute,
+        weight_dtype=p.weights,
+        kv_dtype=p.kv,
+        efficiency=args.efficiency,
+        flops_efficiency=args.flops_efficiency,
+        overhead_s=args.overhead_ms / 1e3,
+        kernels=args.kernels,
+    )
     decode = CostModel.assumed(model, hw, tp=args.tp, dp=args.dp, host_devices=host, **kw)
-    prefill = CostModel.assumed(model, hw, tp=args.tp, dp=max(pre_devices // args.tp, 1),
-                                host_devices=host, **kw)  # fmt: skip
+    prefill = CostModel.assumed(
+        model, hw, tp=args.tp, dp=max(pre_devices // args.tp, 1), host_devices=host, **kw
+    )
     eff = args.flops_efficiency or args.efficiency
-    words = (f"cost model: assumed, {args.efficiency:.0%} of {hw.name}'s bandwidth, {eff:.0%} of "
-             f"its FLOP/s, {args.overhead_ms:g} ms overhead (no fit)")  # fmt: skip
+    words = (
+        f"cost model: assumed, {args.efficiency:.0%} of {hw.name}'s bandwidth, {eff:.0%} of "
+        f"its FLOP/s, {args.overhead_ms:g} ms overhead (no fit)"
+    )
     if hw.kind == "cpu" and host > 1:
         words += f"; {host} virtual devices share the host's roofs"
     return decode, prefill, words + passed_over
@@ -188,10 +216,17 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     while True:
         offsets, inp, out = schedule(workload, take, args.duration, MAX_REQUESTS)
         inp = inp + bos
-        load = Load(offsets, inp, out, concurrency=args.concurrency,
-                    closed_loop=workload.closed_loop, duration=args.duration,
-                    requested_rate=args.qps, prefix_groups=args.prefix_groups,
-                    prefix_len=args.prefix_len and args.prefix_len + bos)  # fmt: skip
+        load = Load(
+            offsets,
+            inp,
+            out,
+            concurrency=args.concurrency,
+            closed_loop=workload.closed_loop,
+            duration=args.duration,
+            requested_rate=args.qps,
+            prefix_groups=args.prefix_groups,
+            prefix_len=args.prefix_len and args.prefix_len + bos,
+        )
         result = simulate(shape, decode, load, prefill, seed=args.seed, timing=timing)
         if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
             break
@@ -226,10 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(s, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    print(f"simulated {s['num_prompts']} requests in {seconds:.2f} s at "
-          f"{s['config']['precision']}; {words}")  # fmt: skip
+    print(
+        f"simulated {s['num_prompts']} requests in {seconds:.2f} s at "
+        f"{s['config']['precision']}; {words}"
+    )
     print(table(s))
     batch = s.get("mean_running_batch")
-    print(f"mean running batch {batch:.2f} over {s['generate_calls']} generate calls"
-          if batch is not None else "no generate call")  # fmt: skip
+    print(
+        f"mean running batch {batch:.2f} over {s['generate_calls']} generate calls"
+        if batch is not None
+        else "no generate call"
+    )
     return 0

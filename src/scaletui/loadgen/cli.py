@@ -89,12 +89,20 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--timeout", type=float, default=300.0, help="per-request limit (s)")
     w.add_argument("--read-timeout", type=float, default=60.0, help="max stream silence (s)")
     f = p.add_argument_group("failures")
-    f.add_argument("--max-failure-rate", type=_fraction, default=0.01,
-                   help="exit 3 when (failed + rejected) / (sent - cancelled) is above this "
-                   "in a stage")  # fmt: skip
-    f.add_argument("--max-connection-failures", type=int, default=5, metavar="N",
-                   help="N connection failures in a row (refused/reset, probes included): the "
-                   "server is gone, stop with a partial result and exit 4 (0 = never)")  # fmt: skip
+    f.add_argument(
+        "--max-failure-rate",
+        type=_fraction,
+        default=0.01,
+        help="exit 3 when (failed + rejected) / (sent - cancelled) is above this in a stage",
+    )
+    f.add_argument(
+        "--max-connection-failures",
+        type=int,
+        default=5,
+        metavar="N",
+        help="N connection failures in a row (refused/reset, probes included): the "
+        "server is gone, stop with a partial result and exit 4 (0 = never)",
+    )
     o = p.add_argument_group("outputs")
     o.add_argument("--slo", type=Slo.parse, help="goodput SLOs in ms: ttft=500,tpot=50,e2el=5000")
     o.add_argument("--out", help="summary JSON file")
@@ -103,11 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--jsonl", help="live JSONL (start, 1 s windows, summary) to PATH or -")
     o.add_argument("--quiet", action="store_true", help="no table, no progress")
     s = p.add_argument_group("embedded server")
-    s.add_argument("--server-cmd", help="command template with {python} {port} "
-                   "(default $LOADGEN_SERVER_CMD or scaletui serve --model small)")  # fmt: skip
+    s.add_argument(
+        "--server-cmd",
+        help="command template with {python} {port} "
+        "(default $LOADGEN_SERVER_CMD or scaletui serve --model small)",
+    )
     s.add_argument("--server-timeout", type=float, default=600.0, help="wait for /health (s)")
-    s.add_argument("--server-log", help="the server's output to this file (default: a temporary "
-                   "file, removed after a clean run)")  # fmt: skip
+    s.add_argument(
+        "--server-log",
+        help="the server's output to this file (default: a temporary "
+        "file, removed after a clean run)",
+    )
     return p
 
 
@@ -136,8 +150,9 @@ async def _model(session: aiohttp.ClientSession, url: str) -> str:
     data = models.get("data") if isinstance(models, dict) else None
     first = data[0] if isinstance(data, list) and data else None
     if not isinstance(first, dict) or not isinstance(first.get("id"), str):
-        raise UserError(f"{url} has no model list at /v1/models; is it an OpenAI server? "
-                        "(give --model)")  # fmt: skip
+        raise UserError(
+            f"{url} has no model list at /v1/models; is it an OpenAI server? (give --model)"
+        )
     return first["id"]
 
 
@@ -200,17 +215,32 @@ async def run(args: argparse.Namespace, url: str) -> int:
                 raise UserError(f"cannot reach {url}: no answer from /v1/models") from None
             num = args.num_requests if args.num_requests or args.duration else 200
             cfg = RunConfig(
-                url=url, model=model, api=args.api, num_requests=num, duration=args.duration,
-                warmup=args.warmup, timeout=args.timeout, read_timeout=args.read_timeout,
-                ignore_eos=args.ignore_eos, max_connection_failures=args.max_connection_failures,
-            )  # fmt: skip
+                url=url,
+                model=model,
+                api=args.api,
+                num_requests=num,
+                duration=args.duration,
+                warmup=args.warmup,
+                timeout=args.timeout,
+                read_timeout=args.read_timeout,
+                ignore_eos=args.ignore_eos,
+                max_connection_failures=args.max_connection_failures,
+            )
             for stage, rate in enumerate(rates):
                 if stopped or gone:
                     break
                 wl = replace(workload, qps=rate)
                 config = {"run": asdict(cfg), "workload": asdict(wl), "stage": stage}
-                sink.write({"type": "start", "t": 0.0, "stage": stage, "config": config,
-                            "url": url, "model": model})  # fmt: skip
+                sink.write(
+                    {
+                        "type": "start",
+                        "t": 0.0,
+                        "stage": stage,
+                        "config": config,
+                        "url": url,
+                        "model": model,
+                    }
+                )
                 label = f"stage {stage + 1}/{len(rates)} rate {rate:g}/s " if args.sweep else ""
                 progress = Progress(num if not args.duration else None, not args.quiet, label)
 
@@ -225,17 +255,30 @@ async def run(args: argparse.Namespace, url: str) -> int:
                 if result.stop_reason is not None:
                     t_stop = (result.t_stop or result.t_start) - result.t_start
                     reason, message = result.stop_reason, result.stop_message
-                    sink.write({"type": "aborted", "stage": stage, "t": round(t_stop, 6),
-                                "reason": reason, "message": message})  # fmt: skip
+                    sink.write(
+                        {
+                            "type": "aborted",
+                            "stage": stage,
+                            "t": round(t_stop, 6),
+                            "reason": reason,
+                            "message": message,
+                        }
+                    )
                     if reason == "server_gone":
                         gone = f"{message}; stopped {t_stop:.1f} s into stage {stage}"
                 after = await _stats(session, url)
                 summary = summarize(
-                    result.records, t_start=result.t_start, slo=args.slo,
-                    requested_rate=rate, config=config, server_stats_before=before,
-                    server_stats_after=after, partial=result.partial,
-                    partial_reason=result.stop_reason, partial_message=result.stop_message,
-                )  # fmt: skip
+                    result.records,
+                    t_start=result.t_start,
+                    slo=args.slo,
+                    requested_rate=rate,
+                    config=config,
+                    server_stats_before=before,
+                    server_stats_after=after,
+                    partial=result.partial,
+                    partial_reason=result.stop_reason,
+                    partial_message=result.stop_message,
+                )
                 summaries.append(summary)
                 sink.write({"type": "summary", "stage": stage, **summary})
                 if requests_file:
@@ -315,16 +358,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.prompt_format == "ids" and args.api == "chat":
             raise UserError("--prompt-format ids needs --api completions (chat takes text)")
         workload_from(args)  # validate before starting anything
-        RunConfig(url="-", model="-", num_requests=args.num_requests or 1,
-                  duration=args.duration, warmup=args.warmup, timeout=args.timeout,
-                  read_timeout=args.read_timeout,
-                  max_connection_failures=args.max_connection_failures)  # fmt: skip
+        RunConfig(
+            url="-",
+            model="-",
+            num_requests=args.num_requests or 1,
+            duration=args.duration,
+            warmup=args.warmup,
+            timeout=args.timeout,
+            read_timeout=args.read_timeout,
+            max_connection_failures=args.max_connection_failures,
+        )
         with contextlib.ExitStack() as stack:
             url = args.url
             srv = None
             if url is None:
-                srv = EmbeddedServer(args.server_cmd, timeout=args.server_timeout,
-                                     log=args.server_log)  # fmt: skip
+                srv = EmbeddedServer(
+                    args.server_cmd, timeout=args.server_timeout, log=args.server_log
+                )
                 url = stack.enter_context(srv).url
             elif not url.startswith(("http://", "https://")):
                 raise UserError(f"--url must start with http:// or https://, got {url!r}")

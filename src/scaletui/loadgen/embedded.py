@@ -60,9 +60,12 @@ class EmbeddedServer:
         try:
             with open(self.log, "wb") as out:  # the child keeps its own descriptor
                 self.proc = subprocess.Popen(
-                    argv, start_new_session=True, stdin=subprocess.DEVNULL, stdout=out,
+                    argv,
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
                     stderr=subprocess.STDOUT,
-                )  # fmt: skip
+                )
         except OSError as exc:
             raise RuntimeError(f"cannot start the embedded server {argv[0]!r}: {exc}") from exc
         try:

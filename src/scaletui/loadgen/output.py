@@ -122,8 +122,10 @@ def table(s: dict) -> str:
     ):
         lines.append(f"{title:-^60}")
         for stat in ("mean", "median", "p99"):
-            row(f"{stat.capitalize() if stat != 'p99' else 'P99'} {stem.upper()} (ms):",
-                f"{stat}_{stem}_ms")  # fmt: skip
+            row(
+                f"{stat.capitalize() if stat != 'p99' else 'P99'} {stem.upper()} (ms):",
+                f"{stat}_{stem}_ms",
+            )
     kinds = s.get("failures_by_kind") or {}
     if kinds:
         lines.append(f"{'Failures by kind':-^60}")

@@ -25,9 +25,17 @@ from scaletui.loadgen.client import FAILED, OUTCOMES, RequestRecord
 
 # metric -> JSON stem; every one gets mean_/median_/std_/min_/max_/pNN_<stem>_ms keys
 LATENCIES = (
-    "ttft", "tpot", "itl", "e2el", "ttft_sched", "e2el_sched", "schedule_delay", "ntpot", "ttst",
+    "ttft",
+    "tpot",
+    "itl",
+    "e2el",
+    "ttft_sched",
+    "e2el_sched",
+    "schedule_delay",
+    "ntpot",
+    "ttst",
     "icl",
-)  # fmt: skip
+)
 
 METRIC_DEFINITIONS = {
     "ttft_ms": "t_first_token - t_send (first SSE chunk carrying >= 1 output token)",
@@ -303,9 +311,10 @@ def _saturation(s: dict, answerable: int) -> str | None:
     if not reasons:
         return None
     return (
-        "saturated: the server did not sustain the offered load: " + "; and ".join(reasons)
+        "saturated: the server did not sustain the offered load: "
+        + "; and ".join(reasons)
         + ". Lower --qps (find the rate with --sweep) or add capacity"
-    )  # fmt: skip
+    )
 
 
 def _warnings(s: dict) -> list[str]:

@@ -117,10 +117,15 @@ class Runner:
         self._dispatcher: asyncio.Task | None = None
         self._fail_streak = 0  # failed requests in a row (closed-loop backoff)
         self._liveness = (
-            Liveness(cfg.url, self._server_gone, limit=cfg.max_connection_failures,
-                     interval=PROBE_INTERVAL_S)
-            if cfg.max_connection_failures else None
-        )  # fmt: skip
+            Liveness(
+                cfg.url,
+                self._server_gone,
+                limit=cfg.max_connection_failures,
+                interval=PROBE_INTERVAL_S,
+            )
+            if cfg.max_connection_failures
+            else None
+        )
         self._in_flight: set[RequestRecord] = set()
         self._tasks: set[asyncio.Task] = set()
         self._finished: list[RequestRecord] = []  # since the last window
@@ -150,9 +155,14 @@ class Runner:
         if self._liveness is not None:
             self._liveness.close()
         return RunResult(
-            records, t0, self._stopped, self.windows, self.stop_reason, self.stop_message,
+            records,
+            t0,
+            self._stopped,
+            self.windows,
+            self.stop_reason,
+            self.stop_message,
             self._t_stop,
-        )  # fmt: skip
+        )
 
     async def run(self, session: aiohttp.ClientSession) -> RunResult:
         cfg, w = self.cfg, self.workload
@@ -193,9 +203,12 @@ class Runner:
         end = t0 + cfg.duration if cfg.duration is not None else math.inf
         for spec in specs:
             body = client.request_body(
-                spec.prompt, spec.max_tokens, model=cfg.model, api=cfg.api,
+                spec.prompt,
+                spec.max_tokens,
+                model=cfg.model,
+                api=cfg.api,
                 ignore_eos=cfg.ignore_eos,
-            )  # fmt: skip
+            )
             t_sched = t0 + spec.offset
             if not closed and (t_sched >= end or not await self._sleep_until(t_sched)):
                 return
@@ -230,9 +243,13 @@ class Runner:
             self._window_delays.append(perf_counter() - rec.t_sched)
         try:
             await client.send(
-                session, self.cfg.endpoint, body, rec, timeout=self._timeout,
+                session,
+                self.cfg.endpoint,
+                body,
+                rec,
+                timeout=self._timeout,
                 cancel_after=spec.cancel_after,
-            )  # fmt: skip
+            )
         except asyncio.CancelledError:
             rec.outcome, rec.error = "cancelled", "run stopped"
             rec.t_done = perf_counter()
@@ -275,9 +292,12 @@ class Runner:
             rec = RequestRecord(spec.index, perf_counter(), spec.input_len, spec.max_tokens)
             rec.warmup = True
             body = client.request_body(
-                spec.prompt, spec.max_tokens, model=cfg.model, api=cfg.api,
+                spec.prompt,
+                spec.max_tokens,
+                model=cfg.model,
+                api=cfg.api,
                 ignore_eos=cfg.ignore_eos,
-            )  # fmt: skip
+            )
             send = client.send(session, cfg.endpoint, body, rec, timeout=self._timeout)
             tasks.append(asyncio.create_task(send))
         self._tasks.update(tasks)  # so stop() aborts a warm-up too

@@ -86,11 +86,15 @@ def _quality(name: str, res: np.ndarray) -> dict:
 def _linear_decode(base: CostModel, decode: Sequence[DecodeSample]) -> tuple[dict, np.ndarray]:
     a = np.array(
         [
-            [s.steps, 1.0, s.steps * base.decode_bytes(s.batch, s.context),
-             s.steps * base.decode_flops(s.batch, s.context)]
+            [
+                s.steps,
+                1.0,
+                s.steps * base.decode_bytes(s.batch, s.context),
+                s.steps * base.decode_flops(s.batch, s.context),
+            ]
             for s in decode
         ]
-    )  # fmt: skip
+    )
     y = np.array([s.seconds for s in decode])
     c, res = _lstsq_subsets(a, y, prefer=(0,))
     rates = {
@@ -107,10 +111,10 @@ def _decode_table(decode: Sequence[DecodeSample]) -> tuple[tuple, float]:
     cells = sorted({(s.batch, s.context) for s in decode})
     vary_steps = len({s.steps for s in decode}) > 1
     rows = [
-        [1.0 if vary_steps else 0.0] + [s.steps if (s.batch, s.context) == c else 0.0
-                                        for c in cells]
+        [1.0 if vary_steps else 0.0]
+        + [s.steps if (s.batch, s.context) == c else 0.0 for c in cells]
         for s in decode
-    ]  # fmt: skip
+    ]
     y = np.array([s.seconds for s in decode])
     coef, _ = _lstsq_drop_negative(np.array(rows), y)
     knots = tuple((float(b), float(c), float(coef[1 + i])) for i, (b, c) in enumerate(cells))
@@ -129,8 +133,12 @@ def _prefill_table(prefill: Sequence[PrefillSample]) -> tuple:
 
 def _prefill_rates(base: CostModel, prefill: Sequence[PrefillSample], per_byte: float) -> dict:
     """overhead + bytes * per_byte + dense FLOPs / rate + attention FLOPs / its own rate."""
-    a = np.array([[1.0, base.prefill_dense_flops(s.tokens), base.prefill_attn_flops(s.tokens,
-                   s.start)] for s in prefill])  # fmt: skip
+    a = np.array(
+        [
+            [1.0, base.prefill_dense_flops(s.tokens), base.prefill_attn_flops(s.tokens, s.start)]
+            for s in prefill
+        ]
+    )
     y = np.array([s.seconds for s in prefill])
     mem = np.array([base.prefill_bytes(s.tokens) * per_byte for s in prefill])
     c, _ = _lstsq_subsets(a, np.maximum(y - mem, 1e-12), prefer=(0,))
@@ -183,8 +191,10 @@ def fit(
     quality: dict = {"decode_samples": len(decode), **_quality("linear_decode", lres)}
     notes: list[str] = []
     if math.isinf(got["read_bw"]):
-        notes.append("decode time does not grow with the bytes read (fixed costs dominate): "
-                     "no read bandwidth fitted")  # fmt: skip
+        notes.append(
+            "decode time does not grow with the bytes read (fixed costs dominate): "
+            "no read bandwidth fitted"
+        )
     if knots:
         got["decode_knots"], got["sync_s"] = _decode_table(decode)  # the table's own sync
     if len({s.tokens for s in prefill}) >= 2:
@@ -197,8 +207,9 @@ def fit(
         notes.append("prefill not fitted (fewer than 2 prompt lengths): base rates kept")
     got["call_spread"] = call_spread([*decode, *prefill])
     cost = replace(base, **got, source="fit")
-    dres = np.array([cost.decode_call_s(s.batch, s.context, s.steps) / s.seconds - 1
-                     for s in decode])  # fmt: skip
+    dres = np.array(
+        [cost.decode_call_s(s.batch, s.context, s.steps) / s.seconds - 1 for s in decode]
+    )
     quality |= _quality("decode", dres)
     if "prefill_samples" in quality:
         pres = np.array([cost.prefill_s(s.tokens, s.start) / s.seconds - 1 for s in prefill])

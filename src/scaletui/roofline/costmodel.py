@@ -98,8 +98,10 @@ class CostModel:
         object.__setattr__(self, "kv_dtype", self.kv_dtype or self.dtype)
         for name in ("weight_dtype", "kv_dtype"):
             if vars(self)[name] not in STORAGE_DTYPES:
-                raise ValueError(f"{name} should be one of {STORAGE_DTYPES} (or empty: "
-                                 f"dtype), got {vars(self)[name]!r}")  # fmt: skip
+                raise ValueError(
+                    f"{name} should be one of {STORAGE_DTYPES} (or empty: "
+                    f"dtype), got {vars(self)[name]!r}"
+                )
         for name in ("read_bw", "decode_flops_per_s", "prefill_flops_per_s", "transfer_bw"):
             if not vars(self)[name] > 0:
                 raise ValueError(f"{name} should be > 0, got {vars(self)[name]!r}")
@@ -110,21 +112,27 @@ class CostModel:
             raise ValueError(f"tp and dp should be >= 1, got tp={self.tp} dp={self.dp}")
         knots = tuple(sorted(tuple(map(float, k)) for k in self.decode_knots))
         if any(len(k) != 3 or k[0] < 1 or k[1] < 0 or k[2] < 0 for k in knots):
-            raise ValueError(f"decode_knots should be rows of (batch >= 1, context >= 0, "
-                             f"step_s >= 0), got {self.decode_knots}")  # fmt: skip
+            raise ValueError(
+                f"decode_knots should be rows of (batch >= 1, context >= 0, "
+                f"step_s >= 0), got {self.decode_knots}"
+            )
         object.__setattr__(self, "decode_knots", knots)  # YAML gives lists: sorted tuples
         pknots = tuple(sorted(tuple(map(float, k)) for k in self.prefill_knots))
         if any(len(k) != 2 or k[0] < 1 or not k[1] > 0 for k in pknots):
-            raise ValueError(f"prefill_knots should be rows of (tokens >= 1, seconds > 0), got "
-                             f"{self.prefill_knots}")  # fmt: skip
+            raise ValueError(
+                f"prefill_knots should be rows of (tokens >= 1, seconds > 0), got "
+                f"{self.prefill_knots}"
+            )
         object.__setattr__(self, "prefill_knots", pknots)
         spread = tuple(sorted(map(float, self.call_spread)))
         if any(not x > 0 for x in spread):
             raise ValueError(f"call_spread should be ratios > 0, got {self.call_spread}")
         object.__setattr__(self, "call_spread", spread)
         if self.prefill_attn_flops_per_s < 0:
-            raise ValueError(f"prefill_attn_flops_per_s should be >= 0 (0: as dense), got "
-                             f"{self.prefill_attn_flops_per_s}")  # fmt: skip
+            raise ValueError(
+                f"prefill_attn_flops_per_s should be >= 0 (0: as dense), got "
+                f"{self.prefill_attn_flops_per_s}"
+            )
 
     def describe_precision(self) -> str:
         """'f32' when compute, weights and KV agree, else 'bf16 compute, int8 weights, bf16 KV'."""
@@ -244,8 +252,9 @@ class CostModel:
         CPU spec the devices are virtual and share the host's roofs (`share_host`): tp * dp of
         them unless `host_devices` says more (disaggregated prefill devices on the same host)."""
         if not 0 < efficiency <= 1 or not 0 < (flops_efficiency or efficiency) <= 1:
-            raise ValueError(f"efficiencies should be in (0, 1], got {efficiency}, "
-                             f"{flops_efficiency}")  # fmt: skip
+            raise ValueError(
+                f"efficiencies should be in (0, 1], got {efficiency}, {flops_efficiency}"
+            )
         weight_dtype, kv_dtype = weight_dtype or dtype, kv_dtype or dtype
         shape = _shape(model, dtype, weight_dtype, kv_dtype)  # checks the dtypes first
         hw = share_host(hardware, host_devices or tp * dp)
@@ -281,8 +290,17 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict) -> CostModel:
         names = {f.name for f in fields(cls)}
-        optional = {"kernels", "source", "info", "decode_knots", "prefill_attn_flops_per_s",
-                    "weight_dtype", "kv_dtype", "prefill_knots", "call_spread"}  # fmt: skip
+        optional = {
+            "kernels",
+            "source",
+            "info",
+            "decode_knots",
+            "prefill_attn_flops_per_s",
+            "weight_dtype",
+            "kv_dtype",
+            "prefill_knots",
+            "call_spread",
+        }
         missing = names - set(d) - optional
         if missing:
             raise ValueError(f"cost model is missing {sorted(missing)}")
@@ -311,8 +329,7 @@ def _shape(model: ModelSpec, dtype: str, weight_dtype: str, kv_dtype: str) -> di
     if dtype not in COMPUTE_DTYPES:
         raise ValueError(f"dtype should be one of {COMPUTE_DTYPES}, got {dtype!r}")
     if weight_dtype not in STORAGE_DTYPES:
-        raise ValueError(f"weight_dtype should be one of {STORAGE_DTYPES}, got "
-                         f"{weight_dtype!r}")  # fmt: skip
+        raise ValueError(f"weight_dtype should be one of {STORAGE_DTYPES}, got {weight_dtype!r}")
     return {
         "model": model.name,
         "weight_bytes": float(costs.param_count(model) * DTYPE_BYTES[weight_dtype]),

@@ -30,10 +30,22 @@ from scaletui.roofline.costmodel import CostModel
 from scaletui.specs import user_config_dir
 
 __all__ = [
-    "FIT_VERSION", "engine_versions", "find_fit", "fit_path", "fits_dir", "fit_version",
-    "kernels_source", "load_fit", "precision_tag", "save_fit", "stale", "stored_fits",
-    "stored_fits_for", "find_fit_for", "fit_path_for",
-]  # fmt: skip
+    "FIT_VERSION",
+    "engine_versions",
+    "find_fit",
+    "fit_path",
+    "fits_dir",
+    "fit_version",
+    "kernels_source",
+    "load_fit",
+    "precision_tag",
+    "save_fit",
+    "stale",
+    "stored_fits",
+    "stored_fits_for",
+    "find_fit_for",
+    "fit_path_for",
+]
 
 # 2: the native bf16 kernels stopped copying a table per generate call, the fit records the
 # kernels auto resolved to, and prefill is timed into pages as the server runs it
@@ -106,8 +118,16 @@ def fit_path(
 
 def save_fit(cost: CostModel, path: Path | None = None, host: str | None = None) -> Path:
     """Write `cost` as YAML (to its `fit_path`, by its precision, unless `path`); returns where."""
-    path = path or fit_path(cost.model, cost.dtype, cost.kernels, cost.tp, cost.dp, host,
-                            weight_dtype=cost.weight_dtype, kv_dtype=cost.kv_dtype)  # fmt: skip
+    path = path or fit_path(
+        cost.model,
+        cost.dtype,
+        cost.kernels,
+        cost.tp,
+        cost.dp,
+        host,
+        weight_dtype=cost.weight_dtype,
+        kv_dtype=cost.kv_dtype,
+    )
     data = cost.to_dict()
     made = {"fit_version": FIT_VERSION, "versions": engine_versions()}
     if cost.kernels == "native" and kernels_source():
@@ -160,8 +180,11 @@ def _other_engine(info: dict) -> str | None:
     made, now = info.get("versions") or {}, engine_versions()
     if not isinstance(made, dict):
         return None
-    differ = [f"{k} {made[k]}, now {now[k]}" for k in ENGINE_PACKAGES
-              if k in made and k in now and str(made[k]) != now[k]]  # fmt: skip
+    differ = [
+        f"{k} {made[k]}, now {now[k]}"
+        for k in ENGINE_PACKAGES
+        if k in made and k in now and str(made[k]) != now[k]
+    ]
     return "; ".join(differ) or None
 
 
@@ -199,13 +222,20 @@ def find_fit(
 
 
 def stored_fits(
-    model: str, dtype: str, tp: int, dp: int, kernels: str = "auto", host: str | None = None,
-    weight_dtype: str | None = None, kv_dtype: str | None = None,
-) -> list[tuple[Path, str | None]]:  # fmt: skip
+    model: str,
+    dtype: str,
+    tp: int,
+    dp: int,
+    kernels: str = "auto",
+    host: str | None = None,
+    weight_dtype: str | None = None,
+    kv_dtype: str | None = None,
+) -> list[tuple[Path, str | None]]:
     """Every stored fit file for this configuration (`find_fit`'s arguments), newest first
     under kernels auto, each with why it is not trusted (`stale`; None: current)."""
-    exact = fit_path(model, dtype, kernels, tp, dp, host, weight_dtype=weight_dtype,
-                     kv_dtype=kv_dtype)  # fmt: skip
+    exact = fit_path(
+        model, dtype, kernels, tp, dp, host, weight_dtype=weight_dtype, kv_dtype=kv_dtype
+    )
     if kernels != "auto":
         found = [exact] if exact.exists() else []
     else:

@@ -68,8 +68,12 @@ def summary(
     per_s = np.pad(buckets, (0, n - buckets.size)) + np.pad(
         first_bucket, (0, n - first_bucket.size)
     )
-    events = np.concatenate([np.stack([t_send[sent], np.ones(sends.size)], 1),
-                             np.stack([t_done[sent], -np.ones(sends.size)], 1)])  # fmt: skip
+    events = np.concatenate(
+        [
+            np.stack([t_send[sent], np.ones(sends.size)], 1),
+            np.stack([t_done[sent], -np.ones(sends.size)], 1),
+        ]
+    )
     events = events[np.lexsort((events[:, 1], events[:, 0]))]
     out: dict = {
         "partial": False,
@@ -103,11 +107,14 @@ def summary(
         requested_rate
         and out["sent"] >= SATURATION_MIN_REQUESTS
         and (
-            (out["sustained_rate"] is not None and scheduled_rate
-             and out["sustained_rate"] < SATURATION * scheduled_rate)
+            (
+                out["sustained_rate"] is not None
+                and scheduled_rate
+                and out["sustained_rate"] < SATURATION * scheduled_rate
+            )
             or n_ok < SATURATION * out["sent"]
         )
-    )  # fmt: skip
+    )
     samples = {
         "ttft": ttft,
         "tpot": tpot,

@@ -155,8 +155,10 @@ class SimState:
         s = self._prefill_memo.get(key)
         if s is None:
             cost, chunk = self.prefill_cost, self._chunk
-            s = sum(cost.prefill_s(next(b for b in self._pbuckets if b >= min(chunk, stop - c)), c)
-                    for c in range(start, stop, chunk))  # fmt: skip
+            s = sum(
+                cost.prefill_s(next(b for b in self._pbuckets if b >= min(chunk, stop - c)), c)
+                for c in range(start, stop, chunk)
+            )
             self._prefill_memo[key] = s
         return s
 
@@ -225,8 +227,10 @@ class SimState:
         cost is its own length's (rounded up, it may pass its bucket by < ROW_GRAIN)."""
         base = self.decode.decode_call_s(batch, self._dbuckets[0], steps)
         top = self.shape.max_seq_len // ROW_GRAIN + steps + 2
-        return base, [max(self.decode.decode_call_s(batch, k * ROW_GRAIN, steps) - base, 0.0)
-                      / batch for k in range(top)]  # fmt: skip
+        return base, [
+            max(self.decode.decode_call_s(batch, k * ROW_GRAIN, steps) - base, 0.0) / batch
+            for k in range(top)
+        ]
 
     def generate(self, now: float, steps: int = 0) -> float:
         """One generate call from `now` (of `steps` steps; 0: as the policy says); returns when

@@ -228,7 +228,7 @@ def _result(sim: SimState) -> SimResult:
         # a prefill call's time (a budget's piece is one), averaged over the calls
         "mean_prefill_ms": (
             1e3 * sim.prefill_call_s / sim.prefill_calls if sim.prefill_calls else None
-        ),  # fmt: skip
+        ),
         # running requests per generate call, weighted by the call's time (what a step sees)
         "mean_running_batch": sim.call_batch_s / sim.call_s if sim.call_s else None,
         # slots in use averaged over the whole run (the server's num_requests_running)
@@ -239,9 +239,18 @@ def _result(sim: SimState) -> SimResult:
     }
     chunk_t, chunk_n = arr(sim.chunk_t), arr(sim.chunk_n, int)
     summary = simreport.summary(
-        t_sched=t_sched, t_send=t_send, t_first=t_first, t_second=arr(sim.second),
-        t_last=t_last, outcome=outcome, input_len=arr(sim.inp, int),
-        output_len=arr(sim.out, int), chunk_t=chunk_t, chunk_gap=arr(sim.chunk_gap),
-        chunk_n=chunk_n, requested_rate=sim.load.requested_rate, extra=extra,
-    )  # fmt: skip
+        t_sched=t_sched,
+        t_send=t_send,
+        t_first=t_first,
+        t_second=arr(sim.second),
+        t_last=t_last,
+        outcome=outcome,
+        input_len=arr(sim.inp, int),
+        output_len=arr(sim.out, int),
+        chunk_t=chunk_t,
+        chunk_gap=arr(sim.chunk_gap),
+        chunk_n=chunk_n,
+        requested_rate=sim.load.requested_rate,
+        extra=extra,
+    )
     return SimResult(t_sched, t_send, t_first, t_last, outcome, summary, chunk_t, chunk_n)

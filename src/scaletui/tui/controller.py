@@ -221,9 +221,10 @@ class Controller(Calibrations):
             if self.attached:  # our own server compiles first (503): its progress is in its log
                 if why != said:
                     self.event(
-                        f"server at {self.url} is not ready: {why}; retrying", "warning",
+                        f"server at {self.url} is not ready: {why}; retrying",
+                        "warning",
                         server=f"unreachable: {why}"[:60],
-                    )  # fmt: skip
+                    )
                     said = why
                 delay = min(2 * delay, 5.0)
             await asyncio.sleep(delay)

@@ -17,8 +17,17 @@ from scaletui.shape import MODES, ServerShape, check
 __all__ = ["MODES", "Knobs", "Precision", "check_mesh", "next_precision", "step_pow2"]
 
 LOADS = ("concurrency", "qps")
-SERVER_KEYS = ("slots", "tp", "dp", "mode", "prefill_devices", "weight_dtype", "kv_dtype",
-               "page_size", "max_batched_tokens")  # fmt: skip
+SERVER_KEYS = (
+    "slots",
+    "tp",
+    "dp",
+    "mode",
+    "prefill_devices",
+    "weight_dtype",
+    "kv_dtype",
+    "page_size",
+    "max_batched_tokens",
+)
 
 
 @dataclass(frozen=True)

@@ -154,22 +154,54 @@ def build_view(m: SessionState) -> View:
     exp_got = m.expectation_or_error()
     e = exp_got if isinstance(exp_got, Expectation) else None
     latency = (  # key, label, floor, expected, from a window, percentile, from the summary
-        ("ttft_p50", "TTFT p50", p and p.ttft_ms, e and expected(e.ttft_p50_ms, "ttft", 50),
-         lambda w: w.ttft_ms.p50, 50, lambda s: s.median_ttft_ms),
-        ("ttft_p99", "TTFT p99", p and p.ttft_ms, e and expected(e.ttft_p99_ms, "ttft", 99),
-         lambda w: w.ttft_ms.p99, 99, lambda s: s.p99_ttft_ms),
-        ("tpot_p50", "TPOT p50", p and p.tpot_ms, e and expected(e.tpot_p50_ms, "tpot", 50),
-         lambda w: w.tpot_ms.p50, 50, lambda s: s.median_tpot_ms),
-        ("tpot_p99", "TPOT p99", p and p.tpot_ms, e and expected(e.tpot_p99_ms, "tpot", 99),
-         lambda w: w.tpot_ms.p99, 99, lambda s: s.p99_tpot_ms),
-    )  # fmt: skip
+        (
+            "ttft_p50",
+            "TTFT p50",
+            p and p.ttft_ms,
+            e and expected(e.ttft_p50_ms, "ttft", 50),
+            lambda w: w.ttft_ms.p50,
+            50,
+            lambda s: s.median_ttft_ms,
+        ),
+        (
+            "ttft_p99",
+            "TTFT p99",
+            p and p.ttft_ms,
+            e and expected(e.ttft_p99_ms, "ttft", 99),
+            lambda w: w.ttft_ms.p99,
+            99,
+            lambda s: s.p99_ttft_ms,
+        ),
+        (
+            "tpot_p50",
+            "TPOT p50",
+            p and p.tpot_ms,
+            e and expected(e.tpot_p50_ms, "tpot", 50),
+            lambda w: w.tpot_ms.p50,
+            50,
+            lambda s: s.median_tpot_ms,
+        ),
+        (
+            "tpot_p99",
+            "TPOT p99",
+            p and p.tpot_ms,
+            e and expected(e.tpot_p99_ms, "tpot", 99),
+            lambda w: w.tpot_ms.p99,
+            99,
+            lambda s: s.p99_tpot_ms,
+        ),
+    )
     exp_tok_s = e and e.tok_s
     if sim_run is not None and span is not None and recent:
         exp_tok_s = sim_run.tok_s(*span) or exp_tok_s
     decode = Kpi(
-        "decode_step", "decode step", "ms", p and p.tpot_ms, e and e.decode_step_ms,
+        "decode_step",
+        "decode step",
+        "ms",
+        p and p.tpot_ms,
+        e and e.decode_step_ms,
         stats.step_per_token_ms,
-    )  # fmt: skip
+    )
     kpis = (
         *(
             Kpi(key, label, "ms", fv, ev, measured(fw, q, fs))
@@ -270,9 +302,11 @@ def speed_note(decode: Kpi, fitted: bool) -> str | None:
     if not fitted or r is None or abs(r - 1) <= SPEED_NOTE_AT:
         return None
     way = "slower" if r > 1 else "faster"
-    return (f"the engine's decode step runs ×{r:.2f} its fit's, and latency and tok/s m/e "
-            f"carry that: a host {way} than at fit time, or a batch the fit did not time "
-            f"(refit: palette)")  # fmt: skip
+    return (
+        f"the engine's decode step runs ×{r:.2f} its fit's, and latency and tok/s m/e "
+        f"carry that: a host {way} than at fit time, or a batch the fit did not time "
+        f"(refit: palette)"
+    )
 
 
 def backend_label(stats: StatsSnapshot) -> str:

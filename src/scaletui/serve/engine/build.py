@@ -27,9 +27,11 @@ log = logging.getLogger("scaletui.serve")
 
 # the note for bf16 on XLA's CPU ops; its figures: docs/history/benchmarks-2026-12.md,
 # "Held-out engine calls on Zen 4, the server's precision at each tp"
-XLA_CPU_BF16 = ("bf16 compute on XLA's CPU ops, whose bf16 matmuls run several times slower "
-                "than its f32 ones (small, tp 2, a 1-step call at batch 1: 85 ms in bf16, 14 "
-                "in f32); --dtype f32 is faster here")  # fmt: skip
+XLA_CPU_BF16 = (
+    "bf16 compute on XLA's CPU ops, whose bf16 matmuls run several times slower "
+    "than its f32 ones (small, tp 2, a 1-step call at batch 1: 85 ms in bf16, 14 "
+    "in f32); --dtype f32 is faster here"
+)
 
 
 @dataclass(frozen=True)
@@ -70,9 +72,11 @@ def plan_engines(config: ServerShape, devices: list) -> list[EnginePlan]:
     pre, gen = sharding.split_devices(devices, config.mode, config.prefill_devices)
     if config.mode == "disaggregated" and len(pre) % tp:
         raise ConfigError(
-            "prefill_devices", config.prefill_devices, f"prefill devices ({len(pre)}) must be "
-            f"a multiple of tp={tp}", f"use a multiple of {tp} below {len(devices)}",
-        )  # fmt: skip
+            "prefill_devices",
+            config.prefill_devices,
+            f"prefill devices ({len(pre)}) must be a multiple of tp={tp}",
+            f"use a multiple of {tp} below {len(devices)}",
+        )
     platform = devices[0].platform if devices else ""
     sharding.validate(m, tp=tp, dp=dp, n_devices=len(gen), platform=platform)
     if config.mode == "interleaved":
@@ -91,23 +95,31 @@ def _kernels(config: ServerShape, devs: list, dp: int, platform: str) -> tuple[s
     if config.kernels == "pallas":
         if pallas:
             return "pallas", f"decode attention: JAX's Pallas {pallas.upper()} paged attention"
-        return "pallas", ("decode attention: JAX's Pallas GPU paged attention in interpret mode "
-                          f"on {platform or 'this platform'} (for tests: slow)")  # fmt: skip
+        return "pallas", (
+            "decode attention: JAX's Pallas GPU paged attention in interpret mode "
+            f"on {platform or 'this platform'} (for tests: slow)"
+        )
     if config.kernels == "auto" and pallas:
         return "pallas", f"decode attention: JAX's Pallas {pallas.upper()} paged attention"
     why_not = None
     if config.kernels != "xla":
         why_not = native.unusable(config, devs, dp=dp, tp=config.tp)
     if config.kernels == "native" and why_not:
-        raise ConfigError("kernels", "native", f"kernels='native' is not usable here: "
-                          f"{why_not}", "use kernels auto or xla")  # fmt: skip
+        raise ConfigError(
+            "kernels",
+            "native",
+            f"kernels='native' is not usable here: {why_not}",
+            "use kernels auto or xla",
+        )
     if config.kernels == "auto" and why_not is None:
         why_not = native.slower_here()  # they run, but are not tuned for this CPU
     use = config.kernels != "xla" and why_not is None
     note = f"native kernels not used: {why_not}" if why_not and not use else None
     if use and config.dtype == "bf16" and not native.bf16_dot_products():
-        note = ("native bf16 matmuls widen to f32 FMAs (this CPU has no AVX512_BF16): "
-                "the same results at f32's multiply rate")  # fmt: skip
+        note = (
+            "native bf16 matmuls widen to f32 FMAs (this CPU has no AVX512_BF16): "
+            "the same results at f32's multiply rate"
+        )
     if not use and platform == "cpu" and config.dtype == "bf16":
         note = f"{note}; {XLA_CPU_BF16}" if note else XLA_CPU_BF16
     return ("native" if use else "xla"), note
@@ -152,7 +164,7 @@ def build_engines(
             eos_id=eos_id,
             kernels=e.kernels,
             kernels_note=e.note,
-        )  # fmt: skip
+        )
         for e in plan
     ]
     return (engines[0], engines[0]) if len(engines) == 1 else (engines[0], engines[1])

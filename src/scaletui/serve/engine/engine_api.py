@@ -98,8 +98,12 @@ class EngineInfo:
 
     def mesh(self) -> dict:
         """The /stats `mesh.prefill` / `mesh.generate` object."""
-        return {"data": self.data, "model": self.model, "devices": list(self.devices),
-                "kernels": self.kernels}  # fmt: skip
+        return {
+            "data": self.data,
+            "model": self.model,
+            "devices": list(self.devices),
+            "kernels": self.kernels,
+        }
 
     @property
     def held_bytes(self) -> int:

@@ -63,8 +63,19 @@ class FakeEngine:
 
     def describe(self) -> EngineInfo:
         """No kernels, no device memory; the mesh the config asked for."""
-        return EngineInfo(self.dp, self.tp, self.devices, "none", 0, 0, 0, 0, WARMUP_UNITS,
-                          page_size=self.page_size, kv_pages=self.pages)  # fmt: skip
+        return EngineInfo(
+            self.dp,
+            self.tp,
+            self.devices,
+            "none",
+            0,
+            0,
+            0,
+            0,
+            WARMUP_UNITS,
+            page_size=self.page_size,
+            kv_pages=self.pages,
+        )
 
     def warmup(self, progress: Callable[[int, int], None] | None = None) -> float:
         t0 = time.perf_counter()
@@ -108,11 +119,15 @@ class FakeEngine:
         """prefill's outputs; sleeps prefill_s for the share of the prompt it runs."""
         n, stop = len(tokens), len(tokens) if stop is None else stop
         if not 0 <= start < stop <= n or start % self.page_size:
-            raise ValueError(f"prefill_pages: need 0 <= start < stop <= {n}, start a multiple "
-                             f"of {self.page_size}, got start={start} stop={stop}")  # fmt: skip
+            raise ValueError(
+                f"prefill_pages: need 0 <= start < stop <= {n}, start a multiple "
+                f"of {self.page_size}, got start={start} stop={stop}"
+            )
         if len(pages) < -(-stop // self.page_size) or not all(0 < p < self.pages for p in pages):
-            raise ValueError(f"positions up to {stop} need {-(-stop // self.page_size)} pages "
-                             f"in [1, {self.pages}), got {list(pages)}")  # fmt: skip
+            raise ValueError(
+                f"positions up to {stop} need {-(-stop // self.page_size)} pages "
+                f"in [1, {self.pages}), got {list(pages)}"
+            )
         time.sleep(self.prefill_s * (stop - start) / n)
         if stop < n:
             return state, None
@@ -130,8 +145,10 @@ class FakeEngine:
         assert not state.active[slot], f"slot {slot} is busy"
         need = -(-prefix.length // self.page_size)
         if len(pages) < need or not all(0 < p < self.pages for p in pages):
-            raise ValueError(f"a {prefix.length}-token prefix needs {need} pages in [1, "
-                             f"{self.pages}), got {list(pages)}")  # fmt: skip
+            raise ValueError(
+                f"a {prefix.length}-token prefix needs {need} pages in [1, "
+                f"{self.pages}), got {list(pages)}"
+            )
         state.active[slot] = True
         state.last[slot] = prefix.first_token
         state.lengths[slot] = prefix.length
@@ -180,8 +197,10 @@ class FakeEngine:
             last = min(length + min(steps, left), self.max_seq_len) - 1  # the last one written
             held = pages[slot, : last // self.page_size + 1]
             if not (held > 0).all():
-                raise ValueError(f"slot {slot} at length {length} writes up to position {last} "
-                                 f"but holds pages {pages[slot].tolist()}")  # fmt: skip
+                raise ValueError(
+                    f"slot {slot} at length {length} writes up to position {last} "
+                    f"but holds pages {pages[slot].tolist()}"
+                )
             for page in held[length // self.page_size :]:
                 other = written.setdefault(int(page), int(slot))
                 if other != slot:
@@ -213,10 +232,20 @@ class FakeEngineFactory:
 
         def make(name: str, first: int) -> FakeEngine:
             return self.engine(
-                config.slots, config.max_seq_len, vocab, self.eos_id, self.step_s,
-                self.prefill_s, self.warmup_s, name, devices=tuple(range(first, first + n)),
-                dp=config.dp, tp=config.tp, page_size=config.page_size, pages=config.pages,
-            )  # fmt: skip
+                config.slots,
+                config.max_seq_len,
+                vocab,
+                self.eos_id,
+                self.step_s,
+                self.prefill_s,
+                self.warmup_s,
+                name,
+                devices=tuple(range(first, first + n)),
+                dp=config.dp,
+                tp=config.tp,
+                page_size=config.page_size,
+                pages=config.pages,
+            )
 
         if config.mode == "interleaved":
             engine = make("fake", 0)

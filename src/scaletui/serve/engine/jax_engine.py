@@ -95,8 +95,9 @@ class JaxEngine(EnginePrograms):
             panel = platform == "cpu" and tp == 1
             if kernels == "pallas":  # on CPU the GPU kernel, interpreted (tests)
                 kernel = pallas_attention.kernel_for(platform) or "gpu"
-                self.ops = model.pallas_ops(self.mesh, kernel, self.dtype, panel,
-                                            interpret=platform == "cpu")  # fmt: skip
+                self.ops = model.pallas_ops(
+                    self.mesh, kernel, self.dtype, panel, interpret=platform == "cpu"
+                )
             else:
                 self.ops = model.xla_ops(compute=self.dtype, panel=panel, replicas=dp)
             self.params = weights.place(host_params, m, self.mesh)
@@ -112,9 +113,14 @@ class JaxEngine(EnginePrograms):
         self.decode_buckets = tuple(b * self.page_size for b in pow2_buckets(1, self.pages_per_seq))
         self._rep = sharding.replicated(self.mesh)
         self._state_sh = kv_cache.state_shardings(
-            m, self.mesh, self.rows, dp * self.pages, self.page_size, self.kv_dtype,
+            m,
+            self.mesh,
+            self.rows,
+            dp * self.pages,
+            self.page_size,
+            self.kv_dtype,
             self.ops.layout,
-        )  # fmt: skip
+        )
         self._exes: dict[tuple, object] = {}
         # (steps, vocab_size, eos_id) -> their device copies, placed once instead of every step
         self._consts: dict[tuple[int, int, int], StepConsts] = {}
@@ -217,19 +223,23 @@ class JaxEngine(EnginePrograms):
         check_request(tokens, params, self.max_seq_len, self.model.vocab_size)
         n, stop, size = len(tokens), len(tokens) if stop is None else stop, self.page_size
         if not 0 <= start < stop <= n or start % size or len(pages) > self.pages_per_seq:
-            raise ValueError(f"prefill_pages: need 0 <= start < stop <= {n}, start a multiple "
-                             f"of the page size {size} and at most {self.pages_per_seq} pages, "
-                             f"got start={start} stop={stop} and {len(pages)} pages")  # fmt: skip
+            raise ValueError(
+                f"prefill_pages: need 0 <= start < stop <= {n}, start a multiple "
+                f"of the page size {size} and at most {self.pages_per_seq} pages, "
+                f"got start={start} stop={stop} and {len(pages)} pages"
+            )
         base = slot // (self.rows // self.replicas) * self.pages  # the replica's scratch page
         row = np.full(self.pages_per_seq, base, np.int32)
         row[: len(pages)] += np.asarray(pages, np.int32)
         row, scratch, arrays = self._put(row), self._put(np.int32(base)), state.arrays
         tok, step = None, max(size, self.chunk // size * size)  # chunks from page boundaries
         if step > self.chunk and stop - start > self.chunk:
-            raise ValueError(f"a {stop - start}-token prompt runs in pieces of whole pages "
-                             f"({size} tokens), longer than the largest prefill bucket "
-                             f"({self.chunk}): start the server with max_prefill_bucket >= "
-                             f"page_size")  # fmt: skip
+            raise ValueError(
+                f"a {stop - start}-token prompt runs in pieces of whole pages "
+                f"({size} tokens), longer than the largest prefill bucket "
+                f"({self.chunk}): start the server with max_prefill_bucket >= "
+                f"page_size"
+            )
         for cur in range(start, stop, step):
             c = min(stop - cur, step)
             t = next(b for b in self.prefill_buckets if b >= c)
@@ -262,8 +272,10 @@ class JaxEngine(EnginePrograms):
             raise ValueError(f"prefix length {prefix.length} >= max_seq_len {self.max_seq_len}")
         need = -(-prefix.length // self.page_size)
         if len(pages) < need or not all(0 < p < self.pages for p in pages):
-            raise ValueError(f"a {prefix.length}-token prefix needs {need} pages in [1, "
-                             f"{self.pages}), got {list(pages)}")  # fmt: skip
+            raise ValueError(
+                f"a {prefix.length}-token prefix needs {need} pages in [1, "
+                f"{self.pages}), got {list(pages)}"
+            )
         # global page ids in the slot's replica; the bucket's padding past the prefix's pages
         # goes to the replica's scratch page
         active = not prefix.done

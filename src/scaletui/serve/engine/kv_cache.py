@@ -160,8 +160,9 @@ def take_pages(buf: jax.Array, pages: jax.Array, axis: int = 0) -> jax.Array:
     return from_pool(jnp.take(buf, pages, axis=axis))
 
 
-def pool_shapes(m: ModelSpec, pages: int, page_size: int, dtype, layout=PAGE_MAJOR,
-                bits: bool = False) -> dict:  # fmt: skip
+def pool_shapes(
+    m: ModelSpec, pages: int, page_size: int, dtype, layout=PAGE_MAJOR, bits: bool = False
+) -> dict:
     """One layer's pool: name -> (shape, dtype) for `pages` pages (all replicas together), K/V
     stored in `pool_dtype(dtype, bits)`."""
     canonical = (pages, page_size, m.n_kv_heads, m.head_dim)  # [n, S, K, H]
@@ -191,8 +192,7 @@ def state_shardings(
     """The decode state's shardings for `pages` pages (all replicas) stored in `dtype`."""
     axes = pool_axes(layout)
     shapes = pool_shapes(m, pages, page_size, dtype, layout)
-    layer = {name: sharding.named(mesh, axes[name], shape)
-             for name, (shape, _) in shapes.items()}  # fmt: skip
+    layer = {name: sharding.named(mesh, axes[name], shape) for name, (shape, _) in shapes.items()}
     vec = sharding.named(mesh, ("slots",), (slots,))
     return DecodeState([dict(layer) for _ in range(m.n_layers)], **{n: vec for n in SLOT_FIELDS})
 
@@ -215,8 +215,10 @@ def prefix_spec(m: ModelSpec, length: int, dtype) -> list:
 
 def zeros_prefix(m: ModelSpec, length: int, dtype) -> list:
     """A zero prefix buffer (chunked prefill writes into it); jit it with out_shardings."""
-    return [tuple(jnp.zeros(shape, dt) for shape, dt in layer)
-            for layer in prefix_spec(m, length, dtype)]  # fmt: skip
+    return [
+        tuple(jnp.zeros(shape, dt) for shape, dt in layer)
+        for layer in prefix_spec(m, length, dtype)
+    ]
 
 
 def empty_state(
@@ -231,8 +233,10 @@ def empty_state(
     """Zero pages of `dtype` values (int8: zero scales beside them; bf16 stored as bits when
     `bits`), every slot inactive (a pure function: jit it with out_shardings)."""
     shapes = pool_shapes(m, pages, page_size, dtype, layout, bits)
-    cache = [{name: jnp.zeros(shape, dt) for name, (shape, dt) in shapes.items()}
-             for _ in range(m.n_layers)]  # fmt: skip
+    cache = [
+        {name: jnp.zeros(shape, dt) for name, (shape, dt) in shapes.items()}
+        for _ in range(m.n_layers)
+    ]
     vectors = {name: jnp.zeros((slots,), dt) for name, dt in SLOT_FIELDS.items()}
     vectors["top_p"] = jnp.ones((slots,), jnp.float32)
     return DecodeState(cache, **vectors)
@@ -305,8 +309,10 @@ def insert(
     """Write a prefix (per layer (k, v) [T, K, H], int8: (k, v, k_scale, v_scale), scales
     [T, K]) into `pages` [ceil(T / S)] (global page ids; the scratch page where the sequence
     holds none) and set row `ints[0]`'s fields."""
-    cache = [write_pages(layer, entry, pages, layout)
-             for layer, entry in zip(state.cache, kv, strict=True)]  # fmt: skip
+    cache = [
+        write_pages(layer, entry, pages, layout)
+        for layer, entry in zip(state.cache, kv, strict=True)
+    ]
     return activate(state._replace(cache=cache), ints, floats)
 
 
@@ -316,8 +322,10 @@ def activate(state: DecodeState, ints: jax.Array, floats: jax.Array) -> DecodeSt
     fields.update(zip(FLOAT_FIELDS, floats, strict=True))
     slot = fields.pop("slot")
     now = state._asdict()
-    new = {name: now[name].at[slot].set(value.astype(now[name].dtype))
-           for name, value in fields.items()}  # fmt: skip
+    new = {
+        name: now[name].at[slot].set(value.astype(now[name].dtype))
+        for name, value in fields.items()
+    }
     new["generated"] = state.generated.at[slot].set(1)
     return state._replace(**new)
 

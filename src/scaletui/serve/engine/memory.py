@@ -130,11 +130,21 @@ def check_fits(config: ServerShape, replicas: int, capacity: Capacity) -> None:
         raise ConfigError("kv_pages", config.kv_pages, message, f"use kv_pages <= {pages}")
     most = (pages - 1) // config.pages_per_seq * config.dp  # slots whose full rows fit
     if most >= 1:
-        raise ConfigError("slots", config.slots, message, f"use slots <= {most}, a smaller "
-                          f"max_seq_len, or kv_pages <= {pages} (sequences share the pages "
-                          "they use)")  # fmt: skip
-    raise ConfigError("model", config.model.name, message, "the weights alone do not fit: use "
-                      "weight_dtype bf16 or int8, a larger tp or a smaller model")  # fmt: skip
+        raise ConfigError(
+            "slots",
+            config.slots,
+            message,
+            f"use slots <= {most}, a smaller "
+            f"max_seq_len, or kv_pages <= {pages} (sequences share the pages "
+            "they use)",
+        )
+    raise ConfigError(
+        "model",
+        config.model.name,
+        message,
+        "the weights alone do not fit: use "
+        "weight_dtype bf16 or int8, a larger tp or a smaller model",
+    )
 
 
 def capacity(devices: list, held_bytes: int = 0) -> Capacity | None:

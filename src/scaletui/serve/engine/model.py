@@ -228,8 +228,10 @@ def prefill(
             kpos = pos
         else:
             at = lambda a: (start,) + (0,) * (a.ndim - 1)
-            entry = tuple(lax.dynamic_update_slice(b, a.astype(b.dtype), at(a))
-                          for a, b in zip(entry, prior[i], strict=True))  # fmt: skip
+            entry = tuple(
+                lax.dynamic_update_slice(b, a.astype(b.dtype), at(a))
+                for a, b in zip(entry, prior[i], strict=True)
+            )
             kpos = jnp.arange(entry[0].shape[0])
         kv_out.append(entry)
         keys, vals = quant.load_kv(entry, q.dtype)
@@ -252,8 +254,10 @@ def gather_pages(
         return [{name: buf[pages] for name, buf in layer.items()} for layer in cache]
     # head-major [K, P, S, H] -> page-major (a sequence's pages only, so the transpose is small)
     perm = {"k": (1, 0, 3, 2), "v": (1, 0, 2, 3), "k_scale": (1, 0, 2), "v_scale": (1, 0, 2)}
-    return [{name: jnp.transpose(buf[:, pages], perm[name]) for name, buf in layer.items()}
-            for layer in cache]  # fmt: skip
+    return [
+        {name: jnp.transpose(buf[:, pages], perm[name]) for name, buf in layer.items()}
+        for layer in cache
+    ]
 
 
 def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
@@ -332,8 +336,9 @@ def prefill_paged(
         entry = quant.store_kv(k[0], v[0], kv_cache.value_dtype(layer["k"].dtype))  # [T, K, H]
         o = _attend_chunk(q[0], quant.load_kv(entry, q.dtype), seen, start)
         first = jnp.minimum(start // layer["v"].shape[2], pages.shape[0])
-        ids = lax.dynamic_slice_in_dim(jnp.append(pages, jnp.full_like(pages, scratch)), first,
-                                       -(-t // layer["v"].shape[2]))  # fmt: skip
+        ids = lax.dynamic_slice_in_dim(
+            jnp.append(pages, jnp.full_like(pages, scratch)), first, -(-t // layer["v"].shape[2])
+        )
         out.append(kv_cache.write_pages(layer, entry, ids, ops.layout))
         x = x + ops.out(p, o[None], m)
         x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
@@ -415,9 +420,12 @@ def _paged_attention(q, k, v, positions, pages, layer: dict, replicas: int = 1) 
         return _replica_attention(q, step, positions, pages, layer)
     split = lambda a: a.reshape(replicas, a.shape[0] // replicas, *a.shape[1:])
     o, pool = jax.vmap(_replica_attention)(
-        split(q), jax.tree.map(split, step), split(positions), split(pages),
+        split(q),
+        jax.tree.map(split, step),
+        split(positions),
+        split(pages),
         jax.tree.map(split, layer),
-    )  # fmt: skip
+    )
     merge = lambda a: a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
     return merge(o), jax.tree.map(merge, pool)
 
@@ -428,9 +436,14 @@ def xla_ops(compute: jnp.dtype | None = None, panel: bool = False, replicas: int
     (CPU, unsharded; see quant.dense); `replicas`: data-parallel replicas, each with its own
     share of the KV pages."""
     kw = {"panel": panel}
-    return Ops(partial(embed_tokens, compute=compute), partial(qkv_proj, **kw),
-               partial(out_proj, **kw), partial(mlp, **kw), partial(logits_of, **kw),
-               partial(_paged_attention, replicas=replicas))  # fmt: skip
+    return Ops(
+        partial(embed_tokens, compute=compute),
+        partial(qkv_proj, **kw),
+        partial(out_proj, **kw),
+        partial(mlp, **kw),
+        partial(logits_of, **kw),
+        partial(_paged_attention, replicas=replicas),
+    )
 
 
 XLA = xla_ops()
@@ -446,8 +459,9 @@ def pallas_ops(
     """XLA's ops with decode attention on JAX's Pallas paged-attention kernel `kernel` ("gpu"
     or "tpu", see pallas_attention.py) over a head-major pool sharded on `mesh`; `interpret`:
     run the kernel in Pallas' interpret mode (CPU tests)."""
-    attention = partial(pallas_attention.decode_attention, mesh=mesh, kernel=kernel,
-                        interpret=interpret)  # fmt: skip
+    attention = partial(
+        pallas_attention.decode_attention, mesh=mesh, kernel=kernel, interpret=interpret
+    )
     ops = xla_ops(compute, panel=panel)
     return ops._replace(decode_attention=attention, layout=kv_cache.HEAD_MAJOR)
 

@@ -49,10 +49,18 @@ def _gpu_attention(q, pool: dict, pages, lengths, interpret: bool) -> jax.Array:
     if not scaled:
         q = q.astype(pool["k"].dtype)  # the kernel's dots want matching operands
     return gpu.paged_attention(
-        q, pool["k"], pool["v"], pages, lengths,
-        pool.get("k_scale"), pool.get("v_scale"),
-        block_h=16, pages_per_compute_block=per_block, k_splits=splits, interpret=interpret,
-    )  # fmt: skip
+        q,
+        pool["k"],
+        pool["v"],
+        pages,
+        lengths,
+        pool.get("k_scale"),
+        pool.get("v_scale"),
+        block_h=16,
+        pages_per_compute_block=per_block,
+        k_splits=splits,
+        interpret=interpret,
+    )
 
 
 def _tpu_attention(q, pool: dict, pages, lengths, interpret: bool) -> jax.Array:
@@ -101,9 +109,13 @@ def decode_attention(
     pad = lambda a: jnp.pad(a, [(0, b - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
     q, k, v = pad(q), pad(k), pad(v)
     scaled = "k_scale" in layer
-    step = dict(zip(("k", "v", "k_scale", "v_scale"),
-                    quant.store_kv(k, v, jnp.int8 if scaled else layer["k"].dtype),
-                    strict=False))  # fmt: skip
+    step = dict(
+        zip(
+            ("k", "v", "k_scale", "v_scale"),
+            quant.store_kv(k, v, jnp.int8 if scaled else layer["k"].dtype),
+            strict=False,
+        )
+    )
     axes = kv_cache.pool_axes(kv_cache.HEAD_MAJOR)
     pool_specs = {n: sharding.spec_for(axes[n], buf.shape, mesh) for n, buf in layer.items()}
     heads = pool_specs["k"][0]  # 'model' when tp divides K: then q's heads split the same way

@@ -79,17 +79,21 @@ class EnginePrograms:
 
     def zero_kv(self, t: int) -> list:
         """A prefix's K/V of `t` rows, all zeros, placed as a prefill would leave it."""
-        return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding),
-                            self._kv_spec(t))  # fmt: skip
+        return jax.tree.map(
+            lambda s: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding), self._kv_spec(t)
+        )
 
     def _kv_spec(self, t: int) -> list:
         """A prefix's per-layer (k, v) [t, K, H] (int8: and scales [t, K]) as shape specs."""
         return [
-            tuple(jax.ShapeDtypeStruct(shape, dt, sharding=sh)
-                  for (shape, dt), sh in zip(layer, shs, strict=True))
-            for layer, shs in zip(kv_cache.prefix_spec(self.model, t, self.kv_dtype),
-                                  self._prefix_sh(t), strict=True)
-        ]  # fmt: skip
+            tuple(
+                jax.ShapeDtypeStruct(shape, dt, sharding=sh)
+                for (shape, dt), sh in zip(layer, shs, strict=True)
+            )
+            for layer, shs in zip(
+                kv_cache.prefix_spec(self.model, t, self.kv_dtype), self._prefix_sh(t), strict=True
+            )
+        ]
 
     def _args_spec(self) -> PrefillArgs:
         i32, f32 = self._small((), jnp.int32), self._small((), jnp.float32)
@@ -105,8 +109,15 @@ class EnginePrograms:
 
     def _empty_state(self) -> DecodeState:
         pages = self.replicas * self.pages
-        return kv_cache.empty_state(self.model, self.rows, pages, self.page_size, self.kv_dtype,
-                                    self.ops.layout, self.kv_bits)  # fmt: skip
+        return kv_cache.empty_state(
+            self.model,
+            self.rows,
+            pages,
+            self.page_size,
+            self.kv_dtype,
+            self.ops.layout,
+            self.kv_bits,
+        )
 
     def _insert_exe(self, t: int) -> object:
         if ("insert", t) in self._exes:
@@ -141,8 +152,15 @@ class EnginePrograms:
         fn = partial(steps.prefill_paged, m=self.model, ops=self.ops)
         i32 = self._small((), jnp.int32)
         pages = self._small((self.pages_per_seq,), jnp.int32)
-        args = (self.params, self._state_spec(), self._small((t,), jnp.int32),
-                self._args_spec(), pages, i32, self._prior_spec())  # fmt: skip
+        args = (
+            self.params,
+            self._state_spec(),
+            self._small((t,), jnp.int32),
+            self._args_spec(),
+            pages,
+            i32,
+            self._prior_spec(),
+        )
         out = (self._state_sh, self._rep)
         return self._exe(("prefill_paged", t), fn, args, out, donate=(1,))
 

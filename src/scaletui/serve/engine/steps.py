@@ -35,8 +35,15 @@ class PrefillArgs(NamedTuple):
     def of(cls, n: int, params: SamplingParams, vocab_limit: int, start: int = 0) -> PrefillArgs:
         """Host values (numpy scalars) for one request; `jax.device_put` the result."""
         i32, f32 = np.int32, np.float32
-        return cls(i32(n), i32(params.seed % 2**31), i32(params.top_k), f32(params.temperature),
-                   f32(params.top_p), i32(vocab_limit), i32(start))  # fmt: skip
+        return cls(
+            i32(n),
+            i32(params.seed % 2**31),
+            i32(params.top_k),
+            f32(params.temperature),
+            f32(params.top_p),
+            i32(vocab_limit),
+            i32(start),
+        )
 
 
 class StepConsts(NamedTuple):

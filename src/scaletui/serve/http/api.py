@@ -115,8 +115,9 @@ async def _body(request: web.Request) -> dict:
     try:
         raw = await read_body(request, limit)
     except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {limit:g} s",
-                       code="request_timeout") from None  # fmt: skip
+        raise ApiError(
+            408, f"the request body did not arrive within {limit:g} s", code="request_timeout"
+        ) from None
     return parse_json(raw)
 
 
@@ -170,8 +171,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     c = request.app[SCHEDULER].config
-    card = {"id": c.model.name, "object": "model", "created": 0, "owned_by": "scaletui",
-            "root": c.model.name, "max_model_len": c.max_seq_len}  # fmt: skip
+    card = {
+        "id": c.model.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "scaletui",
+        "root": c.model.name,
+        "max_model_len": c.max_seq_len,
+    }
     return _json({"object": "list", "data": [card]})
 
 
@@ -203,8 +210,12 @@ async def stats(request: web.Request) -> web.Response:
     except ValueError:
         window_s = math.nan
     if not 0 < window_s <= MAX_STATS_WINDOW_S:
-        raise ApiError(400, f"window must be seconds in (0, {MAX_STATS_WINDOW_S:g}], got {raw!r}",
-                       "window", "invalid_value")  # fmt: skip
+        raise ApiError(
+            400,
+            f"window must be seconds in (0, {MAX_STATS_WINDOW_S:g}], got {raw!r}",
+            "window",
+            "invalid_value",
+        )
     watchdog = request.app[WATCHDOG]
     conns = {"open": watchdog.open, "timed_out": watchdog.closed}
     return _json({**build_stats(request.app[SCHEDULER], window_s), "connections": conns})

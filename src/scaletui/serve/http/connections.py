@@ -148,8 +148,9 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop, interval_s: float = 10.
             log.warning(
                 "cannot accept connections: %s (%d times since the last report); idle "
                 "connections are closed after --header-timeout / --keepalive-timeout",
-                context["exception"], state["count"],
-            )  # fmt: skip
+                context["exception"],
+                state["count"],
+            )
             state["last"], state["count"] = now, 0
 
     loop.set_exception_handler(handler)

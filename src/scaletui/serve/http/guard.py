@@ -31,24 +31,39 @@ def check_admin(request: web.Request, bind: str, token: str | None) -> None:
     """Raise the 401/403/415 ApiError that refuses this /admin request, if any."""
     loopback_bind = is_loopback(bind)
     if token is None and not loopback_bind:
-        raise ApiError(403, f"/admin is disabled on the non-loopback bind {bind}; start the "
-                       "server with --admin-token", code="forbidden")  # fmt: skip
+        raise ApiError(
+            403,
+            f"/admin is disabled on the non-loopback bind {bind}; start the "
+            "server with --admin-token",
+            code="forbidden",
+        )
     host_header = request.headers.get("Host")
     host = _hostname(host_header) if host_header is not None else None
     if loopback_bind and host_header is not None and not is_loopback(host):
-        raise ApiError(403, f"/admin refuses Host {host_header!r}: on a loopback bind it must "
-                       "be localhost or a loopback address (DNS rebinding)",
-                       code="forbidden")  # fmt: skip
+        raise ApiError(
+            403,
+            f"/admin refuses Host {host_header!r}: on a loopback bind it must "
+            "be localhost or a loopback address (DNS rebinding)",
+            code="forbidden",
+        )
     origin = request.headers.get("Origin")
     if origin is not None:
         origin_host = _hostname(origin.split("://", 1)[-1]) if "://" in origin else None
         same = is_loopback(origin_host) if loopback_bind else origin_host == host
         if not same:
-            raise ApiError(403, f"/admin refuses requests from the web origin {origin!r}",
-                           code="forbidden")  # fmt: skip
+            raise ApiError(
+                403, f"/admin refuses requests from the web origin {origin!r}", code="forbidden"
+            )
     if token is not None and request.headers.get("Authorization") != f"Bearer {token}":
-        raise ApiError(401, "/admin needs 'Authorization: Bearer <admin token>'",
-                       code="unauthorized", type="authentication_error")  # fmt: skip
+        raise ApiError(
+            401,
+            "/admin needs 'Authorization: Bearer <admin token>'",
+            code="unauthorized",
+            type="authentication_error",
+        )
     if request.method == "POST" and request.content_type != "application/json":
-        raise ApiError(415, f"/admin needs 'Content-Type: application/json', got "
-                       f"{request.content_type!r}", code="unsupported_media_type")  # fmt: skip
+        raise ApiError(
+            415,
+            f"/admin needs 'Content-Type: application/json', got {request.content_type!r}",
+            code="unsupported_media_type",
+        )

@@ -26,10 +26,13 @@ def _devices() -> tuple[str, list[dict]]:
         except Exception:  # backends without memory stats (CPU)
             stats = None
         memory = (
-            {"bytes_in_use": int(stats.get("bytes_in_use", 0)),
-             "bytes_limit": int(stats.get("bytes_limit", 0))}
-            if stats else None
-        )  # fmt: skip
+            {
+                "bytes_in_use": int(stats.get("bytes_in_use", 0)),
+                "bytes_limit": int(stats.get("bytes_limit", 0)),
+            }
+            if stats
+            else None
+        )
         rows.append({"id": d.id, "kind": d.device_kind, "platform": d.platform, "memory": memory})
     return jax.default_backend(), rows
 
@@ -37,8 +40,12 @@ def _devices() -> tuple[str, list[dict]]:
 def _memory(engines: tuple[Engine, Engine] | None) -> dict:
     """Totals over the distinct engines; per device: the generate engine's."""
     if engines is None:
-        return {"weight_bytes": 0, "kv_cache_bytes": 0, "weight_bytes_per_device": 0,
-                "kv_cache_bytes_per_device": 0}  # fmt: skip
+        return {
+            "weight_bytes": 0,
+            "kv_cache_bytes": 0,
+            "weight_bytes_per_device": 0,
+            "kv_cache_bytes_per_device": 0,
+        }
     infos = [e.describe() for e in distinct(engines)]
     generate = engines[1].describe()
     return {

@@ -84,8 +84,11 @@ async def token_events(request: web.Request, req: Request) -> AsyncIterator[Toke
 
 def usage_of(req: Request, completion: int) -> dict:
     prompt = len(req.prompt)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 class Shape:
@@ -109,21 +112,36 @@ class Shape:
         else:
             choices = [{"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}]
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        body = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices}  # fmt: skip
+        body = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if usage is not None:
             body["usage"] = usage
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
     def full(self, text: str, finish: str, usage: dict) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish}  # fmt: skip
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         obj = "chat.completion" if self.chat else "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": usage}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        }
 
 
 async def stream(
@@ -135,8 +153,9 @@ async def stream(
     cancel: Callable[[Request, str], None],
 ) -> web.StreamResponse:
     """Answer with SSE: one event per token burst, usage as asked, then `data: [DONE]`."""
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})  # fmt: skip
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
     await resp.prepare(request)
     usage_each = gen.continuous_usage
     try:

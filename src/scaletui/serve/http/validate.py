@@ -44,8 +44,12 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = (
-            status, message, param, code, type,
-        )  # fmt: skip
+            status,
+            message,
+            param,
+            code,
+            type,
+        )
 
     def body(self) -> dict:
         return {
@@ -61,14 +65,22 @@ class ApiError(Exception):
 # kind -> (status, OpenAI error type, code, message template)
 HTTP_ERRORS: dict[ErrorKind, tuple[int, str, str, str]] = {
     ErrorKind.INVALID_REQUEST: (400, "invalid_request_error", "invalid_request", "{}"),
-    ErrorKind.OVERLOADED: (429, "rate_limit_error", "rate_limit_exceeded",
-                           "server overloaded: {}; retry later"),
-    ErrorKind.UNAVAILABLE: (503, "server_error", "unavailable",
-                            "server not ready ({}); retry later"),
+    ErrorKind.OVERLOADED: (
+        429,
+        "rate_limit_error",
+        "rate_limit_exceeded",
+        "server overloaded: {}; retry later",
+    ),
+    ErrorKind.UNAVAILABLE: (
+        503,
+        "server_error",
+        "unavailable",
+        "server not ready ({}); retry later",
+    ),
     ErrorKind.BUSY: (409, "invalid_request_error", "conflict", "{}"),
     ErrorKind.ABORTED: (503, "server_error", "aborted", "{}"),
     ErrorKind.FAILED: (500, "server_error", "aborted", "{}"),
-}  # fmt: skip
+}
 
 
 def http_error(kind: ErrorKind, message: str) -> ApiError:
@@ -100,8 +112,15 @@ def parse_json(raw: bytes) -> dict:
 
 
 def _kind(value: object) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)  # fmt: skip
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _get(body: dict, name: str, kinds: tuple[type, ...], expected: str, default: object = None):
@@ -124,9 +143,11 @@ def check_model(body: dict, served: str) -> None:
     model = _get(body, "model", (str,), "a string")
     if model is not None and model != served:
         raise ApiError(
-            404, f"the model '{model}' does not exist; this server serves '{served}'", "model",
+            404,
+            f"the model '{model}' does not exist; this server serves '{served}'",
+            "model",
             "model_not_found",
-        )  # fmt: skip
+        )
 
 
 def completion_prompt(body: dict, tok: Tokenizer, model_vocab: int) -> list[int]:
@@ -134,8 +155,12 @@ def completion_prompt(body: dict, tok: Tokenizer, model_vocab: int) -> list[int]
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) > 1:
-            raise ApiError(400, f"batched prompts ({len(prompt)}) are not supported; send one "
-                           "prompt per request", "prompt", "unsupported")  # fmt: skip
+            raise ApiError(
+                400,
+                f"batched prompts ({len(prompt)}) are not supported; send one prompt per request",
+                "prompt",
+                "unsupported",
+            )
         prompt = prompt[0]
     if prompt is None:
         raise ApiError(400, "'prompt' is required", "prompt")
@@ -146,14 +171,21 @@ def completion_prompt(body: dict, tok: Tokenizer, model_vocab: int) -> list[int]
     if isinstance(prompt, list):
         if not prompt:
             raise ApiError(400, "'prompt' must not be empty", "prompt")
-        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)
-               or not 0 <= t < model_vocab]  # fmt: skip
+        bad = [
+            t
+            for t in prompt
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < model_vocab
+        ]
         if bad:
-            raise ApiError(400, f"'prompt' token ids must be integers in [0, {model_vocab}), "
-                           f"got {bad[:5]!r}", "prompt")  # fmt: skip
+            raise ApiError(
+                400,
+                f"'prompt' token ids must be integers in [0, {model_vocab}), got {bad[:5]!r}",
+                "prompt",
+            )
         return list(prompt)
-    raise ApiError(400, f"'prompt' must be a string or a list of token ids, got {_kind(prompt)}",
-                   "prompt")  # fmt: skip
+    raise ApiError(
+        400, f"'prompt' must be a string or a list of token ids, got {_kind(prompt)}", "prompt"
+    )
 
 
 def chat_prompt(body: dict, tok: Tokenizer) -> list[int]:
@@ -161,8 +193,9 @@ def chat_prompt(body: dict, tok: Tokenizer) -> list[int]:
     if messages is None:
         raise ApiError(400, "'messages' is required", "messages")
     if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty array of {role, content} objects",
-                       "messages")  # fmt: skip
+        raise ApiError(
+            400, "'messages' must be a non-empty array of {role, content} objects", "messages"
+        )
     clean = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -170,23 +203,33 @@ def chat_prompt(body: dict, tok: Tokenizer) -> list[int]:
             raise ApiError(400, f"'{where}' must be an object, got {_kind(m)}", where)
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
-            raise ApiError(400, f"'{where}.role' must be one of {list(ROLES)}, got {role!r}",
-                           f"{where}.role")  # fmt: skip
+            raise ApiError(
+                400, f"'{where}.role' must be one of {list(ROLES)}, got {role!r}", f"{where}.role"
+            )
         if m.get("tool_calls"):
-            raise ApiError(400, f"'{where}.tool_calls' is not supported: this server has no tool "
-                           "calling", f"{where}.tool_calls", "unsupported")  # fmt: skip
+            raise ApiError(
+                400,
+                f"'{where}.tool_calls' is not supported: this server has no tool calling",
+                f"{where}.tool_calls",
+                "unsupported",
+            )
         if content is None:
-            raise ApiError(400, f"'{where}.content' is required (a string or text parts)",
-                           f"{where}.content")  # fmt: skip
+            raise ApiError(
+                400, f"'{where}.content' is required (a string or text parts)", f"{where}.content"
+            )
         if isinstance(content, list):  # content parts: only text is supported
             texts = [p.get("text") for p in content if isinstance(p, dict)]
             if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
-                raise ApiError(400, f"'{where}.content' parts must be text parts "
-                               "({type: 'text', text: ...})", f"{where}.content")  # fmt: skip
+                raise ApiError(
+                    400,
+                    f"'{where}.content' parts must be text parts ({{type: 'text', text: ...}})",
+                    f"{where}.content",
+                )
             content = "".join(texts)
         if content is not None and not isinstance(content, str):
-            raise ApiError(400, f"'{where}.content' must be a string, got {_kind(content)}",
-                           f"{where}.content")  # fmt: skip
+            raise ApiError(
+                400, f"'{where}.content' must be a string, got {_kind(content)}", f"{where}.content"
+            )
         clean.append({"role": role, "content": content})
     text = tok.apply_chat_template(clean)
     return ([tok.bos_id] if tok.bos_id >= 0 else []) + tok.encode(text)
@@ -196,9 +239,13 @@ def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> G
     """Sampling and streaming fields, checked against the prompt length and the context."""
     where = "messages" if chat else "prompt"
     if len(prompt) >= max_seq_len:
-        raise ApiError(400, f"the prompt has {len(prompt)} tokens, but the model's context "
-                       f"(max_seq_len) is {max_seq_len} tokens; shorten the prompt", where,
-                       "context_length_exceeded")  # fmt: skip
+        raise ApiError(
+            400,
+            f"the prompt has {len(prompt)} tokens, but the model's context "
+            f"(max_seq_len) is {max_seq_len} tokens; shorten the prompt",
+            where,
+            "context_length_exceeded",
+        )
     left = max_seq_len - len(prompt)
     # chat: max_completion_tokens wins when present (0 and false are errors, not "unset")
     newer = chat and body.get("max_completion_tokens") is not None
@@ -207,13 +254,20 @@ def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> G
     if max_tokens <= 0:
         raise ApiError(400, f"'{name}' must be >= 1, got {max_tokens}", name)
     if max_tokens > left:
-        raise ApiError(400, f"'{name}' is {max_tokens}, but only {left} tokens of context are "
-                       f"left (max_seq_len {max_seq_len} - prompt {len(prompt)})", name,
-                       "context_length_exceeded")  # fmt: skip
+        raise ApiError(
+            400,
+            f"'{name}' is {max_tokens}, but only {left} tokens of context are "
+            f"left (max_seq_len {max_seq_len} - prompt {len(prompt)})",
+            name,
+            "context_length_exceeded",
+        )
     temperature = float(_get(body, "temperature", (int, float), "a number", 1.0))
     if not 0 <= temperature <= MAX_TEMPERATURE:  # NaN fails too
-        raise ApiError(400, f"'temperature' must be in [0, {MAX_TEMPERATURE:g}], got "
-                       f"{temperature}", "temperature")  # fmt: skip
+        raise ApiError(
+            400,
+            f"'temperature' must be in [0, {MAX_TEMPERATURE:g}], got {temperature}",
+            "temperature",
+        )
     if temperature < MIN_TEMPERATURE:
         temperature = 0.0
     top_p = float(_get(body, "top_p", (int, float), "a number", 1.0))
@@ -225,28 +279,40 @@ def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> G
     seed = _get(body, "seed", (int,), "an integer", None)
     n = _get(body, "n", (int,), "an integer", 1)
     if n != 1:
-        raise ApiError(400, f"'n'={n} is not supported: this server returns one choice per "
-                       "request (n=1)", "n", "unsupported")  # fmt: skip
+        raise ApiError(
+            400,
+            f"'n'={n} is not supported: this server returns one choice per request (n=1)",
+            "n",
+            "unsupported",
+        )
     min_tokens = _get(body, "min_tokens", (int,), "an integer", 0)
     if not 0 <= min_tokens <= max_tokens:
-        raise ApiError(400, f"'min_tokens' must be in [0, max_tokens={max_tokens}], got "
-                       f"{min_tokens}", "min_tokens")  # fmt: skip
+        raise ApiError(
+            400,
+            f"'min_tokens' must be in [0, max_tokens={max_tokens}], got {min_tokens}",
+            "min_tokens",
+        )
     ignore_eos = _get(body, "ignore_eos", (bool,), "a boolean", False)
     stop = _get(body, "stop", (str, list), "a string or an array of strings", [])
     stop = [stop] if isinstance(stop, str) else stop
     if len(stop) > MAX_STOP_STRINGS:
-        raise ApiError(400, f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS} are "
-                       "allowed", "stop")  # fmt: skip
+        raise ApiError(
+            400, f"'stop' has {len(stop)} strings; at most {MAX_STOP_STRINGS} are allowed", "stop"
+        )
     if not all(isinstance(s, str) and s for s in stop):
         raise ApiError(400, f"'stop' must hold non-empty strings, got {stop!r}", "stop")
     if longest := max((len(s) for s in stop if len(s) > MAX_STOP_CHARS), default=0):
-        raise ApiError(400, f"'stop' strings must be at most {MAX_STOP_CHARS} characters, got "
-                       f"one of {longest}", "stop")  # fmt: skip
+        raise ApiError(
+            400,
+            f"'stop' strings must be at most {MAX_STOP_CHARS} characters, got one of {longest}",
+            "stop",
+        )
     stream = _get(body, "stream", (bool,), "a boolean", False)
     options = _get(body, "stream_options", (dict,), "an object", None)
     if options is not None and not stream:
-        raise ApiError(400, "'stream_options' is only allowed with 'stream': true",
-                       "stream_options")  # fmt: skip
+        raise ApiError(
+            400, "'stream_options' is only allowed with 'stream': true", "stream_options"
+        )
     options = options or {}
     include = _get(options, "include_usage", (bool,), "a boolean", False)
     continuous = _get(options, "continuous_usage_stats", (bool,), "a boolean", False)
@@ -273,11 +339,17 @@ def config_changes(body: dict) -> dict:
     """A POST /admin/config body: reconfigurable keys only, each of its type (400 naming it)."""
     unknown = sorted(set(body) - set(RECONFIGURABLE))
     if unknown:
-        raise ApiError(400, f"unknown config key(s) {unknown}; reconfigurable: "
-                       f"{list(RECONFIGURABLE)}", unknown[0])  # fmt: skip
+        raise ApiError(
+            400,
+            f"unknown config key(s) {unknown}; reconfigurable: {list(RECONFIGURABLE)}",
+            unknown[0],
+        )
     for key, value in body.items():
         want = str if key in STRING_KEYS else int
         if not isinstance(value, want) or isinstance(value, bool):
-            raise ApiError(400, f"'{key}' must be {'a string' if want is str else 'an integer'},"
-                           f" got {value!r}", key)  # fmt: skip
+            raise ApiError(
+                400,
+                f"'{key}' must be {'a string' if want is str else 'an integer'}, got {value!r}",
+                key,
+            )
     return body

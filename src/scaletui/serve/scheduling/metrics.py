@@ -16,8 +16,28 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 P = "scaletui:"
-_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-            2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+_LATENCY = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 _STEP = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _COMPILE = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 PHASES = ("prefill", "generate", "transfer")  # engine calls
@@ -37,12 +57,19 @@ class ServerMetrics:
         self.kv_usage = Gauge(
             P + "kv_cache_usage_perc", "KV pages held by sequences / usable pages, 0-1.", registry=r
         )
-        self.prefix_queries = Counter(P + "prefix_cache_queries", "Prompt tokens looked up in the "
-                                      "prefix cache.", registry=r)  # fmt: skip
-        self.prefix_hits = Counter(P + "prefix_cache_hits", "Prompt tokens found in the prefix "
-                                   "cache (their prefill skipped).", registry=r)  # fmt: skip
-        self.preemptions = Counter(P + "num_preemptions", "Sequences preempted for KV pages (they "
-                                   "resume by prefilling again).", registry=r)  # fmt: skip
+        self.prefix_queries = Counter(
+            P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=r
+        )
+        self.prefix_hits = Counter(
+            P + "prefix_cache_hits",
+            "Prompt tokens found in the prefix cache (their prefill skipped).",
+            registry=r,
+        )
+        self.preemptions = Counter(
+            P + "num_preemptions",
+            "Sequences preempted for KV pages (they resume by prefilling again).",
+            registry=r,
+        )
         self.slots_used = Gauge(P + "slots_used", "Decode slots in use.", registry=r)
         self.slots_total = Gauge(P + "slots_total", "Decode slots configured.", registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prefilled prompt tokens.", registry=r)
@@ -50,8 +77,9 @@ class ServerMetrics:
         self.success = Counter(
             P + "request_success", "Finished requests.", ["finished_reason"], registry=r
         )
-        self.aborted = Counter(P + "request_aborted", "Requests aborted (disconnect, reconfigure).",
-                               registry=r)  # fmt: skip
+        self.aborted = Counter(
+            P + "request_aborted", "Requests aborted (disconnect, reconfigure).", registry=r
+        )
         self.rejected = Counter(P + "request_rejected", "Requests refused with 429.", registry=r)
         self.ttft = self._hist("time_to_first_token_seconds", "HTTP arrival to first token.")
         self.itl = self._hist("inter_token_latency_seconds", "Time between tokens of a request.")
@@ -59,18 +87,34 @@ class ServerMetrics:
         self.queue = self._hist("request_queue_time_seconds", "Arrival to prefill start.")
         self.prefill = self._hist("request_prefill_time_seconds", "Prefill start to first token.")
         self.decode = self._hist("request_decode_time_seconds", "First token to last token.")
-        self.transfer = Histogram(P + "kv_transfer_seconds", "Prefix move between device sets.",
-                                  buckets=_STEP, registry=r)  # fmt: skip
-        self.step = Histogram(P + "step_duration_seconds", "Engine call duration by phase.",
-                              ["phase"], buckets=_STEP, registry=r)  # fmt: skip
+        self.transfer = Histogram(
+            P + "kv_transfer_seconds", "Prefix move between device sets.", buckets=_STEP, registry=r
+        )
+        self.step = Histogram(
+            P + "step_duration_seconds",
+            "Engine call duration by phase.",
+            ["phase"],
+            buckets=_STEP,
+            registry=r,
+        )
         self.iteration_tokens = Histogram(
-            P + "iteration_tokens", "Tokens produced per engine call.",
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r,
-        )  # fmt: skip
-        self.gap = Histogram(P + "scheduler_gap_seconds", "Host time between two engine calls "
-                             "of a busy scheduler worker.", buckets=_STEP, registry=r)  # fmt: skip
-        self.compile = Histogram(P + "jit_compile_seconds", "Warm-up compile time per config.",
-                                 buckets=_COMPILE, registry=r)  # fmt: skip
+            P + "iteration_tokens",
+            "Tokens produced per engine call.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
+        self.gap = Histogram(
+            P + "scheduler_gap_seconds",
+            "Host time between two engine calls of a busy scheduler worker.",
+            buckets=_STEP,
+            registry=r,
+        )
+        self.compile = Histogram(
+            P + "jit_compile_seconds",
+            "Warm-up compile time per config.",
+            buckets=_COMPILE,
+            registry=r,
+        )
         self._lock = threading.Lock()
         # (t, phase, seconds, tokens, active_slots, steps)
         self._steps: deque[tuple[float, str, float, int, int, int]] = deque(maxlen=ring)
@@ -123,8 +167,9 @@ class ServerMetrics:
             step_times[phase] = summary
         prompt = sum(e[3] for e in events if e[1] == "prefill")
         # every prefill also samples one token (the first)
-        generated = sum(e[3] if e[1] == "generate" else 1 for e in events
-                        if e[1] in ("prefill", "generate"))  # fmt: skip
+        generated = sum(
+            e[3] if e[1] == "generate" else 1 for e in events if e[1] in ("prefill", "generate")
+        )
         gen = [e[4] for e in events if e[1] == "generate"]
         return {
             "window_s": window_s,

@@ -112,7 +112,9 @@ def fixed_table(engine: Engine) -> np.ndarray:
     per_replica = max(engine.slots // engine.replicas, 1)
     width = engine.pages_per_seq
     if per_replica * width + 1 > engine.pages:
-        raise ValueError(f"a fixed page table needs {per_replica * width + 1} pages per "
-                         f"replica, the engine has {engine.pages}")  # fmt: skip
+        raise ValueError(
+            f"a fixed page table needs {per_replica * width + 1} pages per "
+            f"replica, the engine has {engine.pages}"
+        )
     rows = np.arange(engine.slots) % per_replica
     return (1 + rows[:, None] * width + np.arange(width)[None]).astype(np.int32)

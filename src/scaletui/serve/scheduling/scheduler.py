@@ -109,8 +109,13 @@ class Scheduler:
         )
         self.metrics.compile.observe(seconds)
         count = sum(e.compile_count() for e in unique)
-        self.compile = {"state": "done", "seconds": seconds, "count": count, "done": total,
-                        "total": total}  # fmt: skip
+        self.compile = {
+            "state": "done",
+            "seconds": seconds,
+            "count": count,
+            "done": total,
+            "total": total,
+        }
         log.info("compiled %d shapes and ran each once in %.1f s", total, seconds)
         self.engines, self.config = (prefill, generate), config
         self.pages = PageTables(generate)
@@ -127,8 +132,9 @@ class Scheduler:
             now = time.perf_counter()
             if now - last[0] >= 2.0 and self.compile["done"] < total:
                 last[0] = now
-                log.info("compiling: %d/%d shapes done, %.1f s", self.compile["done"], total,
-                         now - t0)  # fmt: skip
+                log.info(
+                    "compiling: %d/%d shapes done, %.1f s", self.compile["done"], total, now - t0
+                )
 
         return report
 

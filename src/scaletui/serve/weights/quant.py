@@ -39,9 +39,16 @@ class QTensor(NamedTuple):
 
 # Contracted (input) axes of each quantized weight; the other axes are output channels.
 IN_AXES = {
-    "wq": (0,), "wk": (0,), "wv": (0,), "wo": (0, 1), "w_gate": (0,), "w_up": (0,),
-    "w_down": (0,), "embed": (1,), "lm_head": (1,),
-}  # fmt: skip
+    "wq": (0,),
+    "wk": (0,),
+    "wv": (0,),
+    "wo": (0, 1),
+    "w_gate": (0,),
+    "w_up": (0,),
+    "w_down": (0,),
+    "embed": (1,),
+    "lm_head": (1,),
+}
 
 
 def _xp(x: object) -> object:

@@ -38,23 +38,32 @@ def validate(model: ModelSpec, *, tp: int, dp: int, n_devices: int, platform: st
     """Raise ConfigError naming the values and the fix when (tp, dp) cannot run `model` on
     `n_devices` (of `platform`: on "cpu" the fix is more virtual host devices)."""
     if tp < 1 or dp < 1:
-        raise ConfigError("tp" if tp < 1 else "dp", tp if tp < 1 else dp,
-                          f"tp and dp must be >= 1, got tp={tp} dp={dp}")  # fmt: skip
+        raise ConfigError(
+            "tp" if tp < 1 else "dp",
+            tp if tp < 1 else dp,
+            f"tp and dp must be >= 1, got tp={tp} dp={dp}",
+        )
     use = f"use tp {one_of(divisors(math.gcd(model.n_heads, model.d_ff)))}"
     if model.n_heads % tp:
         raise ConfigError(
-            "tp", tp, f"tp={tp} does not divide the {model.n_heads} query heads of model "
-            f"{model.name}", use,
-        )  # fmt: skip
+            "tp",
+            tp,
+            f"tp={tp} does not divide the {model.n_heads} query heads of model {model.name}",
+            use,
+        )
     if model.d_ff % tp:
-        raise ConfigError("tp", tp, f"tp={tp} does not divide d_ff={model.d_ff} of model "
-                          f"{model.name}", use)  # fmt: skip
+        raise ConfigError(
+            "tp", tp, f"tp={tp} does not divide d_ff={model.d_ff} of model {model.name}", use
+        )
     if tp * dp > n_devices:
         key, value = ("tp", tp) if tp > n_devices or dp == 1 else ("dp", dp)
         raise ConfigError(
-            key, value, f"tp={tp} x dp={dp} needs {tp * dp} devices, but only {n_devices} "
-            f"{'is' if n_devices == 1 else 'are'} available", more_devices(tp * dp, platform),
-        )  # fmt: skip
+            key,
+            value,
+            f"tp={tp} x dp={dp} needs {tp * dp} devices, but only {n_devices} "
+            f"{'is' if n_devices == 1 else 'are'} available",
+            more_devices(tp * dp, platform),
+        )
 
 
 def more_devices(n: int, platform: str) -> str:
@@ -87,14 +96,19 @@ def split_devices(
     n = len(devices)
     p = prefill_devices or max(1, n // 2)
     if n < 2:
-        raise ConfigError("mode", mode, f"disaggregated mode needs at least 2 devices, but only "
-                          f"{n} is available", more_devices(2, devices[0].platform if devices
-                                                            else ""))  # fmt: skip
+        raise ConfigError(
+            "mode",
+            mode,
+            f"disaggregated mode needs at least 2 devices, but only {n} is available",
+            more_devices(2, devices[0].platform if devices else ""),
+        )
     if not 1 <= p < n:
         raise ConfigError(
-            "prefill_devices", prefill_devices, f"disaggregated mode needs 1 <= prefill_devices"
-            f" < devices ({n}), got {p}", f"use 1 to {n - 1} (0 = half)",
-        )  # fmt: skip
+            "prefill_devices",
+            prefill_devices,
+            f"disaggregated mode needs 1 <= prefill_devices < devices ({n}), got {p}",
+            f"use 1 to {n - 1} (0 = half)",
+        )
     return devices[:p], devices[p:]
 
 

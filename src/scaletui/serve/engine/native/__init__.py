@@ -37,23 +37,33 @@ from scaletui.serve.weights.quant import QTensor
 from scaletui.shape import ServerShape
 
 XLA_ROWS = 512  # from this many rows (long prompts) XLA's own f32 matmul is on par or ahead
-DENSE = {"float32": "scaletui_dense_f32", "bfloat16": "scaletui_dense_bf16",
-         "int8": "scaletui_dense_i8"}  # fmt: skip
+DENSE = {
+    "float32": "scaletui_dense_f32",
+    "bfloat16": "scaletui_dense_bf16",
+    "int8": "scaletui_dense_i8",
+}
 DENSE_BF16_DOT = "scaletui_dense_bf16_dot"  # bf16 x on bf16 pairs panels (AVX512_BF16)
 DENSE_BF16_DOT_BITS = "scaletui_dense_bf16_dot_bits"  # the same panels held as uint16 bits
 DENSE_I8_DOT = "scaletui_dense_i8_dot"  # bf16 x on int8 panels as bf16 pairs, I8_DOT_ROWS rows up
 I8_DOT_ROWS = 8  # below it the widening int8 kernel is as fast (the step reads the weight)
-ATTENTION = {"float32": "scaletui_decode_attention_f32",
-             "bfloat16": "scaletui_decode_attention_bf16",
-             "uint16": "scaletui_decode_attention_bf16_bits",  # bf16 stored as bits (kv_cache)
-             "int8": "scaletui_decode_attention_i8"}  # fmt: skip
-_SYMBOLS = {DENSE["float32"]: "ScaletuiDenseF32", DENSE["bfloat16"]: "ScaletuiDenseBF16",
-            DENSE["int8"]: "ScaletuiDenseI8", DENSE_BF16_DOT: "ScaletuiDenseBF16Dot",
-            DENSE_BF16_DOT_BITS: "ScaletuiDenseBF16DotBits", DENSE_I8_DOT: "ScaletuiDenseI8Dot",
-            ATTENTION["float32"]: "ScaletuiDecodeAttentionF32",
-            ATTENTION["bfloat16"]: "ScaletuiDecodeAttentionBF16",
-            ATTENTION["uint16"]: "ScaletuiDecodeAttentionBF16Bits",
-            ATTENTION["int8"]: "ScaletuiDecodeAttentionI8"}  # fmt: skip
+ATTENTION = {
+    "float32": "scaletui_decode_attention_f32",
+    "bfloat16": "scaletui_decode_attention_bf16",
+    "uint16": "scaletui_decode_attention_bf16_bits",  # bf16 stored as bits (kv_cache)
+    "int8": "scaletui_decode_attention_i8",
+}
+_SYMBOLS = {
+    DENSE["float32"]: "ScaletuiDenseF32",
+    DENSE["bfloat16"]: "ScaletuiDenseBF16",
+    DENSE["int8"]: "ScaletuiDenseI8",
+    DENSE_BF16_DOT: "ScaletuiDenseBF16Dot",
+    DENSE_BF16_DOT_BITS: "ScaletuiDenseBF16DotBits",
+    DENSE_I8_DOT: "ScaletuiDenseI8Dot",
+    ATTENTION["float32"]: "ScaletuiDecodeAttentionF32",
+    ATTENTION["bfloat16"]: "ScaletuiDecodeAttentionBF16",
+    ATTENTION["uint16"]: "ScaletuiDecodeAttentionBF16Bits",
+    ATTENTION["int8"]: "ScaletuiDecodeAttentionI8",
+}
 CACHE_PARTS = ("k", "v", "k_scale", "v_scale")  # an f32 / bf16 cache has the first two
 _panel: list[int] = []  # the loaded kernels' panel width
 _bf16_dot: list[bool] = []  # whether they multiply bf16 pairs (AVX512_BF16)

@@ -29,8 +29,17 @@ FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 TIMEOUT_S = 300  # a compiler that takes longer is stuck; the engine then runs XLA's ops
 KEEP = 3  # cached builds of other keys (another jaxlib, compiler, CPU) kept after a build
 # CPU flags that decide what -march=native emits for the kernels (shown, not the whole list)
-_FEATURES = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
-             "amx_tile")  # fmt: skip
+_FEATURES = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+)
 _FEATURES += ("asimd", "asimddp", "sve", "sve2")
 
 
