@@ -79,7 +79,7 @@ def loads(args: argparse.Namespace, url: str) -> list[tuple[str, list[str]]]:
 
 def check(args: argparse.Namespace) -> int:
     from scaletui.commands.serve import parser as serve_parser
-    from scaletui.loadgen.cli import build_parser as loadgen_parser
+    from scaletui.loadgen.flags import build_parser as loadgen_parser
     from scaletui.specs import load_model
 
     load_model(args.model)

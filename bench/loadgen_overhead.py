@@ -25,7 +25,8 @@ from _smoke import shrink
 
 from scaletui.loadgen import runner as runner_mod
 from scaletui.loadgen.report import summarize
-from scaletui.loadgen.runner import RunConfig, Runner, make_session
+from scaletui.loadgen.run_config import RunConfig, make_session
+from scaletui.loadgen.runner import Runner
 from scaletui.loadgen.workload import Lengths, Workload
 
 

@@ -164,7 +164,7 @@ async def test_input_the_engine_refuses_fails_that_request_only() -> None:
 
 
 def test_huge_top_k_means_off_and_packs_into_the_engine_int32() -> None:
-    from scaletui.serve.engine.kv_cache import pack_insert_args
+    from scaletui.serve.engine.slot_state import pack_insert_args
     from scaletui.serve.http.validate import generation
 
     params = generation({"top_k": 10**12}, [1, 2], 128, chat=False).params

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from scaletui import engine_fit
+from scaletui.commands import calibrate_engine
 from scaletui.engine_fit import DecodePoint, Grid, grid_for, prompt_len_for
 from scaletui.roofline import fitstore
 from scaletui.shape import ServerShape
@@ -55,7 +56,7 @@ def test_calibrate_model_fits_tiny_and_stores_it_where_find_fit_looks(capsys):
             "--quick"]  # fmt: skip
     from scaletui.serve.engine.build import default_compute_dtype
 
-    assert engine_fit.main(argv) == 0
+    assert calibrate_engine.main(argv) == 0
     # without --dtype, the precision `scaletui serve` would start with on this host
     path = fitstore.find_fit("tiny", default_compute_dtype(), 1, 1, "auto")
     assert path is not None
@@ -72,9 +73,9 @@ def test_calibrate_model_fits_tiny_and_stores_it_where_find_fit_looks(capsys):
 
 
 def test_calibrate_model_refuses_a_configuration_it_cannot_build(capsys):
-    assert engine_fit.main(["--model", "tiny", "--max-seq-len", "100000"]) == 2
+    assert calibrate_engine.main(["--model", "tiny", "--max-seq-len", "100000"]) == 2
     assert "max_seq_len" in capsys.readouterr().err
-    assert engine_fit.main(["--model", "nope"]) == 2
+    assert calibrate_engine.main(["--model", "nope"]) == 2
 
 
 def test_calibrate_model_precision_flags_reach_the_engines_the_base_and_the_file(monkeypatch):
@@ -106,7 +107,7 @@ def test_calibrate_model_precision_flags_reach_the_engines_the_base_and_the_file
     argv = ["--model", "tiny", "--slots", "4", "--max-seq-len", "64", "--decode-steps", "2",
             "--quick", "--dtype", "f32", "--weight-dtype", "int8",
             "--kv-dtype", "bf16"]  # fmt: skip
-    assert engine_fit.main(argv) == 0
+    assert calibrate_engine.main(argv) == 0
     assert seen["config"].precision == Precision("f32", "int8", "bf16") == seen["probe"].precision
     assert seen["weights"] == "int8"  # converted once, before the engines are built
     base = seen["base"]
@@ -116,12 +117,12 @@ def test_calibrate_model_precision_flags_reach_the_engines_the_base_and_the_file
     assert fitstore.load_fit(path).weight_dtype == "int8"
     assert fitstore.find_fit("tiny", "f32", 1, 1, "auto") is None  # f32 weights: not fitted
     with pytest.raises(SystemExit):
-        engine_fit.build_parser().parse_args(["--model", "tiny", "--weight-dtype", "int4"])
+        calibrate_engine.build_parser().parse_args(["--model", "tiny", "--weight-dtype", "int4"])
 
 
 def test_calibrate_model_refuses_weights_wider_than_compute(capsys):
     argv = ["--model", "tiny", "--dtype", "bf16", "--weight-dtype", "f32"]
-    assert engine_fit.main(argv) == 2
+    assert calibrate_engine.main(argv) == 2
     assert "weight_dtype=f32 is wider than dtype=bf16" in capsys.readouterr().err
 
 

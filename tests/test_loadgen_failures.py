@@ -19,7 +19,8 @@ from scaletui.loadgen import cli
 from scaletui.loadgen.cli import main
 from scaletui.loadgen.output import table
 from scaletui.loadgen.report import SATURATION, summarize
-from scaletui.loadgen.runner import RunConfig, Runner, make_session
+from scaletui.loadgen.run_config import RunConfig, make_session
+from scaletui.loadgen.runner import Runner
 from scaletui.loadgen.workload import Lengths, Workload
 
 pytestmark = pytest.mark.timeout(120)

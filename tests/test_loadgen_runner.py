@@ -10,7 +10,8 @@ import pytest
 from mock_openai import MockConfig, MockServer
 
 from scaletui.loadgen.report import latencies, summarize
-from scaletui.loadgen.runner import RunConfig, Runner, make_session
+from scaletui.loadgen.run_config import RunConfig, make_session
+from scaletui.loadgen.runner import Runner
 from scaletui.loadgen.workload import Lengths, Workload, arrival_offsets, iter_requests
 
 pytestmark = pytest.mark.timeout(120)

@@ -116,7 +116,7 @@ def test_the_default_compute_dtype_rule():
 def test_serve_simulate_and_calibrate_read_the_same_flags():
     """`scaletui serve`'s argv for a shape parses back to it in serve itself; simulate and
     calibrate take the same flags for what they model (not the weights, tokenizer, queue)."""
-    from scaletui import engine_fit
+    from scaletui.commands import calibrate_engine
     from scaletui.commands import simulate as simulate_cli
     from scaletui.commands.serve import parser
 
@@ -130,7 +130,7 @@ def test_serve_simulate_and_calibrate_read_the_same_flags():
         given = [flag] if flag == "--no-prefix-cache" else [flag, rest.pop(0)]
         kept += [] if flag in drop else given
     sim = simulate_cli.build_parser().parse_args([*kept, "--qps", "1"])
-    fit = engine_fit.build_parser().parse_args(kept)
+    fit = calibrate_engine.build_parser().parse_args(kept)
     for args in (sim, fit):
         got = ServerShape.from_args(args, ("weights", "tokenizer", "seed", "max_waiting",
                                            "max_waiting_tokens"))  # fmt: skip

@@ -265,12 +265,12 @@ def test_fits_are_looked_up_by_the_kernels_that_run():
 def test_the_simulated_load_is_the_request_list_loadgen_sends(knobs):
     """The TUI's loadgen command, parsed as loadgen parses it, draws the very offsets and
     lengths the expectation simulates (+ the server's BOS on each prompt)."""
-    from scaletui.loadgen import cli as loadgen_cli
+    from scaletui.loadgen import flags as loadgen_flags
     from scaletui.loadgen.workload import schedule
     from scaletui.tui.loadrun import LoadRunner
 
     cmd = LoadRunner("http://x", "py", None, lambda *_: None, set()).command(knobs, 30)
-    sent = loadgen_cli.workload_from(loadgen_cli.build_parser().parse_args(cmd[3:]))
+    sent = loadgen_flags.workload_from(loadgen_flags.build_parser().parse_args(cmd[3:]))
     shape = server_shape({"max_seq_len": 512}, knobs, load_model("small"))
     load = tui_expect.tui_load(knobs, shape)
     offsets, inp, out = schedule(sent, len(load.offsets))

@@ -1,6 +1,6 @@
 """`scaletui calibrate [--quick] [--out PATH] [--no-write]`: the host roofs
 (`scaletui.calibrate`) written as the `local` hardware spec; with `--model M` the engine fit
-instead (engine_fit.py)."""
+instead (commands/calibrate_engine.py over engine_fit.py)."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if any(a == "--model" or a.startswith("--model=") for a in argv):
-        from scaletui import engine_fit  # the engine grid: `scaletui calibrate --model M`
+        from scaletui.commands import calibrate_engine  # `scaletui calibrate --model M`
 
-        return engine_fit.main(argv)
+        return calibrate_engine.main(argv)
     p = argparse.ArgumentParser(
         prog="scaletui calibrate",
         description="Measure this host's JAX devices; write the 'local' hardware spec. With "

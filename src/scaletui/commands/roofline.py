@@ -11,7 +11,8 @@ import sys
 import orjson
 
 from scaletui.dtypes import DTYPE_BYTES
-from scaletui.roofline.costmodel import CostModel, describe_precision
+from scaletui.roofline.costinputs import describe_precision
+from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.estimate import Estimate, estimate
 from scaletui.roofline.fitstore import load_fit
 from scaletui.specs import SpecError, hardware_names, load_hardware, load_model, model_names

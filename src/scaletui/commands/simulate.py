@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 
 from scaletui.dtypes import cpu_bf16_pairs, default_compute_dtype
-from scaletui.loadgen import cli as loadgen_cli
+from scaletui.loadgen import flags as loadgen_flags
 from scaletui.loadgen.output import table
 from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Workload, schedule
 from scaletui.roofline.costmodel import CostModel
@@ -115,7 +115,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
         sweep=None,
         cancel_rate=0.0,
     )
-    return loadgen_cli.workload_from(as_loadgen)
+    return loadgen_flags.workload_from(as_loadgen)
 
 
 def server_shape(args: argparse.Namespace, model: ModelSpec) -> ServerShape:

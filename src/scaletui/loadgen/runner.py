@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import islice
 from time import perf_counter
 
@@ -28,75 +28,14 @@ from scaletui.loadgen import client
 from scaletui.loadgen.client import FAILED, RequestRecord
 from scaletui.loadgen.health import Liveness
 from scaletui.loadgen.report import Latencies, latencies, quantiles_ms
+from scaletui.loadgen.run_config import RunConfig, RunResult
 from scaletui.loadgen.workload import RequestSpec, Workload, iter_requests
 
 YIELD_EVERY = 128  # window work yields to the loop every this many requests
 SPIN_S = 0.001  # the last ms before a send time is spent yielding, not in a timer
-READ_BUFSIZE = 2**20  # aiohttp's 64 KiB default throttles long streams (vllm#39963)
 BACKOFF_S = 0.05  # closed loop: permit held this long after the first failure in a row ...
 BACKOFF_MAX_S = 1.0  # ... doubling per further failure, up to this
 PROBE_INTERVAL_S = 0.2  # TCP probes of a server that may be gone (health.Liveness)
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """How to run a workload against one server."""
-
-    url: str  # server base URL, e.g. http://127.0.0.1:8000
-    model: str
-    api: str = "completions"  # completions | chat
-    num_requests: int | None = None  # stop dispatch after this many (None: use duration)
-    duration: float | None = None  # stop dispatch after this many seconds
-    warmup: int = 0  # requests sent and awaited before t0, excluded from results
-    timeout: float = 300.0  # per-request total seconds
-    read_timeout: float = 60.0  # max silence between stream reads
-    ignore_eos: bool = True
-    window_s: float = 1.0
-    max_connection_failures: int = 5  # in a row: the server is gone, stop (0 = never stop)
-
-    def __post_init__(self) -> None:
-        if self.api not in ("completions", "chat"):
-            raise ValueError(f"api must be 'completions' or 'chat', got {self.api!r}")
-        if self.num_requests is None and self.duration is None:
-            raise ValueError("give num_requests and/or duration")
-        if self.num_requests is not None and self.num_requests < 1:
-            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
-        if self.duration is not None and not self.duration > 0:
-            raise ValueError(f"duration must be > 0 s, got {self.duration}")
-        if self.warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
-        if not (self.timeout > 0 and self.read_timeout > 0 and self.window_s > 0):
-            raise ValueError("timeout, read_timeout and window_s must be > 0")
-        if self.max_connection_failures < 0:
-            raise ValueError(
-                f"max_connection_failures must be >= 0, got {self.max_connection_failures}"
-            )
-
-    @property
-    def endpoint(self) -> str:
-        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
-        return self.url.rstrip("/") + path
-
-
-@dataclass
-class RunResult:
-    records: list[RequestRecord]
-    t_start: float
-    partial: bool
-    windows: list[dict]
-    stop_reason: str | None = None  # "interrupted" (stop()) | "server_gone" | None
-    stop_message: str | None = None  # why, in words
-    t_stop: float | None = None  # perf_counter when the run was stopped
-
-
-def make_session(connect_timeout: float = 10.0) -> aiohttp.ClientSession:
-    """One session, no connection-pool limit, a large read buffer."""
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    return aiohttp.ClientSession(
-        connector=connector,
-        read_bufsize=READ_BUFSIZE,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout),
-    )
 
 
 class Runner:

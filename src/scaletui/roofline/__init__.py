@@ -37,7 +37,8 @@ from scaletui.roofline.collectives import (
     tp_comms_limit,
 )
 from scaletui.roofline.costfit import fit
-from scaletui.roofline.costmodel import CostModel, share_host
+from scaletui.roofline.costinputs import share_host
+from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.costs import (
     active_param_count,
     attention_flops,

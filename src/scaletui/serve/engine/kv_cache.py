@@ -11,11 +11,11 @@ replica is scratch: it is never given to a sequence, and rows without a page the
 rows, positions past what the scheduler allocated) write into it, so every write is in bounds
 and unconditional. Which pages hold a sequence is the host's business (pages.py, the
 scheduler's page table): the device state only holds the pages, and every generate call takes
-the page table rows [B, W] of local page ids. Beside the pool, per slot row: `lengths` (tokens
-in the cache), `tokens` (the next input token), `active`, `generated` (tokens produced, the
-prefill one included) and the request's sampling/stop parameters. `insert` writes a prefix's K/V
-(per layer (k, v) [T, K, H], int8 ones with (k_scale, v_scale) [T, K]) into the pages it is
-given.
+the page table rows [B, W] of local page ids. Beside the pool, per slot row (slot_state.py):
+`lengths` (tokens in the cache), `tokens` (the next input token), `active`, `generated` (tokens
+produced, the prefill one included) and the request's sampling/stop parameters. `insert` writes
+a prefix's K/V (per layer (k, v) [T, K, H], int8 ones with (k_scale, v_scale) [T, K]) into the
+pages it is given.
 
 On CPU a bf16 pool is stored as its uint16 bits (`pool_dtype`): XLA CPU runs a bf16
 dynamic-update-slice or gather in f32, converting the whole pool both ways, so each page written
@@ -26,15 +26,17 @@ values (a bitcast of the few pages moved).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 
+from scaletui.serve.engine.slot_state import FLOAT_FIELDS as FLOAT_FIELDS
+from scaletui.serve.engine.slot_state import INT_FIELDS as INT_FIELDS
+from scaletui.serve.engine.slot_state import SLOT_FIELDS, DecodeState, activate
+from scaletui.serve.engine.slot_state import SlotState as SlotState
+from scaletui.serve.engine.slot_state import pack_insert_args as pack_insert_args
+from scaletui.serve.engine.slot_state import release as release
 from scaletui.serve.weights import sharding
 from scaletui.specs import ModelSpec
 
@@ -58,62 +60,6 @@ LAYOUTS = {
 }
 PREFIX_AXES = ("seq", "kv_heads", "head_dim")
 PREFIX_S_AXES = ("seq", "kv_heads")
-# slot vectors: name -> dtype
-SLOT_FIELDS = {
-    "lengths": jnp.int32,
-    "tokens": jnp.int32,
-    "active": jnp.bool_,
-    "generated": jnp.int32,
-    "temperature": jnp.float32,
-    "top_k": jnp.int32,
-    "top_p": jnp.float32,
-    "seed": jnp.int32,
-    "max_tokens": jnp.int32,
-    "min_tokens": jnp.int32,
-    "ignore_eos": jnp.bool_,
-}
-
-
-class DecodeState(NamedTuple):
-    """The engine's device-side decode state (a pytree; donated into every call).
-
-    `cache`: per layer a pool of pages in one of the LAYOUTS, page-major {"k": [dp * P, K, H,
-    S], "v": [dp * P, K, S, H]} (int8: also "k_scale", "v_scale": [dp * P, K, S]) or
-    head-major; every other field is a [B] vector (B = slot rows) with the
-    dtype SLOT_FIELDS gives.
-    """
-
-    cache: list
-    lengths: jax.Array  # tokens in the slot's cache
-    tokens: jax.Array  # the next input token
-    active: jax.Array
-    generated: jax.Array  # tokens produced, the prefill one included
-    temperature: jax.Array
-    top_k: jax.Array
-    top_p: jax.Array
-    seed: jax.Array
-    max_tokens: jax.Array
-    min_tokens: jax.Array
-    ignore_eos: jax.Array
-
-
-assert DecodeState._fields[1:] == tuple(SLOT_FIELDS)
-
-
-@dataclass
-class SlotState:
-    """What an engine hands the scheduler: the device state (donated into each call) and a
-    host mirror of two vectors, so picking a decode bucket needs no device sync."""
-
-    arrays: DecodeState
-    lengths: np.ndarray  # int32 [rows], tokens in each slot's cache
-    active: np.ndarray  # bool [rows]
-
-
-# insert() packs a request's integer and float fields into two small arrays, in this order
-INT_FIELDS = ("slot", "lengths", "tokens", "active", "top_k", "seed", "max_tokens", "min_tokens")
-INT_FIELDS += ("ignore_eos",)
-FLOAT_FIELDS = ("temperature", "top_p")
 
 
 def kv_bytes_per_token(m: ModelSpec, itemsize: int) -> int:
@@ -314,42 +260,3 @@ def insert(
         for layer, entry in zip(state.cache, kv, strict=True)
     ]
     return activate(state._replace(cache=cache), ints, floats)
-
-
-def activate(state: DecodeState, ints: jax.Array, floats: jax.Array) -> DecodeState:
-    """Set row `ints[0]`'s fields (its K/V are in its pages already: prefill wrote them)."""
-    fields = dict(zip(INT_FIELDS, ints, strict=True))
-    fields.update(zip(FLOAT_FIELDS, floats, strict=True))
-    slot = fields.pop("slot")
-    now = state._asdict()
-    new = {
-        name: now[name].at[slot].set(value.astype(now[name].dtype))
-        for name, value in fields.items()
-    }
-    new["generated"] = state.generated.at[slot].set(1)
-    return state._replace(**new)
-
-
-def release(state: DecodeState, slot: jax.Array) -> DecodeState:
-    return state._replace(active=state.active.at[slot].set(False))
-
-
-def pack_insert_args(
-    slot: int, length: int, first: int, active: bool, params: object
-) -> tuple[np.ndarray, np.ndarray]:
-    """Host-side packing of one insert's scalars (params: engine_api.SamplingParams)."""
-    ints = np.array(
-        [
-            slot,
-            length,
-            first,
-            active,
-            params.top_k,
-            params.seed % 2**31,
-            params.max_tokens,
-            params.min_tokens,
-            params.ignore_eos,
-        ],
-        np.int32,
-    )
-    return ints, np.array([params.temperature, params.top_p], np.float32)

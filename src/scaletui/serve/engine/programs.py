@@ -1,10 +1,11 @@
 """The JAX engine's compiled programs: one ahead-of-time executable per verb and shape.
 
 `EnginePrograms` is the half of `JaxEngine` (jax_engine.py) that lowers and caches: each `_*_exe`
-builds its program from the jitted bodies in steps.py and kv_cache.py, with this engine's shapes
-(buckets, rows, pages) and shardings, compiles it once and keeps it by (verb, shape);
-`warmup()` compiles every shape the engine's role serves and runs each once (warm.py). It reads
-the attributes `JaxEngine.__init__` sets (config, model, mesh, ops, params, buckets, dtypes).
+builds its program from the jitted bodies in steps.py, kv_cache.py and slot_state.py, with this
+engine's shapes (buckets, rows, pages) and shardings, compiles it once and keeps it by (verb,
+shape); `warmup()` compiles every shape the engine's role serves and runs each once (warm.py).
+It reads the attributes `JaxEngine.__init__` sets (config, model, mesh, ops, params, buckets,
+dtypes).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from scaletui.serve.engine import kv_cache, model, steps, warm
-from scaletui.serve.engine.kv_cache import DecodeState
+from scaletui.serve.engine import kv_cache, model, slot_state, steps, warm
+from scaletui.serve.engine.slot_state import DecodeState
 from scaletui.serve.engine.steps import PrefillArgs, StepConsts
 from scaletui.serve.weights import sharding
 
@@ -122,8 +123,8 @@ class EnginePrograms:
     def _insert_exe(self, t: int) -> object:
         if ("insert", t) in self._exes:
             return self._exes[("insert", t)]
-        ints = self._small((len(kv_cache.INT_FIELDS),), jnp.int32)
-        floats = self._small((len(kv_cache.FLOAT_FIELDS),), jnp.float32)
+        ints = self._small((len(slot_state.INT_FIELDS),), jnp.int32)
+        floats = self._small((len(slot_state.FLOAT_FIELDS),), jnp.float32)
         pages = self._small((-(-t // self.page_size),), jnp.int32)
         args = (self._state_spec(), self._kv_spec(t), ints, floats, pages)
         fn = partial(kv_cache.insert, layout=self.ops.layout)
@@ -191,17 +192,17 @@ class EnginePrograms:
     def _activate_exe(self) -> object:
         if ("activate",) in self._exes:
             return self._exes[("activate",)]
-        ints = self._small((len(kv_cache.INT_FIELDS),), jnp.int32)
-        floats = self._small((len(kv_cache.FLOAT_FIELDS),), jnp.float32)
+        ints = self._small((len(slot_state.INT_FIELDS),), jnp.int32)
+        floats = self._small((len(slot_state.FLOAT_FIELDS),), jnp.float32)
         args = (self._state_spec(), ints, floats)
-        return self._exe(("activate",), kv_cache.activate, args, self._state_sh, donate=(0,))
+        return self._exe(("activate",), slot_state.activate, args, self._state_sh, donate=(0,))
 
     def _misc_exes(self) -> tuple[object, object]:
         if ("release",) in self._exes:
             return self._exes[("init",)], self._exes[("release",)]
         init = self._exe(("init",), self._empty_state, (), self._state_sh)
         args = (self._state_spec(), self._small((), jnp.int32))
-        rel = self._exe(("release",), kv_cache.release, args, self._state_sh, donate=(0,))
+        rel = self._exe(("release",), slot_state.release, args, self._state_sh, donate=(0,))
         return init, rel
 
     def _warmup_jobs(self) -> list[Callable[[], object]]:

@@ -1,7 +1,7 @@
 """The jitted step bodies the engine compiles ahead of time: prefill, chunked prefill, generate.
 
 Pure functions over named pytrees: `PrefillArgs` (one request's sampling scalars) and
-`kv_cache.DecodeState` (every slot's cache and vectors). The engine binds the static arguments
+`slot_state.DecodeState` (every slot's cache and vectors). The engine binds the static arguments
 (model spec, op set, shapes) with `functools.partial` and compiles one executable per shape.
 """
 
@@ -16,7 +16,7 @@ from jax import lax
 
 from scaletui.serve.engine import model, sampling
 from scaletui.serve.engine.engine_api import SamplingParams
-from scaletui.serve.engine.kv_cache import DecodeState
+from scaletui.serve.engine.slot_state import DecodeState
 from scaletui.specs import ModelSpec
 
 

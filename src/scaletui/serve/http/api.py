@@ -22,18 +22,17 @@ import orjson
 from aiohttp import web
 
 from scaletui.serve.http.connections import ConnectionWatchdog, read_body
+from scaletui.serve.http.errors import ApiError, http_error
 from scaletui.serve.http.guard import check_admin
 from scaletui.serve.http.stats import build_stats
 from scaletui.serve.http.streaming import Shape, TextStream, stream, token_events, usage_of
 from scaletui.serve.http.tokenizer import Tokenizer
 from scaletui.serve.http.validate import (
-    ApiError,
     chat_prompt,
     check_model,
     completion_prompt,
     config_changes,
     generation,
-    http_error,
     parse_json,
 )
 from scaletui.serve.scheduling.events import Request, ServeError

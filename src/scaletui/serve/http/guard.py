@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from scaletui.procs import is_loopback_host
-from scaletui.serve.http.validate import ApiError
+from scaletui.serve.http.errors import ApiError
 
 is_loopback = is_loopback_host  # a host name or IP, not a URL
 

@@ -1,7 +1,7 @@
 """Streaming answers: token ids -> text (stop strings held back), OpenAI chunk/response objects,
 and the SSE writer, over a request's typed events (`events.Tokens` / `events.Failed`).
 
-A `Failed` event becomes the ApiError its kind maps to (validate.http_error); a client that
+A `Failed` event becomes the ApiError its kind maps to (errors.http_error); a client that
 went away raises ConnectionResetError, which the caller turns into a cancel.
 """
 
@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator, Callable
 import orjson
 from aiohttp import web
 
+from scaletui.serve.http.errors import ApiError, http_error
 from scaletui.serve.http.tokenizer import Tokenizer
-from scaletui.serve.http.validate import ApiError, Generation, http_error
+from scaletui.serve.http.validate import Generation
 from scaletui.serve.scheduling.events import Failed, Request, Tokens
 
 

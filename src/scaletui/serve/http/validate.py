@@ -4,8 +4,7 @@ Every check here is a 4xx at the API edge (never a 5xx): wrong types, empty prom
 beyond the context, values outside their range, and behaviour we cannot honour (n > 1,
 logprobs, echo, penalties) are refused with a message that says so. Harmless fields vLLM-era
 clients send (`user`, `logprobs: null`, `repetition_penalty: 1`, ...) are accepted.
-`http_error` gives the answer for each `events.ErrorKind` (a table keyed by the kind), and
-`config_changes` checks a POST /admin/config body.
+`config_changes` checks a POST /admin/config body. The errors themselves are in errors.py.
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ from dataclasses import dataclass
 import orjson
 
 from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.http.errors import ApiError
 from scaletui.serve.http.tokenizer import Tokenizer
-from scaletui.serve.scheduling.events import ErrorKind
 from scaletui.shape import RECONFIGURABLE
 
 STRING_KEYS = ("mode", "dtype", "weight_dtype", "kv_dtype", "kernels")  # /admin/config strings
@@ -29,64 +28,6 @@ MAX_STOP_CHARS = 256
 # OpenAI's range; below MIN_TEMPERATURE sampling is greedy (as vLLM does: 1/t would overflow)
 MAX_TEMPERATURE = 2.0
 MIN_TEMPERATURE = 1e-5
-
-
-class ApiError(Exception):
-    """A client error with OpenAI's body shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        type: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = (
-            status,
-            message,
-            param,
-            code,
-            type,
-        )
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code if self.code is not None else self.status,
-            }
-        }
-
-
-# kind -> (status, OpenAI error type, code, message template)
-HTTP_ERRORS: dict[ErrorKind, tuple[int, str, str, str]] = {
-    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error", "invalid_request", "{}"),
-    ErrorKind.OVERLOADED: (
-        429,
-        "rate_limit_error",
-        "rate_limit_exceeded",
-        "server overloaded: {}; retry later",
-    ),
-    ErrorKind.UNAVAILABLE: (
-        503,
-        "server_error",
-        "unavailable",
-        "server not ready ({}); retry later",
-    ),
-    ErrorKind.BUSY: (409, "invalid_request_error", "conflict", "{}"),
-    ErrorKind.ABORTED: (503, "server_error", "aborted", "{}"),
-    ErrorKind.FAILED: (500, "server_error", "aborted", "{}"),
-}
-
-
-def http_error(kind: ErrorKind, message: str) -> ApiError:
-    """The OpenAI-shaped answer to a refusal or failure of `kind`."""
-    status, type_, code, template = HTTP_ERRORS[kind]
-    return ApiError(status, template.format(message), code=code, type=type_)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,122 @@
+"""The loadgen command line: its flags, their checks, and the Workload they describe."""
+
+from __future__ import annotations
+
+import argparse
+
+from scaletui.loadgen.report import Slo
+from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Lengths, Workload
+
+DESCRIPTION = "`loadgen`: offer a workload to an OpenAI-compatible server and report what it got."
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a rate must be > 0 (or 'inf'), got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"a fraction must be in [0, 1], got {text!r}")
+    return value
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        return [_rate(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--sweep wants rates like 1,2,4,8, got {text!r}"
+        ) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="loadgen", description=DESCRIPTION)
+    a = p.add_argument
+    a("--url", help="server base URL (default: start an embedded scaletui server)")
+    a("--api", choices=("completions", "chat"), default="completions")
+    a("--model", help="model name (default: the first id of GET /v1/models)")
+    g = p.add_argument_group("arrivals")
+    g.add_argument("--qps", type=_rate, help="offered request rate (req/s; 'inf' = all at once)")
+    g.add_argument("--arrival", choices=ARRIVALS, default="poisson")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape k (CV=1/sqrt k)")
+    g.add_argument("--concurrency", type=int, help="max requests in flight (alone: closed loop)")
+    g.add_argument("--num-requests", type=int, help="requests to send (default 200)")
+    g.add_argument("--duration", type=float, help="seconds to send for")
+    g.add_argument("--warmup", type=int, default=0, help="warm-up requests, excluded")
+    g.add_argument("--cancel-rate", type=float, default=0.0, help="fraction aborted mid-stream")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--sweep", type=_rates, help="rates 1,2,4,8: one stage each, then a table")
+    w = p.add_argument_group("requests")
+    w.add_argument("--input-len", type=int, default=128)
+    w.add_argument("--input-dist", choices=DISTS, default="fixed")
+    w.add_argument("--input-spread", type=float, default=0.0)
+    w.add_argument("--output-len", type=int, help="max_tokens (default 128; overrides dataset)")
+    w.add_argument("--output-dist", choices=DISTS, default="fixed")
+    w.add_argument("--output-spread", type=float, default=0.0)
+    w.add_argument("--dataset", help="ShareGPT-format JSON file (first turn of each)")
+    w.add_argument("--chars-per-token", type=float, default=4.0, help="dataset length estimate")
+    w.add_argument("--prefix-len", type=int, default=0, help="shared-prefix tokens")
+    w.add_argument("--prefix-groups", type=int, default=1, help="distinct shared prefixes")
+    w.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text")
+    w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    w.add_argument("--timeout", type=float, default=300.0, help="per-request limit (s)")
+    w.add_argument("--read-timeout", type=float, default=60.0, help="max stream silence (s)")
+    f = p.add_argument_group("failures")
+    f.add_argument(
+        "--max-failure-rate",
+        type=_fraction,
+        default=0.01,
+        help="exit 3 when (failed + rejected) / (sent - cancelled) is above this in a stage",
+    )
+    f.add_argument(
+        "--max-connection-failures",
+        type=int,
+        default=5,
+        metavar="N",
+        help="N connection failures in a row (refused/reset, probes included): the "
+        "server is gone, stop with a partial result and exit 4 (0 = never)",
+    )
+    o = p.add_argument_group("outputs")
+    o.add_argument("--slo", type=Slo.parse, help="goodput SLOs in ms: ttft=500,tpot=50,e2el=5000")
+    o.add_argument("--out", help="summary JSON file")
+    o.add_argument("--save-requests", help="per-request JSONL file")
+    o.add_argument("--csv", help="summary CSV (one row per stage)")
+    o.add_argument("--jsonl", help="live JSONL (start, 1 s windows, summary) to PATH or -")
+    o.add_argument("--quiet", action="store_true", help="no table, no progress")
+    s = p.add_argument_group("embedded server")
+    s.add_argument(
+        "--server-cmd",
+        help="command template with {python} {port} "
+        "(default $LOADGEN_SERVER_CMD or scaletui serve --model small)",
+    )
+    s.add_argument("--server-timeout", type=float, default=600.0, help="wait for /health (s)")
+    s.add_argument(
+        "--server-log",
+        help="the server's output to this file (default: a temporary "
+        "file, removed after a clean run)",
+    )
+    return p
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    out_len = args.output_len if args.output_len is not None else 128
+    return Workload(
+        input=Lengths(args.input_len, args.input_dist, args.input_spread),
+        output=Lengths(out_len, args.output_dist, args.output_spread),
+        dataset=args.dataset,
+        dataset_output=args.output_len is None,
+        chars_per_token=args.chars_per_token,
+        prefix_len=args.prefix_len,
+        prefix_groups=args.prefix_groups,
+        prompt_format=args.prompt_format,
+        qps=args.sweep[0] if args.sweep else args.qps,
+        arrival=args.arrival,
+        burstiness=args.burstiness,
+        concurrency=args.concurrency,
+        cancel_rate=args.cancel_rate,
+        seed=args.seed,
+    )
