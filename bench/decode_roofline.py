@@ -161,16 +161,14 @@ def weights_floor(eng, batch: int, steps: int, calls: int, repeats: int) -> floa
     fused layout (`native.pack_params`), XLA's and Pallas' the layout of weights.py."""
     m, ops = eng.model, eng.ops
 
+    def stand_in(i, q, k, v):  # the attention's stand-in: no cache read
+        return q + jnp.repeat(k + v, q.shape[1] // k.shape[1], axis=1), None
+
     def run(params, tok, n):
         def step(i, tok):
             x = ops.embed(params, tok, m)  # [B, D]
             cos, sin = llama.rope(jnp.full(tok.shape, i), m.head_dim, m.rope_theta)
-            for p in params["layers"]:
-                h = llama.rms_norm(x, p["attn_norm"], m.norm_eps)
-                q, k, v = ops.qkv(p, h, cos, sin, m)
-                o = q + jnp.repeat(k + v, q.shape[1] // k.shape[1], axis=1)  # attention stand-in
-                x = x + ops.out(p, o, m)
-                x = x + ops.mlp(p, llama.rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+            x, _ = llama.layers(params, x, cos, sin, m, ops, stand_in)
             return jnp.argmax(ops.logits(params, x, m), axis=-1).astype(jnp.int32)
 
         return lax.fori_loop(0, n, step, tok)

@@ -1,12 +1,17 @@
-"""Engine building: the plan a config makes on these devices, and the JAX engine factory.
+"""Engine building, one pass in one direction: shape -> plan -> params -> engine.
 
-`plan_engines` checks a config without building anything (sharding the devices cannot hold,
-native kernels that cannot run) and says which engines it builds where; `build_engines` makes
-the weights once on the host, casts or quantizes them to the config's weight precision (from
-dummy, safetensors or the caller's host params) and places them on each engine's mesh;
-`JaxEngineFactory` is the
-`engine_api.EngineFactory` the scheduler drives (build, and check before a drain, memory
-included).
+1. The shape: a `ServerShape` (the caller's).
+2. The plan (`plan_engines`): which engines the shape builds on these devices, each an
+   `EnginePlan` (its devices, mesh, kernels), checked without building anything (a sharding
+   the devices cannot hold, native kernels that cannot run raise ConfigError).
+3. The params: made or read once on the host (`make_host_params`: dummy, safetensors or the
+   caller's, then cast or quantized to the weight precision), then laid out and placed for
+   each plan (`place_params`: packed for the native kernels, or sharded on the mesh), with the
+   op set that reads them (`ops_for`).
+4. The engine: `JaxEngine` over the placed params and the plan's mesh.
+
+`build_engines` runs the four in order; `JaxEngineFactory` is the `engine_api.EngineFactory`
+the scheduler drives (build, and check before a drain, memory included).
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import logging
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from scaletui.dtypes import default_compute_dtype as dtype_rule
-from scaletui.serve.engine import memory, native, pallas_attention
+from scaletui.serve.engine import memory, model, native, pallas_attention
 from scaletui.serve.engine.engine_api import Engine, distinct
 from scaletui.serve.engine.jax_engine import JaxEngine
 from scaletui.serve.weights import quant, sharding, weights
@@ -43,6 +50,12 @@ class EnginePlan:
     dp: int
     kernels: str  # "native" (CPU kernels) | "pallas" (JAX's paged attention) | "xla"
     note: str | None = None  # why XLA's ops run (kernels auto|native), or a native fallback
+    tp: int = 1
+    mesh: Mesh | None = None  # (data=dp, model=tp) over `devices`
+
+    @property
+    def platform(self) -> str:
+        return self.devices[0].platform
 
     @property
     def native(self) -> bool:
@@ -85,7 +98,9 @@ def plan_engines(config: ServerShape, devices: list) -> list[EnginePlan]:
         roles = [("prefill", pre, len(pre) // tp), ("generate", gen[: tp * dp], dp)]
     plan = []
     for role, devs, d in roles:
-        plan.append(EnginePlan(role, devs, d, *_kernels(config, devs, d, platform)))
+        kernels, note = _kernels(config, devs, d, platform)
+        mesh = sharding.make_mesh(devs, d, tp)
+        plan.append(EnginePlan(role, devs, d, kernels, note, tp, mesh))
     return plan
 
 
@@ -125,6 +140,44 @@ def _kernels(config: ServerShape, devs: list, dp: int, platform: str) -> tuple[s
     return ("native" if use else "xla"), note
 
 
+def make_host_params(config: ServerShape, given: dict | None = None) -> dict:
+    """The weights on the host, once, in the config's weight precision: `given` (any float
+    dtype), else read from `config.weights` (safetensors) or seeded dummies, then cast or
+    quantized (`quant.convert_params`), so every mesh and mode computes with identical values."""
+    m, p = config.model, config.precision
+    if given is None:
+        made = "f32" if p.weights == "int8" else p.weights  # int8 is quantized from f32
+        if config.weights:
+            given = weights.load_safetensors(config.weights, m, made)
+        else:
+            given = weights.dummy_params(m, config.seed, made)
+    return quant.convert_params(given, p.compute, p.weights)
+
+
+def ops_for(plan: EnginePlan, config: ServerShape) -> model.Ops:
+    """The op set an engine of `plan` runs: the native kernels (their packed layout), XLA's
+    ops with decode attention on Pallas' kernel (a head-major pool; on CPU interpreted), or
+    XLA's ops (on CPU unsharded, int8 / cast weights converted a panel at a time)."""
+    compute = jnp.dtype(quant.JNP[config.precision.compute])
+    if plan.native:
+        return model.native_ops_for(compute)
+    cpu = plan.platform == "cpu"
+    panel = cpu and plan.tp == 1
+    if plan.kernels == "pallas":  # on CPU the GPU kernel, interpreted (tests)
+        kernel = pallas_attention.kernel_for(plan.platform) or "gpu"
+        return model.pallas_ops(plan.mesh, kernel, compute, panel, interpret=cpu)
+    return model.xla_ops(compute=compute, panel=panel, replicas=plan.dp)
+
+
+def place_params(plan: EnginePlan, config: ServerShape, host: dict) -> dict:
+    """`make_host_params`' weights on the plan's devices: fused and packed for the native
+    kernels (on its one device), else sharded on its mesh by the rules table."""
+    if plan.native:
+        packed = native.pack_params(host, pairs=native.pairs_for(config.precision.compute))
+        return jax.device_put(packed, plan.mesh.devices.flat[0])
+    return weights.place(host, config.model, plan.mesh)
+
+
 def build_engines(
     config: ServerShape,
     devices: list[jax.Device] | None = None,
@@ -133,32 +186,21 @@ def build_engines(
     eos_id: int = -1,
     host_params: dict | None = None,
 ) -> tuple[JaxEngine, JaxEngine]:
-    """(prefill engine, generate engine); the same object twice when interleaved.
-
-    Weights are made (or read) once on the host, in a float dtype, then cast or quantized
-    once to `config.precision.weights` (`host_params` too, whatever float dtype they come in)
-    and placed on each mesh, so every mesh and mode computes with identical values.
-    `vocab_size`/`eos_id` come from the tokenizer.
+    """(prefill engine, generate engine); the same object twice when interleaved: the plan,
+    then the host weights once (`host_params` given, whatever float dtype they come in, or
+    made), placed per engine, then the engines. `vocab_size`/`eos_id` come from the tokenizer.
     """
-    m, p = config.model, config.precision
     plan = plan_engines(config, list(devices or jax.devices()))
     for e in plan:
         if e.note and XLA_CPU_BF16 in e.note:
             log.warning("%s engine: %s", e.role, XLA_CPU_BF16)
-    if host_params is None:
-        made = "f32" if p.weights == "int8" else p.weights  # int8 is quantized from f32
-        if config.weights:
-            host_params = weights.load_safetensors(config.weights, m, made)
-        else:
-            host_params = weights.dummy_params(m, config.seed, made)
-    host_params = quant.convert_params(host_params, p.compute, p.weights)
+    host = make_host_params(config, host_params)
     engines = [
         JaxEngine(
             config,
-            host_params,
-            e.devices,
-            dp=e.dp,
-            tp=config.tp,
+            place_params(e, config, host),
+            ops_for(e, config),
+            e.mesh,
             role=e.role,
             vocab_size=vocab_size,
             eos_id=eos_id,

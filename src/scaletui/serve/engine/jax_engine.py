@@ -27,8 +27,9 @@ from functools import cached_property
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
-from scaletui.serve.engine import kv_cache, model, pallas_attention
+from scaletui.serve.engine import kv_cache, model
 from scaletui.serve.engine.engine_api import (
     EngineInfo,
     Prefix,
@@ -37,10 +38,9 @@ from scaletui.serve.engine.engine_api import (
     check_request,
 )
 from scaletui.serve.engine.kv_cache import SlotState
-from scaletui.serve.engine.native import pack_params, pairs_for
 from scaletui.serve.engine.programs import EnginePrograms
 from scaletui.serve.engine.steps import PrefillArgs, StepConsts
-from scaletui.serve.weights import quant, sharding, weights
+from scaletui.serve.weights import quant, sharding
 from scaletui.shape import ServerShape, pow2_buckets
 
 JNP_DTYPES = quant.JNP
@@ -52,31 +52,32 @@ class JaxEngine(EnginePrograms):
     def __init__(
         self,
         config: ServerShape,
-        host_params: dict,
-        devices: list[jax.Device],
+        params: dict,
+        ops: model.Ops,
+        mesh: Mesh,
         *,
-        dp: int,
-        tp: int,
         role: str = "both",
         vocab_size: int | None = None,
         eos_id: int = -1,
         kernels: str = "xla",
         kernels_note: str | None = None,
     ) -> None:
+        """`params` placed on `mesh` (data=dp, model=tp) in the layout `ops` reads: the last
+        stage of build.py's pass (plan, then params, then this)."""
         m = config.model
-        sharding.validate(m, tp=tp, dp=dp, n_devices=len(devices))
         self.config, self.model, self.role = config, m, role
         self.slots, self.max_seq_len = config.slots, config.max_seq_len
         # device rows: one spare, never-active row when slots == 1, because XLA drops a size-1
         # slot axis and then copies every cache chunk per step instead of updating in place
         self.rows = max(self.slots, 2)
+        dp = mesh.shape["data"]
         self.replicas = dp  # each data-parallel replica has its own rows and its own pages
         self.page_size, self.pages = config.page_size, config.pages  # pages: per replica
         self.pages_per_seq = config.pages_per_seq  # a page table row's width
         self.vocab_size = vocab_size or m.vocab_size  # sampling never goes beyond
         self.eos_id = eos_id
-        self.devices = list(devices)
-        self.mesh = sharding.make_mesh(self.devices, dp, tp)
+        self.mesh = mesh
+        self.devices = list(mesh.devices.flat)
         self.precision = p = config.precision
         self.dtype = jnp.dtype(JNP_DTYPES[p.compute])  # activations
         self.kv_dtype = jnp.dtype(JNP_DTYPES[p.kv])  # KV-cache storage (int8: with scales)
@@ -85,22 +86,8 @@ class JaxEngine(EnginePrograms):
         self.kernels = kernels
         self.native = kernels == "native"
         self.kernels_note = kernels_note  # why not native (kernels != xla, XLA runs), or a fallback
-        host_params = quant.convert_params(host_params, p.compute, p.weights)  # free if done
+        self.ops, self.params = ops, params
         platform = self.devices[0].platform
-        if self.native:  # fused, packed weights for the native dense kernel
-            self.ops = model.native_ops_for(self.dtype)
-            packed = pack_params(host_params, pairs=pairs_for(p.compute))
-            self.params = jax.device_put(packed, self.mesh.devices.flat[0])
-        else:  # on CPU unsharded, int8 / cast weights are converted a panel at a time
-            panel = platform == "cpu" and tp == 1
-            if kernels == "pallas":  # on CPU the GPU kernel, interpreted (tests)
-                kernel = pallas_attention.kernel_for(platform) or "gpu"
-                self.ops = model.pallas_ops(
-                    self.mesh, kernel, self.dtype, panel, interpret=platform == "cpu"
-                )
-            else:
-                self.ops = model.xla_ops(compute=self.dtype, panel=panel, replicas=dp)
-            self.params = weights.place(host_params, m, self.mesh)
         # a bf16 pool as its bits on CPU (kv_cache: XLA CPU would rewrite the whole pool per page
         # written); Pallas' kernels, interpreted on CPU as well, read bf16
         self.kv_bits = platform == "cpu" and kernels != "pallas"

@@ -6,6 +6,8 @@ Params (see `weights.param_axes`): `embed` [V, D], optional `lm_head` [V, D] (un
 rotate-half convention of HF checkpoints. Three entry points: `forward` (full causal sequence,
 the reference), `prefill` (one prompt chunk, returning its K/V) and `decode` (one token per
 slot row against a paged cache, attending over a static bucket of each row's pages only).
+Each runs the same `layer` body (and the bench's weights floor does too); only the
+attention over the cache differs between them.
 
 The op set is an argument, picked once when the engine is built: `xla_ops(...)` (`XLA` is the
 default, over the layout above, with any weight precision of `quant.py`: plain, cast or int8
@@ -182,6 +184,30 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
     return o.reshape(b, t, n, hd)
 
 
+def layer(p: dict, x: jax.Array, cos, sin, m: ModelSpec, ops: Ops, attend: Callable) -> tuple:
+    """The transformer layer, written once for every path: pre-norm attention with a residual,
+    then a pre-norm SwiGLU MLP with a residual. `p` one layer's params (in `ops`' layout), x
+    [..., D] the activations, cos/sin the RoPE tables of x's positions. Only the attention
+    differs between the paths: `attend(q, k, v)` (q [..., N, H], k/v [..., K, H], RoPE applied)
+    -> (o in the shape `ops.out` takes, what the path keeps of the layer: its K/V, its pool).
+    Returns (x, that)."""
+    q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+    o, kept = attend(q, k, v)
+    x = x + ops.out(p, o, m)
+    x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+    return x, kept
+
+
+def layers(params: dict, x: jax.Array, cos, sin, m: ModelSpec, ops: Ops, attend: Callable):
+    """x through every layer (`layer`); `attend(i, q, k, v)` is layer i's attention. Returns
+    (x, [what each layer's attention kept])."""
+    kept = []
+    for i, p in enumerate(params["layers"]):
+        x, k = layer(p, x, cos, sin, m, ops, partial(attend, i))
+        kept.append(k)
+    return x, kept
+
+
 def forward(params: dict, tokens: jax.Array, m: ModelSpec, ops: Ops | None = None) -> jax.Array:
     """Reference: tokens [B, T] -> logits [B, T, V], causal over the whole sequence."""
     ops = ops or XLA
@@ -189,10 +215,7 @@ def forward(params: dict, tokens: jax.Array, m: ModelSpec, ops: Ops | None = Non
     x = ops.embed(params, tokens, m)  # [B, T, D]
     cos, sin = rope(jnp.arange(t), m.head_dim, m.rope_theta)
     mask = jnp.tril(jnp.ones((t, t), bool))[None]
-    for p in params["layers"]:
-        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
-        x = x + ops.out(p, _attend(q, k, v, mask), m)
-        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+    x, _ = layers(params, x, cos, sin, m, ops, lambda i, q, k, v: (_attend(q, k, v, mask), None))
     return ops.logits(params, x, m)
 
 
@@ -220,9 +243,8 @@ def prefill(
     pos = start + jnp.arange(t)
     x = ops.embed(params, tokens, m)[None]  # [1, T, D]
     cos, sin = rope(pos, m.head_dim, m.rope_theta)
-    kv_out = []
-    for i, p in enumerate(params["layers"]):
-        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
+
+    def attend(i, q, k, v):
         entry = quant.store_kv(k[0], v[0], kv_dtype)  # [T, K, H] (+ scales [T, K])
         if prior is None:
             kpos = pos
@@ -233,11 +255,11 @@ def prefill(
                 for a, b in zip(entry, prior[i], strict=True)
             )
             kpos = jnp.arange(entry[0].shape[0])
-        kv_out.append(entry)
         keys, vals = quant.load_kv(entry, q.dtype)
         mask = (kpos[None, :] <= pos[:, None])[None]  # [1, T, S]
-        x = x + ops.out(p, _attend(q, keys[None], vals[None], mask), m)
-        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+        return _attend(q, keys[None], vals[None], mask), entry
+
+    x, kv_out = layers(params, x, cos, sin, m, ops, attend)
     last = jnp.clip(true_len - 1 - start, 0, t - 1)
     h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
     return ops.logits(params, h, m), kv_out
@@ -330,18 +352,21 @@ def prefill_paged(
     pos = start + jnp.arange(t)
     x = ops.embed(params, tokens, m)[None]  # [1, T, D]
     cos, sin = rope(pos, m.head_dim, m.rope_theta)
-    out = []
-    for layer, seen, p in zip(cache, prior, params["layers"], strict=True):
-        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
-        entry = quant.store_kv(k[0], v[0], kv_cache.value_dtype(layer["k"].dtype))  # [T, K, H]
-        o = _attend_chunk(q[0], quant.load_kv(entry, q.dtype), seen, start)
-        first = jnp.minimum(start // layer["v"].shape[2], pages.shape[0])
+
+    def attend(i, q, k, v):
+        pool = cache[i]
+        entry = quant.store_kv(k[0], v[0], kv_cache.value_dtype(pool["k"].dtype))  # [T, K, H]
+        o = _attend_chunk(q[0], quant.load_kv(entry, q.dtype), prior[i], start)
+        first = jnp.minimum(start // pool["v"].shape[2], pages.shape[0])
         ids = lax.dynamic_slice_in_dim(
-            jnp.append(pages, jnp.full_like(pages, scratch)), first, -(-t // layer["v"].shape[2])
+            jnp.append(pages, jnp.full_like(pages, scratch)), first, -(-t // pool["v"].shape[2])
         )
-        out.append(kv_cache.write_pages(layer, entry, ids, ops.layout))
-        x = x + ops.out(p, o[None], m)
-        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+        written = kv_cache.write_pages(pool, entry, ids, ops.layout)
+        return o[None], written
+
+    if not len(cache) == len(prior) == len(params["layers"]):
+        raise ValueError("prefill_paged: one pool and one prior per layer")
+    x, out = layers(params, x, cos, sin, m, ops, attend)
     last = jnp.clip(true_len - 1 - start, 0, t - 1)
     h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
     return ops.logits(params, h, m), out
@@ -371,13 +396,14 @@ def decode(
     r = n_rows or b
     x = ops.embed(params, tokens[:r], m)  # [R, D]
     cos, sin = rope(positions[:r], m.head_dim, m.rope_theta)
-    out = []
-    for layer, p in zip(cache, params["layers"], strict=True):
-        q, k, v = ops.qkv(p, rms_norm(x, p["attn_norm"], m.norm_eps), cos, sin, m)
-        o, layer = ops.decode_attention(q, k, v, positions, pages, layer)
-        out.append(layer)
-        x = x + ops.out(p, o[:r], m)
-        x = x + ops.mlp(p, rms_norm(x, p["mlp_norm"], m.norm_eps), m)
+
+    def attend(i, q, k, v):
+        o, pool = ops.decode_attention(q, k, v, positions, pages, cache[i])
+        return o[:r], pool
+
+    if len(cache) != len(params["layers"]):
+        raise ValueError("decode: one pool per layer")
+    x, out = layers(params, x, cos, sin, m, ops, attend)
     return ops.logits(params, x, m), out
 
 
