@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+from scaletui.xla_env import set_host_devices
+
+set_host_devices(8)  # XLA's environment is set in one place (scaletui.xla_env)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # One cache for the whole run, never the user's: the native kernels compile once, and every
