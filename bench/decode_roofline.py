@@ -43,8 +43,8 @@ from _smoke import shrink
 from jax import lax
 
 from scaletui import roofline
-from scaletui.dtypes import DTYPES, STORAGE_DTYPES
-from scaletui.roofline.costmodel import DTYPE_BYTES, kv_token_bytes
+from scaletui.dtypes import DTYPE_BYTES, DTYPES, STORAGE_DTYPES
+from scaletui.roofline.costinputs import kv_token_bytes
 from scaletui.serve.engine import model as llama
 from scaletui.serve.engine.build import build_engines
 from scaletui.serve.engine.engine_api import SamplingParams

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scaletui.serve.engine import kv_cache, model
+from scaletui.serve.engine import kv_cache, model, slot_state
 from scaletui.serve.weights import weights
 from scaletui.specs import load_model
 
@@ -29,7 +29,7 @@ def test_prefill_then_decode_logits_equal_full_forward(tiny):
     # two slots: slot 1 holds the prompt in pages 5, 2 (then 7, 3), in that order; slot 0 stays
     # empty, its table all scratch page 0; pages of 8 positions
     state = kv_cache.empty_state(m, 2, 8, 8, jnp.float32)
-    ints, floats = kv_cache.pack_insert_args(1, n_prompt, 0, True, _Params())
+    ints, floats = slot_state.pack_insert_args(1, n_prompt, 0, True, _Params())
     state = kv_cache.insert(state, kv, jnp.asarray(ints), jnp.asarray(floats), jnp.asarray([5, 2]))
     cache = state.cache
     table = jnp.asarray([[0, 0, 0, 0], [5, 2, 7, 3]], jnp.int32)

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from scaletui.commands.serve import main
 from scaletui.dtypes import Precision
-from scaletui.serve.engine import kv_cache, memory, model, native
+from scaletui.serve.engine import kv_cache, memory, model, native, slot_state
 from scaletui.serve.engine.build import JaxEngineFactory, build_engines
 from scaletui.serve.engine.engine_api import SamplingParams
 from scaletui.serve.http.api import ApiSettings, create_app
@@ -256,7 +256,7 @@ def last_logits(
         padded = np.zeros(bucket, np.int32)
         padded[: len(prompt) - 1] = prompt[:-1]
         entry = prefill(q, padded, jnp.int32(len(prompt) - 1))
-        ints, floats = kv_cache.pack_insert_args(slot, len(prompt) - 1, 0, True, SamplingParams())
+        ints, floats = slot_state.pack_insert_args(slot, len(prompt) - 1, 0, True, SamplingParams())
         state = insert(state, entry, ints, floats, jnp.asarray(table[slot], jnp.int32))
     pages = jnp.asarray(table, jnp.int32)
     decode = jax.jit(lambda w, c, t, pos: model.decode(w, c, t, pos, pages, m, ops=ops)[0])

@@ -38,20 +38,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from scaletui.dtypes import DTYPE_BYTES, STORAGE_DTYPES
-from scaletui.dtypes import DTYPES as COMPUTE_DTYPES
-from scaletui.roofline.costinputs import cost_inputs, describe_precision, kv_token_bytes, share_host
+from scaletui.dtypes import DTYPES, STORAGE_DTYPES
+from scaletui.roofline.costinputs import cost_inputs, describe_precision, share_host
 from scaletui.roofline.knots import along, decode_at
 from scaletui.specs import HardwareSpec, ModelSpec
 
-__all__ = [
-    "COMPUTE_DTYPES",
-    "DTYPE_BYTES",
-    "CostModel",
-    "describe_precision",
-    "kv_token_bytes",
-    "share_host",
-]
+__all__ = ["CostModel"]
 
 
 @dataclass(frozen=True)
@@ -92,8 +84,8 @@ class CostModel:
     info: dict = field(default_factory=dict, compare=False)  # fit quality, date, host, notes
 
     def __post_init__(self) -> None:
-        if self.dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"dtype should be one of {COMPUTE_DTYPES}, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype should be one of {DTYPES}, got {self.dtype!r}")
         object.__setattr__(self, "weight_dtype", self.weight_dtype or self.dtype)
         object.__setattr__(self, "kv_dtype", self.kv_dtype or self.dtype)
         for name in ("weight_dtype", "kv_dtype"):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from scaletui.serve.engine import kv_cache, model
+from scaletui.serve.engine import kv_cache, model, slot_state
 from scaletui.serve.engine.engine_api import (
     EngineInfo,
     Prefix,
@@ -37,8 +37,8 @@ from scaletui.serve.engine.engine_api import (
     StepOutput,
     check_request,
 )
-from scaletui.serve.engine.kv_cache import SlotState
 from scaletui.serve.engine.programs import EnginePrograms
+from scaletui.serve.engine.slot_state import SlotState
 from scaletui.serve.engine.steps import PrefillArgs, StepConsts
 from scaletui.serve.weights import quant, sharding
 from scaletui.shape import ServerShape, pow2_buckets
@@ -266,7 +266,7 @@ class JaxEngine(EnginePrograms):
         # global page ids in the slot's replica; the bucket's padding past the prefix's pages
         # goes to the replica's scratch page
         active = not prefix.done
-        ints, floats = kv_cache.pack_insert_args(
+        ints, floats = slot_state.pack_insert_args(
             slot, prefix.length, prefix.first_token, active, prefix.params
         )
         ints, floats = self._put(ints), self._put(floats)

@@ -31,12 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
 
-from scaletui.serve.engine.slot_state import FLOAT_FIELDS as FLOAT_FIELDS
-from scaletui.serve.engine.slot_state import INT_FIELDS as INT_FIELDS
 from scaletui.serve.engine.slot_state import SLOT_FIELDS, DecodeState, activate
-from scaletui.serve.engine.slot_state import SlotState as SlotState
-from scaletui.serve.engine.slot_state import pack_insert_args as pack_insert_args
-from scaletui.serve.engine.slot_state import release as release
 from scaletui.serve.weights import sharding
 from scaletui.specs import ModelSpec
 

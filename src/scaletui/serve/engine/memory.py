@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from scaletui.dtypes import DTYPE_BYTES, SCALE_BYTES, Precision
-from scaletui.roofline import costmodel
+from scaletui.roofline import costinputs
 from scaletui.roofline.costs import param_count, params_by_part
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import ModelSpec
@@ -72,7 +72,7 @@ def weight_bytes(m: ModelSpec, p: Precision) -> int:
 def kv_token_bytes(m: ModelSpec, kv: str) -> int:
     """K and V bytes per token in every layer (int8: with a scale per KV head), as the roofline
     counts them."""
-    return int(costmodel.kv_token_bytes(m, kv))
+    return int(costinputs.kv_token_bytes(m, kv))
 
 
 def footprint(config: ServerShape) -> Footprint:

@@ -166,7 +166,7 @@ class Ops(NamedTuple):
     mlp: Callable  # (layer, h [..., D], m) -> [..., D]
     logits: Callable  # (params, x [..., D], m) -> f32 [..., V]
     # (q [R, N, H], k/v [R, K, H], positions [B], page table [B, W], one layer's pool
-    # (kv_cache.DecodeState)) -> (o [R, N, H], the pool with the step's K/V at each row's
+    # (slot_state.DecodeState)) -> (o [R, N, H], the pool with the step's K/V at each row's
     # position)
     decode_attention: Callable
     layout: str = kv_cache.PAGE_MAJOR  # the pool layout decode_attention reads (kv_cache.LAYOUTS)
