@@ -69,7 +69,7 @@ def default_compute_dtype(
     weight_dtype: str | None = None,
     kv_dtype: str | None = None,
 ) -> str:
-    """`shape.default_compute_dtype` on JAX's default backend, with the native kernels asked
+    """`dtypes.default_compute_dtype` on JAX's default backend, with the native kernels asked
     (they build on first use) whether they multiply bf16 pairs."""
     pairs = lambda: native.available() and native.bf16_dot_products()  # noqa: E731
     return dtype_rule(jax.default_backend(), pairs, kernels, tp, dp, weight_dtype, kv_dtype)
