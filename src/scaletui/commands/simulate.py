@@ -21,7 +21,7 @@ import orjson
 from scaletui.dtypes import cpu_bf16_pairs, default_compute_dtype
 from scaletui.loadgen import flags as loadgen_flags
 from scaletui.loadgen.output import table
-from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Workload, schedule
+from scaletui.loadgen.workload import PROMPT_FORMATS, Workload, schedule
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.fitstore import load_fit, stored_fits_for
 from scaletui.roofline.simrecords import (
@@ -78,22 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("workload (loadgen's flags)")
     g.add_argument("--qps", type=float, help="offered request rate (req/s)")
-    g.add_argument("--arrival", choices=ARRIVALS, default="poisson")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape k (CV=1/sqrt k)")
-    g.add_argument("--concurrency", type=int, help="max requests in flight (alone: closed loop)")
-    g.add_argument("--num-requests", type=int, help="requests to send (default 200)")
-    g.add_argument("--duration", type=float, help="seconds to send for")
-    g.add_argument("--input-len", type=int, default=128)
-    g.add_argument("--input-dist", choices=DISTS, default="fixed")
-    g.add_argument("--input-spread", type=float, default=0.0)
-    g.add_argument("--output-len", type=int, help="max_tokens (default 128; overrides dataset)")
-    g.add_argument("--output-dist", choices=DISTS, default="fixed")
-    g.add_argument("--output-spread", type=float, default=0.0)
-    g.add_argument("--dataset", help="ShareGPT-format JSON file (first turn of each)")
-    g.add_argument("--chars-per-token", type=float, default=4.0)
-    g.add_argument("--prefix-len", type=int, default=0)
-    g.add_argument("--prefix-groups", type=int, default=1)
-    g.add_argument("--seed", type=int, default=0)
+    loadgen_flags.add_arrival_flags(g)
+    loadgen_flags.add_request_flags(g)
     g.add_argument(
         "--prompt-format",
         choices=PROMPT_FORMATS,

@@ -33,6 +33,30 @@ def _rates(text: str) -> list[float]:
         ) from None
 
 
+def add_arrival_flags(g: argparse._ArgumentGroup) -> None:
+    """When requests are sent (after --qps): loadgen's and `scaletui simulate`'s alike."""
+    g.add_argument("--arrival", choices=ARRIVALS, default="poisson")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape k (CV=1/sqrt k)")
+    g.add_argument("--concurrency", type=int, help="max requests in flight (alone: closed loop)")
+    g.add_argument("--num-requests", type=int, help="requests to send (default 200)")
+    g.add_argument("--duration", type=float, help="seconds to send for")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def add_request_flags(g: argparse._ArgumentGroup) -> None:
+    """What each request asks: prompt and output lengths, dataset, shared prefixes."""
+    g.add_argument("--input-len", type=int, default=128)
+    g.add_argument("--input-dist", choices=DISTS, default="fixed")
+    g.add_argument("--input-spread", type=float, default=0.0)
+    g.add_argument("--output-len", type=int, help="max_tokens (default 128; overrides dataset)")
+    g.add_argument("--output-dist", choices=DISTS, default="fixed")
+    g.add_argument("--output-spread", type=float, default=0.0)
+    g.add_argument("--dataset", help="ShareGPT-format JSON file (first turn of each)")
+    g.add_argument("--chars-per-token", type=float, default=4.0, help="dataset length estimate")
+    g.add_argument("--prefix-len", type=int, default=0, help="shared-prefix tokens")
+    g.add_argument("--prefix-groups", type=int, default=1, help="distinct shared prefixes")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loadgen", description=DESCRIPTION)
     a = p.add_argument
@@ -41,26 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--model", help="model name (default: the first id of GET /v1/models)")
     g = p.add_argument_group("arrivals")
     g.add_argument("--qps", type=_rate, help="offered request rate (req/s; 'inf' = all at once)")
-    g.add_argument("--arrival", choices=ARRIVALS, default="poisson")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape k (CV=1/sqrt k)")
-    g.add_argument("--concurrency", type=int, help="max requests in flight (alone: closed loop)")
-    g.add_argument("--num-requests", type=int, help="requests to send (default 200)")
-    g.add_argument("--duration", type=float, help="seconds to send for")
+    add_arrival_flags(g)
     g.add_argument("--warmup", type=int, default=0, help="warm-up requests, excluded")
     g.add_argument("--cancel-rate", type=float, default=0.0, help="fraction aborted mid-stream")
-    g.add_argument("--seed", type=int, default=0)
     g.add_argument("--sweep", type=_rates, help="rates 1,2,4,8: one stage each, then a table")
     w = p.add_argument_group("requests")
-    w.add_argument("--input-len", type=int, default=128)
-    w.add_argument("--input-dist", choices=DISTS, default="fixed")
-    w.add_argument("--input-spread", type=float, default=0.0)
-    w.add_argument("--output-len", type=int, help="max_tokens (default 128; overrides dataset)")
-    w.add_argument("--output-dist", choices=DISTS, default="fixed")
-    w.add_argument("--output-spread", type=float, default=0.0)
-    w.add_argument("--dataset", help="ShareGPT-format JSON file (first turn of each)")
-    w.add_argument("--chars-per-token", type=float, default=4.0, help="dataset length estimate")
-    w.add_argument("--prefix-len", type=int, default=0, help="shared-prefix tokens")
-    w.add_argument("--prefix-groups", type=int, default=1, help="distinct shared prefixes")
+    add_request_flags(w)
     w.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text")
     w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
     w.add_argument("--timeout", type=float, default=300.0, help="per-request limit (s)")
