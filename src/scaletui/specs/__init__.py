@@ -17,6 +17,7 @@ import yaml
 __all__ = [
     "HardwareSpec",
     "ModelSpec",
+    "RopeScaling",
     "SpecError",
     "hardware_names",
     "load_hardware",
@@ -29,6 +30,19 @@ __all__ = [
 
 class SpecError(ValueError):
     """A spec file is missing, unreadable or has a bad key."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """LLaMA-3.1's RoPE frequency scaling (`rope_scaling` of type `llama3` in an HF config):
+    wavelengths longer than original_max_position_embeddings / low_freq_factor are divided by
+    `factor`, shorter than ... / high_freq_factor are kept, and those between are blended."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    rope_type: str = "llama3"
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,8 @@ class ModelSpec:
     max_seq_len: int
     n_experts: int = 0  # 0: dense
     experts_per_token: int = 0
+    qkv_bias: bool = False  # Qwen2-style biases on the q, k and v projections
+    rope_scaling: RopeScaling | None = None  # None: plain RoPE at rope_theta
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -96,7 +112,18 @@ _MODEL_TYPES = {
     "norm_eps": float,
     "max_seq_len": int,
 }
-_MODEL_OPTIONAL = {"n_experts": int, "experts_per_token": int}
+_MODEL_OPTIONAL = {
+    "n_experts": int,
+    "experts_per_token": int,
+    "qkv_bias": bool,
+    "rope_scaling": dict,
+}
+_ROPE_SCALING_TYPES = {
+    "factor": float,
+    "low_freq_factor": float,
+    "high_freq_factor": float,
+    "original_max_position_embeddings": int,
+}
 _HARDWARE_TYPES = {
     "name": str,
     "kind": str,
@@ -209,10 +236,24 @@ def _positive(path: Path, values: dict, keys: list[str]) -> None:
             raise SpecError(f"{path}: key {key!r} should be > 0, got {values[key]!r}")
 
 
+def rope_scaling_from(path: Path | str, data: dict) -> RopeScaling:
+    """A RopeScaling from its mapping (`rope_type` or `type` must be `llama3`)."""
+    kind = data.get("rope_type", data.get("type"))
+    if kind != "llama3":
+        raise SpecError(
+            f"{path}: key 'rope_scaling.rope_type' {kind!r} is not supported (supported: 'llama3')"
+        )
+    values, _ = _fields(Path(path), data, _ROPE_SCALING_TYPES, {})
+    _positive(Path(path), values, list(_ROPE_SCALING_TYPES))
+    return RopeScaling(**values)
+
+
 def load_model(ref: str | os.PathLike) -> ModelSpec:
     """Load a model spec by name (`specs/models/NAME.yaml`) or by path."""
     path = _resolve(ref, "model")
     values, extra = _fields(path, _read(path), _MODEL_TYPES, _MODEL_OPTIONAL)
+    if "rope_scaling" in values:
+        values["rope_scaling"] = rope_scaling_from(path, values["rope_scaling"])
     _positive(path, values, [k for k, t in _MODEL_TYPES.items() if t in (int, float)])
     if values["n_heads"] % values["n_kv_heads"]:
         raise SpecError(
@@ -247,4 +288,6 @@ def load_hardware(ref: str | os.PathLike) -> HardwareSpec:
 def as_dict(spec: ModelSpec | HardwareSpec) -> dict:
     """The spec as plain YAML-able data (the `extra` keys folded back in)."""
     data = {k: v for k, v in vars(spec).items() if k != "extra"}
+    if isinstance(data.get("rope_scaling"), RopeScaling):
+        data["rope_scaling"] = vars(data["rope_scaling"]).copy()
     return {**data, **spec.extra}

@@ -96,12 +96,14 @@ def _kind(name: str) -> str:
 def model_spec_from(data: dict) -> specs.ModelSpec:
     """A ModelSpec from the /stats "model" object (unknown keys ignored)."""
     names = {f.name for f in dataclasses.fields(specs.ModelSpec)} - {"extra"}
-    missing = sorted(
-        n for n in names if n not in data and n not in ("n_experts", "experts_per_token")
-    )
+    optional = ("n_experts", "experts_per_token", "qkv_bias", "rope_scaling")
+    missing = sorted(n for n in names if n not in data and n not in optional)
     if missing:
         raise ValueError(f"/stats model is missing {missing}")
-    return specs.ModelSpec(**{k: v for k, v in data.items() if k in names})
+    values = {k: v for k, v in data.items() if k in names}
+    if isinstance(values.get("rope_scaling"), dict):
+        values["rope_scaling"] = specs.rope_scaling_from("/stats model", values["rope_scaling"])
+    return specs.ModelSpec(**values)
 
 
 def host_devices(knobs: Knobs) -> int:
