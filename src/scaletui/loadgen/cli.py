@@ -21,10 +21,12 @@ import aiohttp
 from scaletui.loadgen import output
 from scaletui.loadgen.client import get_json
 from scaletui.loadgen.embedded import EmbeddedServer
-from scaletui.loadgen.flags import build_parser, workload_from
+from scaletui.loadgen.flags import build_parser, preflight, workload_from
+from scaletui.loadgen.replay import trace_size
 from scaletui.loadgen.report import summarize
 from scaletui.loadgen.run_config import RunConfig, make_session
 from scaletui.loadgen.runner import Runner
+from scaletui.loadgen.tokens import SERVER, load_counter
 
 EXIT_OK, EXIT_NONE_COMPLETED, EXIT_USAGE, EXIT_FAILURES, EXIT_SERVER_GONE = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
@@ -102,7 +104,12 @@ async def run(args: argparse.Namespace, url: str) -> int:
                 raise UserError(f"cannot reach {url}: {exc}") from None
             except TimeoutError:  # an OSError: it would print as a bare "loadgen: error:"
                 raise UserError(f"cannot reach {url}: no answer from /v1/models") from None
+            if workload.tokenizer == SERVER:  # the URL is known now; loaded before any request
+                workload = replace(workload, tokenizer=url)
+                load_counter(url)
             num = args.num_requests if args.num_requests or args.duration else 200
+            if args.trace and not (args.num_requests or args.duration):
+                num = trace_size(args.trace)  # the whole trace
             cfg = RunConfig(
                 url=url,
                 model=model,
@@ -167,6 +174,7 @@ async def run(args: argparse.Namespace, url: str) -> int:
                     partial=result.partial,
                     partial_reason=result.stop_reason,
                     partial_message=result.stop_message,
+                    tokenizer=wl.tokenizer,
                 )
                 summaries.append(summary)
                 sink.write({"type": "summary", "stage": stage, **summary})
@@ -242,11 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.qps is None and args.concurrency is None and not args.sweep:
-            raise UserError("give --qps RATE and/or --concurrency N (or --sweep RATES)")
+        if args.qps is None and args.concurrency is None and not (args.sweep or args.trace):
+            raise UserError("give --qps RATE and/or --concurrency N (or --sweep RATES, --trace)")
+        if args.trace and args.sweep:
+            raise UserError("--trace sends at its own times: scale them with --trace-speedup")
         if args.prompt_format == "ids" and args.api == "chat":
             raise UserError("--prompt-format ids needs --api completions (chat takes text)")
-        workload_from(args)  # validate before starting anything
+        preflight(workload_from(args))  # validate (and load files) before starting anything
         RunConfig(
             url="-",
             model="-",

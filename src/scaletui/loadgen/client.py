@@ -62,6 +62,9 @@ class RequestRecord:
     output_tokens: int = 0  # final usage.completion_tokens, else sum of n_k
     tokens_from_usage: bool = False
     warmup: bool = False
+    session: int | None = None  # a conversation's index (its first turn's request index)
+    turn: int | None = None  # the turn within it, 0 first
+    reply: list[str] | None = field(default=None, repr=False)  # streamed text, when kept
     # raw stream, parsed incrementally; emptied once the request ends
     raw_times: list[float] = field(default_factory=list, repr=False)
     raw_lines: list[bytes] = field(default_factory=list, repr=False)
@@ -96,6 +99,8 @@ class RequestRecord:
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "tokens_from_usage": self.tokens_from_usage,
+            "session": self.session,
+            "turn": self.turn,
             "chunk_times": self.chunk_times,
             "chunk_tokens": self.chunk_tokens,
         }
@@ -129,12 +134,14 @@ def parse_pending(rec: RequestRecord) -> list[tuple[float, int]]:
             rec.usage_total = int(usage["completion_tokens"])
         if not choices:  # usage-only chunk: totals, no tokens
             continue
+        c = choices[0]
+        text = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+        if rec.reply is not None and text:
+            rec.reply.append(text)
         if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
             n = rec.usage_total - rec.usage_completion
             rec.usage_completion = rec.usage_total
         else:
-            c = choices[0]
-            text = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
             n = 1 if text else 0
         if n > 0:
             t = rec.raw_times[i]
@@ -164,8 +171,14 @@ def finish(rec: RequestRecord) -> list[tuple[float, int]]:
 
 
 def request_body(
-    spec_prompt: str | list[int], max_tokens: int, *, model: str, api: str, ignore_eos: bool
+    spec_prompt: str | list[int] | list[dict],
+    max_tokens: int,
+    *,
+    model: str,
+    api: str,
+    ignore_eos: bool,
 ) -> bytes:
+    """A streaming request; on chat a list of {role, content} dicts is the whole history."""
     body: dict = {
         "model": model,
         "max_tokens": max_tokens,
@@ -176,11 +189,26 @@ def request_body(
     if ignore_eos:
         body["ignore_eos"] = True
         body["min_tokens"] = max_tokens
-    if api == "chat":
+    if (
+        api == "chat"
+        and isinstance(spec_prompt, list)
+        and spec_prompt
+        and isinstance(spec_prompt[0], dict)
+    ):
+        body["messages"] = spec_prompt
+    elif api == "chat":
         body["messages"] = [{"role": "user", "content": spec_prompt}]
     else:
         body["prompt"] = spec_prompt
     return orjson.dumps(body)
+
+
+def history(said: list[str], api: str) -> str | list[dict]:
+    """A conversation so far (user, assistant, user, ... texts) as the prompt of its next turn:
+    the message list on chat, the texts joined on completions."""
+    if api != "chat":
+        return "".join(said)
+    return [{"role": ("user", "assistant")[j % 2], "content": t} for j, t in enumerate(said)]
 
 
 _HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from scaletui.loadgen.replay import load_trace
 from scaletui.loadgen.report import Slo
-from scaletui.loadgen.workload import ARRIVALS, DISTS, PROMPT_FORMATS, Lengths, Workload
+from scaletui.loadgen.tokens import SERVER
+from scaletui.loadgen.workload import (
+    ARRIVALS,
+    DISTS,
+    PROMPT_FORMATS,
+    Lengths,
+    Workload,
+    iter_requests,
+)
 
 DESCRIPTION = "`loadgen`: offer a workload to an OpenAI-compatible server and report what it got."
 
@@ -21,6 +30,18 @@ def _fraction(text: str) -> float:
     value = float(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"a fraction must be in [0, 1], got {text!r}")
+    return value
+
+
+def _turns(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--turns wants a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"--turns must be >= 1 (user turns per conversation), got {text!r}"
+        )
     return value
 
 
@@ -72,6 +93,26 @@ def build_parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("requests")
     add_request_flags(w)
     w.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="text")
+    w.add_argument(
+        "--tokenizer",
+        help="tokenizer.json or an HF model dir: prompts of exactly their length; 'server': "
+        "count with the server's /tokenize",
+    )
+    w.add_argument(
+        "--dataset-fit",
+        action="store_true",
+        help="with --dataset and --tokenizer: cut or pad prompts to --input-len/--input-dist",
+    )
+    c = p.add_argument_group("conversations and traces")
+    c.add_argument("--turns", type=_turns, help="user turns per conversation (mean)")
+    c.add_argument("--turns-dist", choices=DISTS, default="fixed")
+    c.add_argument("--turns-spread", type=float, default=0.0)
+    c.add_argument(
+        "--think-time", type=float, default=0.0, help="s from a reply's end to the next turn"
+    )
+    c.add_argument("--trace", help="replay a Mooncake JSONL, BurstGPT CSV or plain JSONL trace")
+    c.add_argument("--trace-speedup", type=_rate, default=1.0, help="trace time / this")
+    c.add_argument("--trace-block-size", type=int, default=512, help="tokens per hash_id")
     w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
     w.add_argument("--timeout", type=float, default=300.0, help="per-request limit (s)")
     w.add_argument("--read-timeout", type=float, default=60.0, help="max stream silence (s)")
@@ -129,4 +170,22 @@ def workload_from(args: argparse.Namespace) -> Workload:
         concurrency=args.concurrency,
         cancel_rate=args.cancel_rate,
         seed=args.seed,
+        tokenizer=getattr(args, "tokenizer", None),
+        dataset_fit=getattr(args, "dataset_fit", False),
+        turns=Lengths(args.turns, args.turns_dist, args.turns_spread)
+        if getattr(args, "turns", None)
+        else None,
+        think_time=getattr(args, "think_time", 0.0),
+        trace=getattr(args, "trace", None),
+        trace_speedup=getattr(args, "trace_speedup", 1.0),
+        trace_block=getattr(args, "trace_block_size", 512),
     )
+
+
+def preflight(workload: Workload) -> None:
+    """Load what the workload names (a tokenizer, a trace) so that a bad one is an error before
+    any request; a server tokenizer ('server') is loaded once its URL is known."""
+    if workload.trace:
+        load_trace(workload.trace)
+    if workload.tokenizer != SERVER:
+        next(iter_requests(workload))  # the first prompt: a tokenizer that cannot make one

@@ -126,6 +126,16 @@ def table(s: dict) -> str:
                 f"{stat.capitalize() if stat != 'p99' else 'P99'} {stem.upper()} (ms):",
                 f"{stat}_{stem}_ms",
             )
+    lines += _per_turn(s.get("per_turn"))
+    lengths = s.get("prompt_lengths") or {}
+    if lengths.get("exact"):
+        lines.append(f"{'Prompt lengths:':<44}{'exact':>16}")
+        lines.append(
+            f"  tokenizer {lengths['tokenizer']}; server count off by >1%: "
+            f"{lengths['mismatched']} of {lengths['checked']}"
+        )
+    elif lengths.get("note"):
+        lines.append(f"{'Prompt lengths:':<44}{'estimated':>16}")
     kinds = s.get("failures_by_kind") or {}
     if kinds:
         lines.append(f"{'Failures by kind':-^60}")
@@ -135,6 +145,24 @@ def table(s: dict) -> str:
     lines.append("=" * 60)
     lines += [f"warning: {w}" for w in s.get("warnings", [])]
     return "\n".join(lines)
+
+
+def _per_turn(rows: list[dict] | None) -> list[str]:
+    """TTFT, TPOT and prompt tokens by conversation turn (ms)."""
+    if not rows:
+        return []
+    out = [f"{'Conversations: by turn':-^60}"]
+    out.append(
+        f"{'turn':>4} {'sent':>6} {'ok':>6} {'prompt tok':>11} {'ttft p50':>9} "
+        f"{'ttft p99':>9} {'tpot p50':>9}"
+    )
+    for r in rows:
+        out.append(
+            f"{r['turn']:>4} {r['sent']:>6} {r['completed']:>6} "
+            f"{_fmt(r['mean_prompt_tokens'], 0):>11} {_fmt(r['median_ttft_ms'], 1):>9} "
+            f"{_fmt(r['p99_ttft_ms'], 1):>9} {_fmt(r['median_tpot_ms'], 2):>9}"
+        )
+    return out
 
 
 SWEEP_COLS = (

@@ -21,6 +21,7 @@ from scaletui.latency import (
     sustained_rate,
     tpot_s,
 )
+from scaletui.loadgen.breakdown import per_turn, prompt_lengths
 from scaletui.loadgen.client import FAILED, OUTCOMES, RequestRecord
 
 # metric -> JSON stem; every one gets mean_/median_/std_/min_/max_/pNN_<stem>_ms keys
@@ -191,12 +192,14 @@ def summarize(
     partial: bool = False,
     partial_reason: str | None = None,
     partial_message: str | None = None,
+    tokenizer: str | None = None,
 ) -> dict:
     """The run summary (a JSON-ready dict). Warm-up records are ignored.
 
     D = t_end - t_start: t_start when dispatch began (default: the first t_sched), t_end when
     the last request ended (any outcome). partial_reason says why a partial run stopped
-    ("interrupted", "server_gone"), partial_message in words.
+    ("interrupted", "server_gone"), partial_message in words. `tokenizer` (the one that made
+    the prompts, None: estimated lengths) goes into the prompt-length check.
     """
     records = [r for r in records if not r.warmup]
     sent = [r for r in records if not math.isnan(r.t_send)]
@@ -279,6 +282,9 @@ def summarize(
     summary["saturated"] = summary["saturation"] is not None
     for name in LATENCIES:
         summary.update(stats_ms(name, vars(lat)[name]))
+    api = (config or {}).get("run", {}).get("api", "completions")
+    summary["prompt_lengths"] = prompt_lengths(records, tokenizer, api)
+    summary["per_turn"] = per_turn(records)
     summary["warnings"] = _warnings(summary)
     summary["metric_definitions"] = METRIC_DEFINITIONS
     summary["config"] = config or {}
@@ -332,6 +338,8 @@ def _warnings(s: dict) -> list[str]:
             f"{s['tokens_from_chunks']} request(s) had no usage in the stream: tokens counted "
             "as one per chunk (server lacks stream_options.include_usage)"
         )
+    if s["prompt_lengths"]["warning"]:
+        out.append(s["prompt_lengths"]["warning"])
     if s["partial"]:
         why = f" ({s['partial_message']})" if s["partial_message"] else ""
         out.append(f"partial run: stopped before the workload was done{why}")

@@ -11,6 +11,9 @@
    once, as stop() does, with stop_reason "server_gone". A closed-loop worker whose request
    failed holds its permit for a backoff that doubles per failure in a row (BACKOFF_S..
    BACKOFF_MAX_S), so failing fast never turns into thousands of requests a second.
+6. A conversation (RequestSpec.later) is one task holding one permit: each later turn is sent
+   think_s after the previous reply's last token (its t_sched), with the whole history; a turn
+   that fails ends its conversation. The open loop's offsets and the cap count conversations.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from scaletui.loadgen import client
 from scaletui.loadgen.client import FAILED, RequestRecord
 from scaletui.loadgen.health import Liveness
 from scaletui.loadgen.report import Latencies, latencies, quantiles_ms
+from scaletui.loadgen.request_spec import RequestSpec
 from scaletui.loadgen.run_config import RunConfig, RunResult
-from scaletui.loadgen.workload import RequestSpec, Workload, iter_requests
+from scaletui.loadgen.tokens import load_counter
+from scaletui.loadgen.workload import Workload, iter_requests
 
 YIELD_EVERY = 128  # window work yields to the loop every this many requests
 SPIN_S = 0.001  # the last ms before a send time is spent yielding, not in a timer
@@ -67,6 +72,7 @@ class Runner:
         )
         self._in_flight: set[RequestRecord] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._end = math.inf  # no sends at or after this (duration)
         self._finished: list[RequestRecord] = []  # since the last window
         self._tokens: list[tuple[float, int]] = []  # token arrivals not yet windowed
         self._totals = {"sent": 0, "completed": 0, "failed": 0, "rejected": 0}
@@ -112,8 +118,11 @@ class Runner:
         specs = iter_requests(w)
         if cfg.num_requests is not None:
             specs = islice(specs, cfg.num_requests)
+            if w.tokenizer:  # exact prompts cost encodes (or HTTP calls): made before t0
+                specs = iter(list(specs))
         sem = asyncio.Semaphore(w.concurrency) if w.concurrency else None
         t0 = perf_counter() + 0.005
+        self._end = t0 + cfg.duration if cfg.duration is not None else math.inf
         ticker = asyncio.create_task(self._windows(t0)) if self.on_window else None
         self._dispatcher = asyncio.create_task(self._dispatch(session, specs, sem, t0))
         try:
@@ -160,13 +169,22 @@ class Runner:
                 if t_sched >= end:
                     sem.release()
                     return
-            rec = RequestRecord(spec.index, t_sched, spec.input_len, spec.max_tokens)
-            self.records.append(rec)
-            self._in_flight.add(rec)
-            self._totals["sent"] += 1
-            self._window_sent += 1
-            task = asyncio.create_task(self._one(session, body, rec, spec, sem))
+            rec = self._record(spec.index, t_sched, spec.input_len, spec.max_tokens)
+            if spec.conversation:
+                rec.session, rec.turn = spec.index, 0
+                task = asyncio.create_task(self._conversation(session, body, rec, spec, sem))
+            else:
+                task = asyncio.create_task(self._one(session, body, rec, spec, sem))
             self._tasks.add(task)
+
+    def _record(self, index: int, t_sched: float, input_len: int, max_tokens: int):
+        """The record of a request about to be sent, counted as sent and in flight."""
+        rec = RequestRecord(index, t_sched, input_len, max_tokens)
+        self.records.append(rec)
+        self._in_flight.add(rec)
+        self._totals["sent"] += 1
+        self._window_sent += 1
+        return rec
 
     async def _sleep_until(self, t: float) -> bool:
         """Sleep to the absolute time t; False if stopped meanwhile."""
@@ -178,6 +196,48 @@ class Runner:
         return False
 
     async def _one(self, session, body: bytes, rec: RequestRecord, spec: RequestSpec, sem):
+        try:
+            await self._request(session, body, rec, spec.cancel_after)
+        finally:
+            if sem is not None:
+                self._release(sem, rec)
+            self._tasks.discard(asyncio.current_task())
+
+    async def _conversation(self, session, body: bytes, rec: RequestRecord, spec, sem):
+        cfg, w = self.cfg, self.workload
+        counter = load_counter(w.tokenizer) if w.tokenizer else None
+        said: list[str] = [spec.prompt]  # user, assistant, user, ... texts so far
+        try:
+            rec.reply = []
+            await self._request(session, body, rec, spec.cancel_after)
+            for k, turn in enumerate(spec.later, start=1):
+                if rec.outcome != "ok" or self._stopped:
+                    return
+                said += ["".join(rec.reply or ()), turn.text]
+                rec.reply = None
+                prompt = client.history(said, cfg.api)
+                if counter is not None:  # a server's /tokenize blocks: off the loop
+                    n = await asyncio.to_thread(counter.count, "".join(said))
+                else:  # an estimate: the turns asked for plus the tokens received
+                    n = rec.input_len + rec.output_tokens + turn.input_len
+                body = client.request_body(
+                    prompt, turn.max_tokens, model=cfg.model, api=cfg.api, ignore_eos=cfg.ignore_eos
+                )
+                last = rec.t_last if rec.chunk_times else rec.t_done
+                t_sched = last + turn.think_s
+                if t_sched >= self._end or not await self._sleep_until(t_sched):
+                    return
+                rec = self._record(spec.index, t_sched, n, turn.max_tokens)
+                rec.session, rec.turn, rec.reply = spec.index, k, []
+                await self._request(session, body, rec, None)
+        finally:
+            rec.reply = None
+            if sem is not None:
+                self._release(sem, rec)
+            self._tasks.discard(asyncio.current_task())
+
+    async def _request(self, session, body: bytes, rec: RequestRecord, cancel_after) -> None:
+        """Send one request, then count it (windows, totals, liveness); never raises."""
         if self.on_window is not None:  # ~ t_send: send() stamps it without awaiting first
             self._window_delays.append(perf_counter() - rec.t_sched)
         try:
@@ -187,20 +247,17 @@ class Runner:
                 body,
                 rec,
                 timeout=self._timeout,
-                cancel_after=spec.cancel_after,
+                cancel_after=cancel_after,
             )
         except asyncio.CancelledError:
             rec.outcome, rec.error = "cancelled", "run stopped"
             rec.t_done = perf_counter()
         finally:
             new_tokens = client.finish(rec)
-            if sem is not None:
-                self._release(sem, rec)
             self._in_flight.discard(rec)
             if self.on_window is not None:
                 self._tokens.extend(new_tokens)
                 self._finished.append(rec)
-            self._tasks.discard(asyncio.current_task())
             key = "completed" if rec.outcome == "ok" else rec.outcome
             if key in FAILED:
                 key = "failed"

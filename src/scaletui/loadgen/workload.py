@@ -1,7 +1,11 @@
 """What to send and when: a frozen Workload -> a deterministic stream of requests for a seed.
 
 Lengths are fixed, uniform or normal (mean, spread), or come from a ShareGPT-format file cut to
-the first turn; shared-prefix groups prepend one of G fixed prefixes. Arrival offsets are
+the first turn; shared-prefix groups prepend one of G fixed prefixes. With a tokenizer
+(tokens.py) text prompts are exactly their length; without one lengths are estimates (one
+character per token for synthetic text, `chars_per_token` for a dataset). With `turns` each
+request opens a conversation whose later turns the runner sends after each reply; a `trace`
+(replay.py) replaces all of this with its own rows and times. Arrival offsets are
 precomputed and absolute (seconds after the run's t0): Poisson, gamma with vLLM's burstiness
 (shape k, scale 1/(rate*k); k=1 is Poisson, CV = 1/sqrt(k)) or constant. Closed-loop runs
 (`concurrency` without `qps`) have no offsets: a request goes when a permit frees.
@@ -9,9 +13,9 @@ precomputed and absolute (seconds after the run's t0): Poisson, gamma with vLLM'
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-import string
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +23,13 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from scaletui.loadgen.replay import TraceOptions, trace_requests
+from scaletui.loadgen.request_spec import RequestSpec, Turn, random_text
+from scaletui.loadgen.tokens import filler, fit, load_counter
+
 DISTS = ("fixed", "uniform", "normal")
 ARRIVALS = ("poisson", "gamma", "constant")
 PROMPT_FORMATS = ("text", "ids")
-_LETTERS = np.frombuffer(string.ascii_lowercase.encode(), dtype=np.uint8)
 # Token ids for `ids` prompts: printable ASCII, valid in byte-level and BPE vocabularies alike.
 ID_LOW, ID_HIGH = 33, 127
 
@@ -72,10 +79,34 @@ class Workload:
     concurrency: int | None = None  # cap on requests in flight (closed loop without qps)
     cancel_rate: float = 0.0  # fraction of requests aborted mid-stream
     seed: int = 0
+    tokenizer: str | None = None  # tokenizer.json / HF dir / a server URL: exact lengths
+    dataset_fit: bool = False  # with a dataset and a tokenizer: cut or pad to `input`
+    turns: Lengths | None = None  # user turns per conversation; None = single requests
+    think_time: float = 0.0  # s from a reply's last token to the next user turn
+    trace: str | None = None  # Mooncake / BurstGPT / plain trace file (traces.py)
+    trace_speedup: float = 1.0  # trace times are divided by this
+    trace_block: int = 512  # tokens per Mooncake hash_id block
 
     def __post_init__(self) -> None:
-        if self.qps is None and self.concurrency is None:
+        if self.qps is None and self.concurrency is None and self.trace is None:
             raise ValueError("a workload needs qps (open loop) and/or concurrency (closed loop)")
+        if self.trace is not None and self.qps is not None:
+            raise ValueError(
+                "a trace is sent at its own timestamps: drop qps (scale time with trace_speedup)"
+            )
+        if self.trace is not None and self.turns is not None:
+            raise ValueError("a trace has its own conversations (session_id): drop turns")
+        if not self.trace_speedup > 0 or self.trace_block < 1:
+            raise ValueError(
+                f"need trace_speedup > 0 and trace_block >= 1, got {self.trace_speedup}, "
+                f"{self.trace_block}"
+            )
+        if not self.think_time >= 0:
+            raise ValueError(f"think_time must be >= 0 s, got {self.think_time}")
+        if self.turns is not None and self.prompt_format == "ids":
+            raise ValueError("conversations carry text history: use prompt_format 'text'")
+        if self.dataset_fit and not (self.dataset and self.tokenizer):
+            raise ValueError("dataset_fit needs a dataset and a tokenizer to measure it with")
         if self.qps is not None and not self.qps > 0:
             raise ValueError(f"qps must be > 0, got {self.qps}")
         if self.concurrency is not None and self.concurrency < 1:
@@ -102,19 +133,7 @@ class Workload:
 
     @property
     def closed_loop(self) -> bool:
-        return self.qps is None
-
-
-@dataclass(frozen=True)
-class RequestSpec:
-    """One request to send: `offset` is its intended send time in seconds after t0."""
-
-    index: int
-    offset: float
-    prompt: str | list[int]
-    input_len: int  # intended prompt tokens (exact for ids / byte tokenizers)
-    max_tokens: int
-    cancel_after: int | None = None  # abort after this many streamed chunks
+        return self.qps is None and self.trace is None
 
 
 def iter_gaps(
@@ -144,8 +163,10 @@ def arrival_offsets(
     return out
 
 
+@functools.lru_cache(maxsize=2)  # the preflight and the run read it once between them
 def load_sharegpt(path: str | Path) -> list[tuple[str, str]]:
-    """(first human turn, first reply) pairs from a ShareGPT-format JSON file."""
+    """(first human turn, first reply) pairs from a ShareGPT-format JSON file (not to be
+    changed: the list is shared)."""
     try:
         data = orjson.loads(Path(path).read_bytes())
     except (OSError, orjson.JSONDecodeError) as exc:
@@ -165,17 +186,6 @@ def load_sharegpt(path: str | Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def _text(rng: np.random.Generator, n: int) -> str:
-    """n characters: random letters at even positions, spaces between.
-
-    A byte-level tokenizer gives exactly n tokens; BPE tokenizers give ~n/2 (" x" pairs),
-    never unpredictable merges of long letter runs.
-    """
-    chars = np.full(n, ord(" "), dtype=np.uint8)
-    chars[0::2] = rng.choice(_LETTERS, size=(n + 1) // 2)
-    return chars.tobytes().decode()
-
-
 def _ids(rng: np.random.Generator, n: int) -> list[int]:
     return rng.integers(ID_LOW, ID_HIGH, size=n).tolist()
 
@@ -193,13 +203,31 @@ def iter_requests(workload: Workload, prompts: bool = True) -> Iterator[RequestS
     `prompts=False` leaves synthetic prompts empty (their lengths, offsets and cancels are the
     same: each has its own random stream) for a caller that needs only the shapes."""
     w = workload
+    if w.trace is not None:
+        yield from trace_requests(
+            TraceOptions(
+                w.trace,
+                w.seed,
+                w.trace_block,
+                w.trace_speedup,
+                w.tokenizer,
+                w.chars_per_token,
+                w.output.sample,
+            ),
+            prompts,
+        )
+        return
+    counter = load_counter(w.tokenizer) if w.tokenizer and w.prompt_format == "text" else None
     rng_len = np.random.default_rng([w.seed, 2])
     rng_prompt = np.random.default_rng([w.seed, 3])
     rng_cancel = np.random.default_rng([w.seed, 4])
     if prompts:
-        make = _ids if w.prompt_format == "ids" else _text
+        make = _ids if w.prompt_format == "ids" else random_text
     else:
         make = _no_ids if w.prompt_format == "ids" else _no_text
+    if counter is not None and prompts:
+        make = functools.partial(filler, counter)
+    rng_turns = np.random.default_rng([w.seed, 6])  # own stream: single requests stay the same
     prefixes = [make(rng_prompt, w.prefix_len) for _ in range(w.prefix_groups)]
     pairs = load_sharegpt(w.dataset) if w.dataset else None
     if pairs is not None:
@@ -210,23 +238,53 @@ def iter_requests(workload: Workload, prompts: bool = True) -> Iterator[RequestS
         if pairs is not None:
             prompt_text, reply = pairs[order[i % len(pairs)]]
             body: str | list[int] = prompt_text
-            input_len = max(1, round(len(prompt_text) / w.chars_per_token))
-            if w.dataset_output:
+            if counter is None:
+                input_len = max(1, round(len(prompt_text) / w.chars_per_token))
+            elif w.dataset_fit:
+                input_len = w.input.sample(rng_len)
+            if not w.dataset_output:
+                max_tokens = w.output.sample(rng_len)
+            elif counter is None:
                 max_tokens = max(1, round(len(reply) / w.chars_per_token))
             else:
-                max_tokens = w.output.sample(rng_len)
+                max_tokens = max(1, len(counter.ids(reply)))
         else:
             input_len = w.input.sample(rng_len)
             max_tokens = w.output.sample(rng_len)
             body = make(rng_prompt, input_len)
-        if w.prefix_len:
-            body = prefixes[i % w.prefix_groups] + body
+        prefix = prefixes[i % w.prefix_groups] if w.prefix_len else body[:0]
+        body = prefix + body
+        if counter is not None and prompts and (pairs is None or w.dataset_fit):
+            body = fit(counter, rng_prompt, body, input_len + w.prefix_len, keep=len(prefix))
+        elif counter is not None:  # a dataset prompt as it is: measured
+            input_len = counter.count(body) - w.prefix_len
+        later: tuple[Turn, ...] = ()
+        if w.turns is not None:
+            later = tuple(_turn(w, rng_turns, make) for _ in range(w.turns.sample(rng_turns) - 1))
         cancel_after = None
         if w.cancel_rate and rng_cancel.random() < w.cancel_rate:
             cancel_after = int(rng_cancel.integers(1, max(2, max_tokens)))
         if i and gaps is not None:
             offset += next(gaps)
-        yield RequestSpec(i, offset, body, input_len + w.prefix_len, max_tokens, cancel_after)
+        yield RequestSpec(
+            i,
+            offset,
+            body,
+            input_len + w.prefix_len,
+            max_tokens,
+            cancel_after,
+            conversation=w.turns is not None,
+            later=later,
+        )
+
+
+def _turn(w: Workload, rng: np.random.Generator, make) -> Turn:
+    """A later user turn: its own lengths and text, from the conversation stream `rng`."""
+    n, out = w.input.sample(rng), w.output.sample(rng)
+    text = make(rng, n)
+    if w.tokenizer and isinstance(text, str) and text:
+        text = fit(load_counter(w.tokenizer), rng, text, n)
+    return Turn(text if isinstance(text, str) else "", n, out, w.think_time)
 
 
 def schedule(
