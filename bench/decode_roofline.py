@@ -167,7 +167,7 @@ def weights_floor(eng, batch: int, steps: int, calls: int, repeats: int) -> floa
     def run(params, tok, n):
         def step(i, tok):
             x = ops.embed(params, tok, m)  # [B, D]
-            cos, sin = llama.rope(jnp.full(tok.shape, i), m.head_dim, m.rope_theta)
+            cos, sin = llama.rope(jnp.full(tok.shape, i), m.head_dim, m.rope_theta, m.rope_scaling)
             x, _ = llama.layers(params, x, cos, sin, m, ops, stand_in)
             return jnp.argmax(ops.logits(params, x, m), axis=-1).astype(jnp.int32)
 

@@ -66,7 +66,7 @@ def server(model: str, dtype: str, **config):
         m = dataclasses.replace(m, max_seq_len=config["max_seq_len"])
     tok = load_tokenizer(None, m.vocab_size)
     cfg = ServerShape(m, dtype=dtype, **config)
-    sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, tok.eos_id))
+    sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, (tok.eos_id,)))
     app = create_app(sched, tok, ApiSettings(log_interval_s=0))
     t0 = time.perf_counter()
     with serve_in_thread(app) as url:

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     low, high = args.slots
     config = ServerShape(model, slots=low, max_seq_len=args.max_seq_len,
                          decode_steps=args.decode_steps, max_prefill_bucket=64)  # fmt: skip
-    sched = Scheduler(config, JaxEngineFactory(tok.vocab_size, tok.eos_id))
+    sched = Scheduler(config, JaxEngineFactory(tok.vocab_size, (tok.eos_id,)))
     app = create_app(sched, tok, ApiSettings(log_interval_s=0))
     hw, hw_name = hardware(args.hardware, args.probe_seconds)
     context = args.prompt_len + args.output_len // 2

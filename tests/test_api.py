@@ -100,7 +100,9 @@ BAD = [
     ({"prompt": "x", "top_p": 0}, 400, "top_p", "(0, 1]"),
     ({"prompt": "x", "top_p": 1.5}, 400, "top_p", "(0, 1]"),
     ({"prompt": "x", "n": 2}, 400, "n", "not supported"),
-    ({"prompt": "x", "logprobs": 3}, 400, "logprobs", "not supported"),
+    ({"prompt": "x", "logprobs": 21}, 400, "logprobs", "in [0, 20], got 21"),
+    ({"prompt": "x", "logprobs": True}, 400, "logprobs", "must be an integer"),
+    ({"prompt": "x", "top_logprobs": 2}, 400, "top_logprobs", "ask with 'logprobs': k"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
 ]  # fmt: skip

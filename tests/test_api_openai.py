@@ -32,7 +32,7 @@ def server():
     config = ServerShape(
         load_model("tiny"), slots=4, max_seq_len=64, decode_steps=4, min_prefill_bucket=32
     )
-    sched = Scheduler(config, JaxEngineFactory(tok.vocab_size, tok.eos_id))
+    sched = Scheduler(config, JaxEngineFactory(tok.vocab_size, (tok.eos_id,)))
     app = create_app(sched, tok, ApiSettings(log_interval_s=0, drain_timeout_s=120))
     with serve_in_thread(app) as url:
         deadline = time.monotonic() + 240
@@ -90,6 +90,44 @@ def test_openai_client_completions_and_chat(server) -> None:
     with pytest.raises(Exception, match="400") as bad:
         c.completions.create(model="tiny", prompt="x", max_tokens=0)
     assert "max_tokens" in str(bad.value)
+
+
+def test_openai_client_parses_logprobs_streamed_and_not(server) -> None:
+    url, _ = server
+    c = client(url)
+    kw = {"model": "tiny", "prompt": "hello", "max_tokens": 6, "temperature": 0, "logprobs": 5,
+          "echo": True, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    full = c.completions.create(**kw)
+    lp = full.choices[0].logprobs
+    assert full.choices[0].text.startswith("hello")
+    n = 6 + 6  # BOS + "hello", then 6 generated
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n
+    assert lp.text_offset == sorted(lp.text_offset) and len(lp.text_offset) == n
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for i in range(1, n):  # the top 5 and the chosen token (bytes >= 128 all read "\ufffd")
+        top = lp.top_logprobs[i]
+        assert len(top) <= 6 and top[lp.tokens[i]] <= 0 and lp.token_logprobs[i] <= 0
+    for i in range(6, n):  # greedy: each generated token is the best candidate
+        assert lp.token_logprobs[i] == pytest.approx(max(lp.top_logprobs[i].values()))
+    chunks = [ch.choices[0] for ch in c.completions.create(**kw, stream=True) if ch.choices]
+    assert "".join(ch.text for ch in chunks) == full.choices[0].text
+    streamed = [x for ch in chunks for x in ch.logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:])
+
+    messages = [{"role": "user", "content": "hi"}]
+    kw = {"model": "tiny", "messages": messages, "max_tokens": 6, "temperature": 0,
+          "logprobs": True, "top_logprobs": 5, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    chat = c.chat.completions.create(**kw)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens == 6
+    for e in content:
+        assert len(e.top_logprobs) == 5 and e.logprob == pytest.approx(e.top_logprobs[0].logprob)
+    text = b"".join(bytes(e.bytes) for e in content).decode("utf-8", errors="replace")
+    assert text == chat.choices[0].message.content
+    chunks = [ch.choices[0] for ch in c.chat.completions.create(**kw, stream=True) if ch.choices]
+    streamed = [e for ch in chunks if ch.logprobs for e in ch.logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content])
 
 
 def _post(url: str, body: dict) -> dict:

@@ -115,6 +115,18 @@ def test_greedy_check(smoke):
     assert orjson.loads((smoke / "greedy.json").read_bytes())["model"] == "tiny"
 
 
+def test_prefill_paths(smoke):
+    assert _main("prefill_paths", ["--json-out", str(smoke / "paths.json")]) == 0
+    assert orjson.loads((smoke / "paths.json").read_bytes())["paths_agree"] == [True]
+
+
+def test_precision_agreement(smoke):
+    assert _main("precision_agreement", ["--json-out", str(smoke / "precision.json")]) == 0
+    result = orjson.loads((smoke / "precision.json").read_bytes())
+    assert set(result["variants"]) == {"f32", "bf16"}
+    assert result["variants"]["f32"]["agreement"] == 1.0  # the control: f32 against f32
+
+
 def test_dense_kernels(smoke):
     from scaletui.serve.engine import native
 
@@ -139,6 +151,12 @@ def test_paged_kv(smoke, capsys):
     assert _main("paged_kv", ["--json"]) == 0
     lines = [orjson.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [r["scenario"] for r in lines] == ["prefix", "budget", "memory"]
+
+
+def test_logprobs_cost(smoke, capsys):
+    assert _main("logprobs_cost", ["--json"]) == 0
+    result = orjson.loads(capsys.readouterr().out)
+    assert set(result["step_ms"]) == {"none", "one", "all"} and result["conditionals"] >= 1
 
 
 def test_fidelity(smoke, capsys):

@@ -93,7 +93,7 @@ def test_max_tokens_and_eos_end_requests(engine, reference):
     out, state = serve(engine, [(prompt, SamplingParams(max_tokens=6, ignore_eos=True))])
     assert out[0] == ref[:6]
     assert not state.active[0]
-    engine.eos_id = ref[3]  # the 4th generated token is EOS
+    engine.eos_ids = (ref[3],)  # the 4th generated token is EOS
     try:
         out, _ = serve(
             engine,
@@ -104,7 +104,7 @@ def test_max_tokens_and_eos_end_requests(engine, reference):
             ],
         )
     finally:
-        engine.eos_id = -1
+        engine.eos_ids = ()
     assert out[0] == ref[:4]  # stops at EOS, EOS included
     late = next((i for i in range(5, 8) if ref[i] == ref[3]), 7)  # EOS before 5 tokens: ignored
     assert out[1] == ref[: late + 1]

@@ -136,6 +136,8 @@ class _Params:
     ignore_eos: bool = True
     temperature: float = 0.0
     top_p: float = 1.0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
 
 def test_a_bf16_pool_stored_as_bits_is_written_in_place_and_reads_back_exactly(tiny):

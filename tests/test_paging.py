@@ -44,7 +44,7 @@ def test_config_sizes_the_pool_from_slots_unless_told() -> None:
 
 
 def test_page_tables_take_grow_and_free() -> None:
-    eng = FakeEngine(slots=4, max_seq_len=64, vocab_size=300, eos_id=257, page_size=16, pages=6)
+    eng = FakeEngine(slots=4, max_seq_len=64, vocab_size=300, eos_ids=(257,), page_size=16, pages=6)
     t = PageTables(eng)
     assert t.pools[0].usable == 5 and t.whole_pool_tokens() == 80
     assert t.take(0, 17) == [1, 2] and t.table[0].tolist() == [1, 2, 0, 0]
@@ -59,10 +59,12 @@ def test_page_tables_take_grow_and_free() -> None:
 
 
 def test_fixed_table_gives_each_slot_its_own_row_of_pages() -> None:
-    eng = FakeEngine(slots=3, max_seq_len=40, vocab_size=300, eos_id=257, page_size=16)
+    eng = FakeEngine(slots=3, max_seq_len=40, vocab_size=300, eos_ids=(257,), page_size=16)
     table = fixed_table(eng)
     assert table.tolist() == [[1, 2, 3], [4, 5, 6], [7, 8, 9]] and eng.pages == 10
-    small = FakeEngine(slots=3, max_seq_len=40, vocab_size=300, eos_id=257, page_size=16, pages=4)
+    small = FakeEngine(
+        slots=3, max_seq_len=40, vocab_size=300, eos_ids=(257,), page_size=16, pages=4
+    )
     with pytest.raises(ValueError, match="needs 10 pages"):
         fixed_table(small)
 
@@ -147,7 +149,7 @@ def test_resume_input_carries_the_output_and_lowers_the_limits() -> None:
 
 
 def test_fake_engine_refuses_a_table_that_misses_a_written_position() -> None:
-    eng = FakeEngine(slots=2, max_seq_len=64, vocab_size=300, eos_id=257, page_size=16)
+    eng = FakeEngine(slots=2, max_seq_len=64, vocab_size=300, eos_ids=(257,), page_size=16)
     state = eng.init_decode_state()
     prefix = eng.prefill([1] * 15, SamplingParams(max_tokens=10))
     state = eng.insert(state, prefix, 0, [1])
@@ -172,7 +174,7 @@ async def serve_real(waves: list, slots: int, **config) -> tuple[list[list[int]]
 
     cfg = ServerShape(load_model("tiny"), slots=slots, max_seq_len=128, page_size=16,
                       decode_steps=4, **config)  # fmt: skip
-    sched = Scheduler(cfg, JaxEngineFactory(300, 257))
+    sched = Scheduler(cfg, JaxEngineFactory(300, (257,)))
     sched.start()
     assert sched.state == "serving", sched.error
     try:

@@ -84,7 +84,8 @@ def test_make_room_frees_only_pages_nobody_else_holds() -> None:
 
 
 def test_finish_reasons() -> None:
-    eos = {"eos_id": 257, "max_tokens": 10}
+    eos = {"eos_ids": (257, 300), "max_tokens": 10}
+    assert policy.finish_reason(300, 3, **eos) == "stop"  # any of them
     assert policy.finish_reason(257, 3, **eos) == "stop"
     assert policy.finish_reason(257, 3, ignore_eos=True, **eos) is None
     assert policy.finish_reason(257, 3, min_tokens=5, **eos) is None

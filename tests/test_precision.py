@@ -25,7 +25,7 @@ from scaletui.serve.http.api import ApiSettings, create_app
 from scaletui.serve.http.testing import greedy_tokens
 from scaletui.serve.http.tokenizer import load_tokenizer
 from scaletui.serve.scheduling.scheduler import Scheduler
-from scaletui.serve.weights import quant, weights
+from scaletui.serve.weights import checkpoint, quant, weights
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import load_model
 
@@ -377,7 +377,7 @@ def test_tp_and_disaggregated_engines_agree_with_unsharded(prec) -> None:
 def test_int8_weights_quantize_the_same_from_dummy_safetensors_or_host_params(tmp_path) -> None:
     f32 = weights.dummy_params(TINY, seed=0)
     want = jax.tree.leaves(quant.convert_params(f32, "f32", "int8"))
-    path = weights.save_safetensors(f32, TINY, tmp_path)
+    path = checkpoint.save_safetensors(f32, TINY, tmp_path)
     dev = jax.devices()[:1]
     cfg = tiny(weight_dtype="int8", kernels="xla")  # the layout weights.py names
     for built in (
@@ -415,7 +415,7 @@ def test_kv_bytes_follow_the_cache_precision() -> None:
 async def test_admin_config_switches_precision_and_stats_show_it() -> None:
     tok = load_tokenizer(None, TINY.vocab_size)
     cfg = ServerShape(TINY, slots=2, max_seq_len=64, decode_steps=4, min_prefill_bucket=32)
-    sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, tok.eos_id))
+    sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, (tok.eos_id,)))
     app = create_app(sched, tok, ApiSettings(log_interval_s=0, drain_timeout_s=60))
     async with TestClient(TestServer(app)) as client:
         while sched.state != "serving":

@@ -151,7 +151,7 @@ async def test_dead_worker_fails_pending_requests() -> None:
             raise RuntimeError("device lost")
 
     config = ServerShape(load_model("tiny"), max_seq_len=128, slots=2)
-    sched = Scheduler(config, FakeEngineFactory(259, EOS, 0.0, 0.0, engine=Broken))
+    sched = Scheduler(config, FakeEngineFactory(259, (EOS,), 0.0, 0.0, engine=Broken))
     sched.start()
     reqs = [request([1], max_tokens=5) for _ in range(4)]
     for r in reqs:
@@ -175,7 +175,7 @@ async def test_reconfigure_from_failed_rebuilds_and_serves() -> None:
             return super().generate(state, steps, pages)
 
     config = ServerShape(load_model("tiny"), max_seq_len=128, slots=2)
-    sched = Scheduler(config, FakeEngineFactory(259, EOS, 0.0, 0.0, engine=Flaky))
+    sched = Scheduler(config, FakeEngineFactory(259, (EOS,), 0.0, 0.0, engine=Flaky))
     sched.start()
     try:
         dead = request([1], max_tokens=5)

@@ -84,7 +84,7 @@ async def test_admin_values_are_bounded_by_range_and_memory() -> None:
             check_fits(config, config.dp, Capacity(2**30, False, "of host RAM is free (test)"))
 
     async with fake_server(slots=2) as (client, sched):
-        sched.factory = OneGiB(sched.factory.vocab_limit, sched.factory.eos_id)
+        sched.factory = OneGiB(sched.factory.vocab_limit, sched.factory.eos_ids)
         for body, text in (
             ({"slots": 100000}, "slots must be in [1, 1024], got 100000"),
             ({"decode_steps": 100000}, "decode_steps must be in [1, 64], got 100000"),

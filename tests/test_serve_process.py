@@ -52,16 +52,18 @@ def test_tp_2_on_one_cpu_device_exits_2_suggesting_host_devices() -> None:
     ]
 
 
-def test_an_engine_that_fails_to_build_exits_1_with_the_reason() -> None:
-    proc = _serve("--model", "tiny", "--weights", "/nonexistent/scaletui-weights")
+def test_weights_that_cannot_be_read_exit_2_before_binding() -> None:
+    # checked against the spec before the port is bound (a checkpoint's shapes too)
+    proc = _serve("--model", "tiny", "--dtype", "f32", "--weights", "/nonexistent/scaletui-weights")
     try:
         out, err = proc.communicate(timeout=180)
     finally:
         proc.kill()
-    assert proc.returncode == 1, err
-    assert out.startswith("scaletui serve: http://127.0.0.1:")  # it served, then stopped
-    last = err.strip().splitlines()[-1]
-    assert "the engines failed to start" in err and "/nonexistent/scaletui-weights" in err, last
+    assert proc.returncode == 2 and out == "", err
+    assert err.splitlines() == [
+        "scaletui serve: error: weights path /nonexistent/scaletui-weights: expected a "
+        ".safetensors file, an index json or a dir"
+    ]
 
 
 def test_startup_prints_the_model_footprint_and_compile_progress() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from scaletui.serve.engine import model
-from scaletui.serve.weights import weights
+from scaletui.serve.weights import checkpoint, weights
 
 
 def test_dummy_init_is_deterministic_per_seed(tiny, tiny_seed):
@@ -26,8 +26,8 @@ def test_dummy_init_is_deterministic_per_seed(tiny, tiny_seed):
 @pytest.mark.parametrize("shards", [1, 3])
 def test_safetensors_round_trip_reproduces_logits(tiny, tmp_path, shards):
     m, params = tiny
-    path = weights.save_safetensors(params, m, tmp_path, shards=shards)
-    loaded = weights.load_safetensors(path if shards > 1 else tmp_path, m)
+    path = checkpoint.save_safetensors(params, m, tmp_path, shards=shards)
+    loaded = checkpoint.load_safetensors(path if shards > 1 else tmp_path, m)
     tokens = jnp.arange(12)[None]
     np.testing.assert_array_equal(
         model.forward(loaded, tokens, m), model.forward(params, tokens, m)
@@ -38,7 +38,7 @@ def test_safetensors_uses_hf_names_and_layouts(tiny, tmp_path):
     from safetensors.numpy import load_file
 
     m, params = tiny
-    weights.save_safetensors(params, m, tmp_path)
+    checkpoint.save_safetensors(params, m, tmp_path)
     t = load_file(str(tmp_path / "model.safetensors"))
     d, n, k, h = m.d_model, m.n_heads, m.n_kv_heads, m.head_dim
     assert t["model.layers.0.self_attn.q_proj.weight"].shape == (n * h, d)
@@ -57,4 +57,4 @@ def test_missing_tensor_is_named(tiny, tmp_path):
         str(tmp_path / "model.safetensors"),
     )
     with pytest.raises(ValueError, match="model.norm.weight"):
-        weights.load_safetensors(tmp_path, m)
+        checkpoint.load_safetensors(tmp_path, m)

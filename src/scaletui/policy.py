@@ -162,14 +162,14 @@ def finish_reason(
     *,
     min_tokens: int = 0,
     ignore_eos: bool = False,
-    eos_id: int = -1,
+    eos_ids: tuple[int, ...] = (),
     length: int = 0,
     max_seq_len: int = 0,
 ) -> str | None:
     """Why a sequence ends at `token`, its `generated`-th with `length` KV positions, or None:
-    "stop" at EOS (unless ignored, and after min_tokens), "length" at max_tokens or at
-    max_seq_len (0: not checked)."""
-    if token == eos_id and not ignore_eos and generated >= min_tokens:
+    "stop" at any of the EOS ids (unless ignored, and after min_tokens), "length" at
+    max_tokens or at max_seq_len (0: not checked)."""
+    if token in eos_ids and not ignore_eos and generated >= min_tokens:
         return "stop"
     if generated >= max_tokens or (max_seq_len and length >= max_seq_len):
         return "length"

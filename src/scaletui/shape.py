@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from scaletui.dtypes import DTYPE_BYTES, DTYPES, STORAGE_DTYPES, Precision
-from scaletui.specs import ModelSpec, load_model
+from scaletui.specs import ModelSpec, load_model, model_ref
 
 MODES = ("interleaved", "disaggregated")
 KERNELS = ("auto", "native", "pallas", "xla")
@@ -242,7 +242,7 @@ class ServerShape:
         """The JSON-able view of /stats and /admin/config: dtypes and pages resolved, the
         prefill buckets spelled out, "dummy" weights and the "byte" tokenizer named."""
         return {
-            "model": self.model.name,
+            "model": model_ref(self.model),
             "slots": self.slots,
             "max_seq_len": self.max_seq_len,
             "page_size": self.page_size,
@@ -285,8 +285,9 @@ class ServerShape:
         return cls(model or load_model(data["model"]), **kw)
 
     def fit_key(self) -> dict:
-        """The keys of `to_json` that a calibrated fit is made for (FIT_KEYS)."""
-        j = self.to_json()
+        """The keys of `to_json` that a calibrated fit is made for (FIT_KEYS), the model by
+        its name (as the fit's `model` names it; a checkpoint directory's is its basename)."""
+        j = {**self.to_json(), "model": self.model.name}
         return {k: j[k] for k in FIT_KEYS}
 
     def to_flags(self, keys: Iterable[str] | None = None) -> list[str]:
@@ -300,7 +301,7 @@ class ServerShape:
             if f.name not in wanted or v is None or v == "":
                 continue
             if f.name == "model":
-                argv += ["--model", self.model.name]
+                argv += ["--model", model_ref(self.model)]
             elif f.name == "prefix_cache":
                 argv += [] if v else ["--no-prefix-cache"]
             else:

@@ -13,7 +13,7 @@ from scaletui.shape import KERNELS, MODES, PAGE_SIZES, ServerShape, flag
 
 # Each field's --help; the flag is the field's name with dashes.
 FLAG_HELP = {
-    "model": "model spec: a name (tiny, small, llama3-8b) or a YAML path",
+    "model": "model spec: a name (tiny, small, llama3-8b), a YAML path or an HF checkpoint dir",
     "weights": "HF safetensors dir/file (default: seeded dummy weights)",
     "tokenizer": "HF tokenizer.json (default: the byte tokenizer)",
     "slots": "running sequences at most: the decode batch's rows",

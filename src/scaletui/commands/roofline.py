@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="scaletui roofline",
         description="Roofline estimates from 'How to Scale Your Model' for a serving config.",
     )
-    p.add_argument("--model", help="model spec name or YAML path (required)")
+    p.add_argument("--model", help="model spec name, YAML path or HF checkpoint dir (required)")
     p.add_argument("--hardware", help="hardware spec name, 'local', or YAML path (required)")
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
     p.add_argument(

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from aiohttp import web
 
@@ -31,7 +32,7 @@ from scaletui.serve.http.tokenizer import Tokenizer, load_tokenizer
 from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.shape_flags import add_flags
-from scaletui.specs import SpecError, load_model
+from scaletui.specs import ModelSpec, SpecError, hf_config, load_model
 
 log = logging.getLogger("scaletui.serve")
 
@@ -45,6 +46,11 @@ def parser() -> argparse.ArgumentParser:
         help="size the KV pages to this fraction (0-1] of the memory the weights leave",
     )
     a = p.add_argument
+    a(
+        "--chat-template",
+        metavar="FILE",
+        help="a Jinja chat template for /v1/chat/completions, instead of the tokenizer's own",
+    )
     a("--host", default="127.0.0.1", help="bind address (non-loopback: /admin needs a token)")
     a("--port", type=int, default=8000, help="TCP port (0 = any free port)")
     a("--admin-token", help="bearer token for /admin/* (required on non-loopback binds)")
@@ -63,13 +69,20 @@ def parser() -> argparse.ArgumentParser:
         default=75.0,
         help="close a connection idle between requests after S seconds",
     )
+    a(
+        "--served-model-name",
+        metavar="NAME",
+        help="the model name /v1/models lists and requests use (default: --model as given)",
+    )
     a("--host-devices", type=int, help="JAX CPU: number of virtual host devices (XLA flag)")
     a("--fake", action="store_true", help="serve the hand-computable FakeEngine (tests, demos)")
     a("--fake-step-ms", type=float, default=2.0, help="--fake: milliseconds per decode step")
     return p
 
 
-def engine_factory(args: argparse.Namespace, tok: Tokenizer) -> EngineFactory:
+def engine_factory(
+    args: argparse.Namespace, tok: Tokenizer, eos_ids: tuple[int, ...]
+) -> EngineFactory:
     """The real or fake engine factory, never sampling past the tokenizer. Its `check` raises
     ConfigError for a sharding the devices cannot hold or a config that does not fit in their
     memory, so a bad flag fails before binding and a bad reconfiguration before draining.
@@ -78,10 +91,48 @@ def engine_factory(args: argparse.Namespace, tok: Tokenizer) -> EngineFactory:
         from scaletui.serve.engine.fake_engine import FakeEngineFactory
 
         step = args.fake_step_ms / 1e3
-        return FakeEngineFactory(tok.vocab_size, tok.eos_id, step_s=step, prefill_s=step)
+        return FakeEngineFactory(tok.vocab_size, eos_ids, step_s=step, prefill_s=step)
     from scaletui.serve.engine.build import JaxEngineFactory  # imports JAX: after the XLA flags
 
-    return JaxEngineFactory(tok.vocab_size, tok.eos_id)
+    return JaxEngineFactory(tok.vocab_size, eos_ids)
+
+
+def checkpoint_defaults(args: argparse.Namespace, model: ModelSpec) -> None:
+    """`--model DIR` (an HF checkpoint): its safetensors and tokenizer.json, unless --weights
+    and --tokenizer name others (the fake engine reads no weights)."""
+    folder = model.extra.get("checkpoint_dir")
+    if not folder:
+        return
+    if args.weights is None and not args.fake:
+        args.weights = folder
+    if args.tokenizer is None:
+        if not (Path(folder) / "tokenizer.json").is_file():
+            raise ValueError(f"{folder} has no tokenizer.json: pass --tokenizer FILE")
+        args.tokenizer = folder
+
+
+def eos_ids_for(model: ModelSpec, tok: Tokenizer) -> tuple[int, ...]:
+    """The ids that end a sequence: the tokenizer's EOS and, for a checkpoint directory, the
+    `eos_token_id`s of its generation_config.json (else config.json), as vLLM stops on both."""
+    folder = model.extra.get("checkpoint_dir")
+    ids = [tok.eos_id] if tok.eos_id >= 0 else []
+    ids += hf_config.eos_ids(folder) if folder else ()
+    return tuple(dict.fromkeys(ids))
+
+
+def check_weights(config: ServerShape) -> None:
+    """A checkpoint's tensors against the spec, before the port is bound: a missing tensor or
+    a shape the config does not give is a ValueError naming it, not a server that half-starts."""
+    if config.weights:
+        from scaletui.serve.weights.checkpoint import Checkpoint  # imports JAX: after the flags
+
+        Checkpoint(config.weights, config.model).check()
+
+
+def served_default(ref: str, model: ModelSpec) -> str:
+    """The served name without --served-model-name: a checkpoint directory's `--model` as
+    given (vLLM's default), else the spec's name (a YAML file names its model)."""
+    return ref if model.extra.get("checkpoint_dir") else model.name
 
 
 def default_dtype(args: argparse.Namespace) -> str:
@@ -197,11 +248,13 @@ def main(argv: list[str]) -> int:
         warn_oversubscribed(args.host_devices)
     try:
         model = load_model(args.model)
+        checkpoint_defaults(args, model)
         config = ServerShape.from_args(args, model=model, dtype=args.dtype or default_dtype(args))
         if args.kv_memory_fraction is not None:
             config = _pages_from_fraction(config, args.kv_memory_fraction, args.fake)
-        tok = load_tokenizer(args.tokenizer, model.vocab_size)
-        factory = engine_factory(args, tok)
+        check_weights(config)
+        tok = load_tokenizer(args.tokenizer, model.vocab_size, args.chat_template)
+        factory = engine_factory(args, tok, eos_ids_for(model, tok))
         factory.check(config)  # the plan on these devices and its memory, before binding
     except ConfigError as e:
         return _error(e.flag_line())
@@ -225,6 +278,7 @@ def main(argv: list[str]) -> int:
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
         keepalive_timeout_s=args.keepalive_timeout,
+        served_model_name=args.served_model_name or served_default(args.model, model),
     )
     sched = Scheduler(config, factory)
     app = create_app(sched, tok, settings)

@@ -49,7 +49,7 @@ SIM_HELP = {  # where the simulator reads a server flag otherwise than `scaletui
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scaletui simulate", description=__doc__.splitlines()[0])
     a = p.add_argument
-    a("--model", required=True, help="model spec name or YAML path")
+    a("--model", required=True, help="model spec name, YAML path or HF checkpoint dir")
     a("--hardware", help="hardware spec ('local', a name, a YAML path); optional with --fit")
     a("--fit", help="cost model YAML (default: the stored fit for this config on --hardware local)")
     a("--no-fit", action="store_true", help="ignore stored fits: use assumed efficiencies")

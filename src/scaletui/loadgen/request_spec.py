@@ -37,7 +37,6 @@ class RequestSpec:
     later: tuple[Turn, ...] = ()  # the conversation's further turns
 
 
-
 def random_text(rng: np.random.Generator, n: int) -> str:
     """n characters: random letters at even positions, spaces between.
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from scaletui.specs.errors import SpecError
+
 __all__ = [
     "HardwareSpec",
     "ModelSpec",
@@ -23,13 +25,11 @@ __all__ = [
     "load_hardware",
     "load_model",
     "local_hardware_path",
+    "model_from_mapping",
     "model_names",
+    "model_ref",
     "user_config_dir",
 ]
-
-
-class SpecError(ValueError):
-    """A spec file is missing, unreadable or has a bad key."""
 
 
 @dataclass(frozen=True)
@@ -249,9 +249,30 @@ def rope_scaling_from(path: Path | str, data: dict) -> RopeScaling:
 
 
 def load_model(ref: str | os.PathLike) -> ModelSpec:
-    """Load a model spec by name (`specs/models/NAME.yaml`) or by path."""
+    """Load a model spec by name (`specs/models/NAME.yaml`), by YAML path, or from a Hugging
+    Face checkpoint directory (one holding `config.json`: `hf_config.model_from_hf_config`)."""
+    folder = Path(os.fspath(ref)).expanduser()
+    if folder.is_dir() and (folder / "config.json").is_file():
+        from scaletui.specs.hf_config import spec_mapping
+
+        return model_from_mapping(*spec_mapping(folder))
+    if folder.is_dir() and os.sep in os.fspath(ref):
+        raise SpecError(f"model directory {folder} has no config.json (expected an HF checkpoint)")
     path = _resolve(ref, "model")
-    values, extra = _fields(path, _read(path), _MODEL_TYPES, _MODEL_OPTIONAL)
+    return model_from_mapping(path, _read(path))
+
+
+def model_ref(spec: ModelSpec) -> str:
+    """The `--model` argument that loads `spec` again: its checkpoint directory (an HF
+    config's), else its name."""
+    return spec.extra.get("checkpoint_dir") or spec.name
+
+
+def model_from_mapping(path: Path | str, data: dict) -> ModelSpec:
+    """A ModelSpec from a mapping of our keys (a YAML file's, or one mapped from an HF config),
+    each checked; `path` names the source in errors."""
+    path = Path(path)
+    values, extra = _fields(path, data, _MODEL_TYPES, _MODEL_OPTIONAL)
     if "rope_scaling" in values:
         values["rope_scaling"] = rope_scaling_from(path, values["rope_scaling"])
     _positive(path, values, [k for k, t in _MODEL_TYPES.items() if t in (int, float)])

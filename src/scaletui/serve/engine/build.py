@@ -7,7 +7,8 @@
 3. The params: made or read once on the host (`make_host_params`: dummy, safetensors or the
    caller's, then cast or quantized to the weight precision), then laid out and placed for
    each plan (`place_params`: packed for the native kernels, or sharded on the mesh), with the
-   op set that reads them (`ops_for`).
+   op set that reads them (`ops_for`). A safetensors checkpoint on a mesh (not the native
+   kernels) skips the host copy: each device reads its own shard (`read_placed`).
 4. The engine: `JaxEngine` over the placed params and the plan's mesh.
 
 `build_engines` runs the four in order; `JaxEngineFactory` is the `engine_api.EngineFactory`
@@ -27,7 +28,7 @@ from scaletui.dtypes import default_compute_dtype as dtype_rule
 from scaletui.serve.engine import memory, model, native, pallas_attention
 from scaletui.serve.engine.engine_api import Engine, distinct
 from scaletui.serve.engine.jax_engine import JaxEngine
-from scaletui.serve.weights import quant, sharding, weights
+from scaletui.serve.weights import checkpoint, quant, sharding, weights
 from scaletui.shape import ConfigError, ServerShape
 
 log = logging.getLogger("scaletui.serve")
@@ -148,7 +149,7 @@ def make_host_params(config: ServerShape, given: dict | None = None) -> dict:
     if given is None:
         made = "f32" if p.weights == "int8" else p.weights  # int8 is quantized from f32
         if config.weights:
-            given = weights.load_safetensors(config.weights, m, made)
+            given = checkpoint.load_safetensors(config.weights, m, made)
         else:
             given = weights.dummy_params(m, config.seed, made)
     return quant.convert_params(given, p.compute, p.weights)
@@ -178,32 +179,48 @@ def place_params(plan: EnginePlan, config: ServerShape, host: dict) -> dict:
     return weights.place(host, config.model, plan.mesh)
 
 
+def reads_direct(plan: EnginePlan, config: ServerShape) -> bool:
+    """Whether `plan`'s weights come straight from the checkpoint into its mesh: a safetensors
+    checkpoint on XLA's or Pallas' ops (the native kernels pack whole matrices on the host)."""
+    return bool(config.weights) and not plan.native
+
+
+def read_placed(plan: EnginePlan, config: ServerShape) -> dict:
+    """The checkpoint's weights on the plan's mesh, each device reading only its shard; the
+    storage `make_host_params` and `place_params` would give."""
+    p = config.precision
+    params = checkpoint.load_placed(config.weights, config.model, plan.mesh, p.weights)
+    return quant.convert_params(params, p.compute, p.weights)  # norms: the compute dtype
+
+
 def build_engines(
     config: ServerShape,
     devices: list[jax.Device] | None = None,
     *,
     vocab_size: int | None = None,
-    eos_id: int = -1,
+    eos_ids: tuple[int, ...] = (),
     host_params: dict | None = None,
 ) -> tuple[JaxEngine, JaxEngine]:
     """(prefill engine, generate engine); the same object twice when interleaved: the plan,
     then the host weights once (`host_params` given, whatever float dtype they come in, or
-    made), placed per engine, then the engines. `vocab_size`/`eos_id` come from the tokenizer.
+    made), placed per engine, then the engines. `vocab_size` comes from the tokenizer,
+    `eos_ids` from it or the checkpoint's generation_config.json (`serve.eos_ids_for`).
     """
     plan = plan_engines(config, list(devices or jax.devices()))
     for e in plan:
         if e.note and XLA_CPU_BF16 in e.note:
             log.warning("%s engine: %s", e.role, XLA_CPU_BF16)
-    host = make_host_params(config, host_params)
+    direct = host_params is None and all(reads_direct(e, config) for e in plan)
+    host = None if direct else make_host_params(config, host_params)
     engines = [
         JaxEngine(
             config,
-            place_params(e, config, host),
+            read_placed(e, config) if direct else place_params(e, config, host),
             ops_for(e, config),
             e.mesh,
             role=e.role,
             vocab_size=vocab_size,
-            eos_id=eos_id,
+            eos_ids=eos_ids,
             kernels=e.kernels,
             kernels_note=e.note,
         )
@@ -217,10 +234,10 @@ class JaxEngineFactory:
     """`engine_api.EngineFactory` for the JAX engine, told the tokenizer's vocabulary and EOS."""
 
     vocab_size: int | None = None  # sampling never goes beyond (default: the model's)
-    eos_id: int = -1
+    eos_ids: tuple[int, ...] = ()  # sampling any of them ends a sequence
 
     def build(self, config: ServerShape) -> tuple[Engine, Engine]:
-        return build_engines(config, vocab_size=self.vocab_size, eos_id=self.eos_id)
+        return build_engines(config, vocab_size=self.vocab_size, eos_ids=self.eos_ids)
 
     def check(self, config: ServerShape, current: tuple[Engine, Engine] | None = None) -> None:
         """The plan on these devices, then the memory it needs against what they have (on CPU

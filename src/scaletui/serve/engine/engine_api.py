@@ -39,6 +39,47 @@ class SamplingParams:
     max_tokens: int = 16  # generated tokens, the first (from prefill) included
     min_tokens: int = 0  # EOS is ignored until this many tokens were generated
     ignore_eos: bool = False  # generate exactly max_tokens
+    # top candidates to return beside each generated token's logprob (0..MAX_LOGPROBS);
+    # None: no logprobs at all (the step then skips their work)
+    logprobs: int | None = None
+    # the same for every prompt token but the first (completions' echo); None: off
+    prompt_logprobs: int | None = None
+
+
+# Logprobs: the device computes the top MAX_LOGPROBS candidates of a position whatever a request
+# asked for (one compiled shape), and packs a position into LOGPROB_ROW f32 values: the chosen
+# token's logprob, the top values (best first), then the top ids as int32 bits.
+MAX_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+LOGPROB_ROW = 1 + 2 * MAX_LOGPROBS
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One position's log-probabilities: the chosen token's and the best candidates'."""
+
+    logprob: float  # of the token at this position (sampled, or the prompt's)
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), best first, as many as asked
+
+
+def pack_logprobs(logprob: float, ids: Sequence[int], values: Sequence[float]) -> np.ndarray:
+    """The host side of the device's packing (the fake engine's): MAX_LOGPROBS candidates."""
+    assert len(ids) == len(values) == MAX_LOGPROBS, (len(ids), len(values))
+    bits = np.asarray(ids, np.int32).view(np.float32)
+    return np.concatenate([[logprob], np.asarray(values, np.float32), bits]).astype(np.float32)
+
+
+def unpack_logprobs(row: np.ndarray, k: int) -> TokenLogprobs:
+    """A packed f32 [LOGPROB_ROW] position (see LOGPROB_ROW) -> its logprob and top `k`."""
+    n = MAX_LOGPROBS
+    values = row[1 : 1 + k].tolist()
+    ids = np.ascontiguousarray(row[1 + n : 1 + n + k]).view(np.int32).tolist()
+    return TokenLogprobs(float(row[0]), tuple(zip(ids, values, strict=True)))
+
+
+def prompt_logprobs_of(rows: np.ndarray, k: int) -> tuple[TokenLogprobs | None, ...]:
+    """Packed rows [n - 1, LOGPROB_ROW] of prompt positions 0..n-2 (position i scores token
+    i + 1) -> one entry per prompt token, None for the first, as OpenAI's echo gives them."""
+    return (None, *(unpack_logprobs(row, k) for row in rows))
 
 
 @dataclass
@@ -54,6 +95,9 @@ class Prefix:
     first_token: int  # sampled from the prefill logits, already streamed to the client
     params: SamplingParams
     done: bool = False  # the first token already ends the request (EOS or max_tokens == 1)
+    logprobs: TokenLogprobs | None = None  # the first token's, when params.logprobs is set
+    # params.prompt_logprobs: one per prompt token, None for the first (nothing predicts it)
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,12 +110,15 @@ class StepOutput:
         max_tokens reached, or the slot's KV is full). After done, the slot stays inactive
         until the next insert.
     lengths[b]: each slot's KV length after the call.
+    logprobs[s, :, b]: tokens[s, b]'s packed logprobs (LOGPROB_ROW), for the slots whose
+        request asked; None when no active slot asked (nothing was copied to the host).
     """
 
     tokens: np.ndarray  # int32 [steps, slots]
     valid: np.ndarray  # bool [steps, slots]
     done: np.ndarray  # bool [steps, slots]
     lengths: np.ndarray  # int32 [slots]
+    logprobs: np.ndarray | None = None  # f32 [steps, LOGPROB_ROW, slots]
 
 
 @dataclass(frozen=True)
@@ -128,6 +175,10 @@ def check_request(
         )
     if params.max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(params, name)
+        if k is not None and not 0 <= k <= MAX_LOGPROBS:
+            raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}] or None, got {k}")
 
 
 class DecodeState(Protocol):
@@ -143,7 +194,7 @@ class Engine(Protocol):
     page_size: int  # KV positions per page
     pages: int  # KV pages per replica, page 0 (scratch) included
     pages_per_seq: int  # pages a max_seq_len sequence holds: a page table row's width
-    eos_id: int
+    eos_ids: tuple[int, ...]  # sampling any of them ends a sequence ("stop")
     vocab_size: int  # ids the tokenizer can decode; sampling never goes beyond
 
     def describe(self) -> EngineInfo:

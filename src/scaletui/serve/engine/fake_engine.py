@@ -2,8 +2,11 @@
 
 Prefill's first token is (last prompt token + 1) % vocab_size; each decode step emits
 (previous token + 1) % vocab_size. With the byte tokenizer the prompt "a" continues "bcd...",
-and a sequence reaches EOS (257) after byte 255 and BOS 256. `step_s` / `prefill_s` sleep to
-mimic compute, so timing behaviour (continuous batching, disconnects) is observable.
+and a sequence reaches EOS (257) after byte 255 and BOS 256. Its logprobs are as simple: after
+token p, token (p + j) % vocab_size has logprob -j ln 2 (j = 1 .. vocab_size, so p itself is
+last), so the emitted token always has -ln 2 and the top k are p+1 .. p+k. `step_s` /
+`prefill_s` sleep to mimic compute, so timing behaviour (continuous batching, disconnects) is
+observable.
 `FakeEngineFactory` builds them the way `build.JaxEngineFactory` builds the real ones.
 """
 
@@ -15,7 +18,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scaletui.serve.engine.engine_api import Engine, EngineInfo, Prefix, SamplingParams, StepOutput
+from scaletui.serve.engine.engine_api import (
+    LOGPROB_ROW,
+    MAX_LOGPROBS,
+    Engine,
+    EngineInfo,
+    Prefix,
+    SamplingParams,
+    StepOutput,
+    TokenLogprobs,
+    pack_logprobs,
+    unpack_logprobs,
+)
 from scaletui.shape import ServerShape
 
 WARMUP_UNITS = 2  # "shapes": prefill and generate
@@ -30,6 +44,7 @@ class FakeState:
     lengths: np.ndarray  # int32 [B]
     generated: np.ndarray  # int32 [B] tokens produced so far (the prefill one included)
     params: list[SamplingParams | None] = field(default_factory=list)
+    prefilled: dict[int, int] = field(default_factory=dict)  # slot -> prompt tokens so far
 
 
 class FakeEngine:
@@ -40,7 +55,7 @@ class FakeEngine:
         slots: int,
         max_seq_len: int,
         vocab_size: int,
-        eos_id: int,
+        eos_ids: tuple[int, ...],
         step_s: float = 0.0,
         prefill_s: float = 0.0,
         warmup_s: float = 0.0,
@@ -56,7 +71,7 @@ class FakeEngine:
         self.replicas, self.page_size = dp, page_size
         self.pages_per_seq = -(-max_seq_len // page_size)
         self.pages = pages or slots // dp * self.pages_per_seq + 1
-        self.vocab_size, self.eos_id = vocab_size, eos_id
+        self.vocab_size, self.eos_ids = vocab_size, tuple(eos_ids)
         self.step_s, self.prefill_s, self.warmup_s = step_s, prefill_s, warmup_s
         self.name, self.devices, self.dp, self.tp = name, devices, dp, tp
         self._compiles = 0
@@ -102,9 +117,30 @@ class FakeEngine:
     def prefill(self, tokens: list[int], params: SamplingParams) -> Prefix:
         assert 0 < len(tokens) < self.max_seq_len, len(tokens)
         time.sleep(self.prefill_s)
+        return self._prefix(list(tokens), tokens, params)
+
+    def _prefix(self, kv: list[int] | None, tokens: list[int], params: SamplingParams) -> Prefix:
         first = (tokens[-1] + 1) % self.vocab_size
         done = params.max_tokens <= 1 or self._is_eos(first, 1, params)
-        return Prefix(list(tokens), len(tokens), first, params, done)
+        mine = prompt = None
+        if params.logprobs is not None:
+            mine = unpack_logprobs(self.logprob_row(tokens[-1], first), params.logprobs)
+        if params.prompt_logprobs is not None:
+            k, pairs = params.prompt_logprobs, zip(tokens, tokens[1:], strict=False)
+            prompt = (None, *(unpack_logprobs(self.logprob_row(a, b), k) for a, b in pairs))
+        return Prefix(kv, len(tokens), first, params, done, mine, prompt)
+
+    def logprob_row(self, prev: int, token: int) -> np.ndarray:
+        """The packed logprobs of `token` after `prev` (see the module docstring)."""
+        v = self.vocab_size
+        ln2 = float(np.log(2.0))
+        top = [(prev + j) % v for j in range(1, MAX_LOGPROBS + 1)]
+        values = [-j * ln2 for j in range(1, MAX_LOGPROBS + 1)]
+        return pack_logprobs(-((token - prev - 1) % v + 1) * ln2, top, values)
+
+    def token_logprobs(self, prev: int, token: int, k: int) -> TokenLogprobs:
+        """What a request asking for `k` candidates gets for `token` after `prev` (tests)."""
+        return unpack_logprobs(self.logprob_row(prev, token), k)
 
     def prefill_pages(
         self,
@@ -129,15 +165,20 @@ class FakeEngine:
                 f"in [1, {self.pages}), got {list(pages)}"
             )
         time.sleep(self.prefill_s * (stop - start) / n)
+        # as the real engine, which keeps each chunk's prompt logprobs until the prompt's end
+        if params.prompt_logprobs is not None and start and start != state.prefilled.get(slot):
+            raise ValueError(f"prompt logprobs need the prompt prefilled from 0, got {start}")
+        state.prefilled[slot] = stop
         if stop < n:
             return state, None
-        first = (tokens[-1] + 1) % self.vocab_size
-        done = params.max_tokens <= 1 or self._is_eos(first, 1, params)
-        return state, Prefix(None, n, first, params, done)
+        del state.prefilled[slot]
+        return state, self._prefix(None, tokens, params)
 
     def transfer(self, prefix: Prefix, to: object) -> Prefix:
         p = prefix
-        return Prefix(list(p.kv), p.length, p.first_token, p.params, p.done)
+        return Prefix(
+            list(p.kv), p.length, p.first_token, p.params, p.done, p.logprobs, p.prompt_logprobs
+        )
 
     def insert(
         self, state: FakeState, prefix: Prefix, slot: int, pages: Sequence[int]
@@ -159,6 +200,7 @@ class FakeEngine:
     def release(self, state: FakeState, slot: int) -> FakeState:
         state.active[slot] = False
         state.params[slot] = None
+        state.prefilled.pop(slot, None)
         return state
 
     def generate(
@@ -170,10 +212,14 @@ class FakeEngine:
         tokens = np.zeros((steps, b), np.int32)
         valid = np.zeros((steps, b), bool)
         done = np.zeros((steps, b), bool)
+        asked = [s for s in np.flatnonzero(state.active) if state.params[s].logprobs is not None]
+        lps = np.zeros((steps, LOGPROB_ROW, b), np.float32) if asked else None
         for s in range(steps):
             for slot in np.flatnonzero(state.active):
                 params = state.params[slot]
                 token = (int(state.last[slot]) + 1) % self.vocab_size
+                if lps is not None and params.logprobs is not None:
+                    lps[s, :, slot] = self.logprob_row(int(state.last[slot]), token)
                 state.lengths[slot] += 1  # the previous token's KV is now in the cache
                 state.generated[slot] += 1
                 state.last[slot] = token
@@ -186,7 +232,7 @@ class FakeEngine:
                 tokens[s, slot], valid[s, slot], done[s, slot] = token, True, finished
                 if finished:
                     state.active[slot] = False
-        return state, StepOutput(tokens, valid, done, state.lengths.copy())
+        return state, StepOutput(tokens, valid, done, state.lengths.copy(), lps)
 
     def _check_pages(self, state: FakeState, steps: int, pages: np.ndarray) -> None:
         """What the real engine needs and cannot check on the device: every active slot holds
@@ -211,7 +257,7 @@ class FakeEngine:
         return state.params[slot].max_tokens - int(state.generated[slot])
 
     def _is_eos(self, token: int, generated: int, params: SamplingParams) -> bool:
-        return token == self.eos_id and not params.ignore_eos and generated >= params.min_tokens
+        return token in self.eos_ids and not params.ignore_eos and generated >= params.min_tokens
 
 
 @dataclass(frozen=True)
@@ -220,7 +266,7 @@ class FakeEngineFactory:
     on consecutive (pretend) device ids. Every config the ServerShape accepts is buildable."""
 
     vocab_limit: int | None = None  # the tokenizer's vocabulary (default: the model's)
-    eos_id: int = 257
+    eos_ids: tuple[int, ...] = (257,)  # the byte tokenizer's EOS
     step_s: float = 0.002
     prefill_s: float = 0.002
     warmup_s: float = 0.0
@@ -235,7 +281,7 @@ class FakeEngineFactory:
                 config.slots,
                 config.max_seq_len,
                 vocab,
-                self.eos_id,
+                self.eos_ids,
                 self.step_s,
                 self.prefill_s,
                 self.warmup_s,

@@ -36,10 +36,12 @@ from scaletui.serve.engine.engine_api import (
     SamplingParams,
     StepOutput,
     check_request,
+    prompt_logprobs_of,
+    unpack_logprobs,
 )
 from scaletui.serve.engine.programs import EnginePrograms
 from scaletui.serve.engine.slot_state import SlotState
-from scaletui.serve.engine.steps import PrefillArgs, StepConsts
+from scaletui.serve.engine.steps import PrefillArgs, StepConsts, eos_row
 from scaletui.serve.weights import quant, sharding
 from scaletui.shape import ServerShape, pow2_buckets
 
@@ -58,7 +60,7 @@ class JaxEngine(EnginePrograms):
         *,
         role: str = "both",
         vocab_size: int | None = None,
-        eos_id: int = -1,
+        eos_ids: tuple[int, ...] = (),
         kernels: str = "xla",
         kernels_note: str | None = None,
     ) -> None:
@@ -75,7 +77,7 @@ class JaxEngine(EnginePrograms):
         self.page_size, self.pages = config.page_size, config.pages  # pages: per replica
         self.pages_per_seq = config.pages_per_seq  # a page table row's width
         self.vocab_size = vocab_size or m.vocab_size  # sampling never goes beyond
-        self.eos_id = eos_id
+        self.eos_ids = tuple(eos_ids)  # sampling any of them ends a sequence ("stop")
         self.mesh = mesh
         self.devices = list(mesh.devices.flat)
         self.precision = p = config.precision
@@ -109,8 +111,8 @@ class JaxEngine(EnginePrograms):
             self.ops.layout,
         )
         self._exes: dict[tuple, object] = {}
-        # (steps, vocab_size, eos_id) -> their device copies, placed once instead of every step
-        self._consts: dict[tuple[int, int, int], StepConsts] = {}
+        # (steps, vocab_size, eos_ids) -> their device copies, placed once instead of every step
+        self._consts: dict[tuple[int, int, tuple[int, ...]], StepConsts] = {}
         self.compile_seconds = 0.0
         self.warm_runs: list[tuple[str, int]] = []  # what warmup ran once (warm.py)
         self.warm_run_seconds = 0.0
@@ -173,13 +175,14 @@ class JaxEngine(EnginePrograms):
 
     def prefill(self, tokens: list[int], params: SamplingParams) -> Prefix:
         check_request(tokens, params, self.max_seq_len, self.model.vocab_size)
-        n = len(tokens)
-        args = lambda start: self._put(PrefillArgs.of(n, params, self.vocab_size, start))
+        n, rows = len(tokens), []  # rows: the chunks' prompt logprobs, when asked
+        args = lambda start, nxt: self._put(PrefillArgs.of(n, params, self.vocab_size, start, nxt))
         if n <= self.chunk:
             t = next(b for b in self.prefill_buckets if b >= n)
             padded = np.zeros(t, np.int32)
             padded[:n] = tokens
-            kv, tok = self._prefill_exe(t)(self.params, self._put(padded), args(0))
+            kv, tok, lp = self._prefill_exe(t)(self.params, self._put(padded), args(0, 0))
+            rows.append(lp)
         else:
             zeros, step = self._chunk_exes()
             kv = zeros()
@@ -187,10 +190,28 @@ class JaxEngine(EnginePrograms):
             padded[:n] = tokens
             for start in range(0, n, self.chunk):
                 chunk = self._put(padded[start : start + self.chunk])
-                kv, tok = step(self.params, chunk, args(start), kv)
-        first = int(tok)
-        eos = first == self.eos_id and params.min_tokens == 0 and not params.ignore_eos
-        return Prefix(kv, n, first, params, done=eos or params.max_tokens <= 1)
+                end = start + self.chunk
+                kv, tok, lp = step(self.params, chunk, args(start, padded[min(end, n - 1)]), kv)
+                rows.append(lp)
+        return self._prefix(kv, tokens, tok, lp, rows, params)
+
+    def _prefix(
+        self, kv: object, tokens: list[int], tok: jax.Array, lp: jax.Array, rows: list, params
+    ) -> Prefix:
+        """The Prefix of a prompt whose last chunk sampled `tok`: its logprobs (lp's last row)
+        and the prompt's (`rows`: each chunk's packed rows, in order), copied to the host only
+        when asked."""
+        first, n = int(tok), len(tokens)
+        eos = first in self.eos_ids and params.min_tokens == 0 and not params.ignore_eos
+        mine = prompt = None
+        if params.logprobs is not None:
+            mine = unpack_logprobs(np.asarray(lp)[-1], params.logprobs)
+        if params.prompt_logprobs is not None:  # each chunk's rows but its last (the first token)
+            packed = np.concatenate([np.asarray(r)[:-1] for r in rows])[: n - 1]
+            assert len(packed) == n - 1, (len(packed), n)
+            prompt = prompt_logprobs_of(packed, params.prompt_logprobs)
+        done = eos or params.max_tokens <= 1
+        return Prefix(kv, n, first, params, done=done, logprobs=mine, prompt_logprobs=prompt)
 
     def prefill_pages(
         self,
@@ -220,6 +241,14 @@ class JaxEngine(EnginePrograms):
         row[: len(pages)] += np.asarray(pages, np.int32)
         row, scratch, arrays = self._put(row), self._put(np.int32(base)), state.arrays
         tok, step = None, max(size, self.chunk // size * size)  # chunks from page boundaries
+        if start == 0:
+            state.prompt_rows.pop(slot, None)
+        rows = state.prompt_rows.setdefault(slot, [])
+        if params.prompt_logprobs is not None and start != sum(len(r) - 1 for r in rows):
+            raise ValueError(
+                f"prompt logprobs need every prompt position prefilled here, but the prompt "
+                f"starts at {start} (a cached prefix?); prefill it from 0"
+            )
         if step > self.chunk and stop - start > self.chunk:
             raise ValueError(
                 f"a {stop - start}-token prompt runs in pieces of whole pages "
@@ -232,16 +261,18 @@ class JaxEngine(EnginePrograms):
             t = next(b for b in self.prefill_buckets if b >= c)
             padded = np.zeros(t, np.int32)
             padded[:c] = tokens[cur : cur + c]
-            args = self._put(PrefillArgs.of(cur + c, params, self.vocab_size, cur))
+            nxt = tokens[cur + c] if cur + c < n else 0
+            args = self._put(PrefillArgs.of(cur + c, params, self.vocab_size, cur, nxt))
             prior = self._gather_exe()(arrays.cache, row) if cur else self._no_prior
             exe = self._paged_prefill_exe(t)
-            arrays, tok = exe(self.params, arrays, self._put(padded), args, row, scratch, prior)
-        state = SlotState(arrays, state.lengths, state.active)
+            arrays, tok, lp = exe(self.params, arrays, self._put(padded), args, row, scratch, prior)
+            if params.prompt_logprobs is not None:  # the chunk's c positions, and the last row
+                rows.append(np.asarray(lp)[np.r_[:c, -1]])
+        state = state.replaced(arrays)
         if stop < n:
             return state, None
-        first = int(tok)
-        eos = first == self.eos_id and params.min_tokens == 0 and not params.ignore_eos
-        return state, Prefix(None, n, first, params, done=eos or params.max_tokens <= 1)
+        rows = state.prompt_rows.pop(slot, [])
+        return state, self._prefix(None, tokens, tok, lp, rows, params)
 
     def transfer(self, prefix: Prefix, to: JaxEngine) -> Prefix:
         if to is self:
@@ -279,9 +310,10 @@ class JaxEngine(EnginePrograms):
             n = min(len(pages), ids.size)
             ids[:n] += np.asarray(pages[:n], np.int32)
             arrays = self._insert_exe(t)(state.arrays, prefix.kv, ints, floats, self._put(ids))
-        lengths, act = state.lengths.copy(), state.active.copy()
+        lengths, act, wants = state.lengths.copy(), state.active.copy(), state.logprobs.copy()
         lengths[slot], act[slot] = prefix.length, active
-        return SlotState(arrays, lengths, act)
+        wants[slot] = prefix.params.logprobs is not None
+        return state.replaced(arrays, lengths=lengths, active=act, logprobs=wants)
 
     def release(self, state: SlotState, slot: int) -> SlotState:
         if not 0 <= slot < self.slots:
@@ -289,7 +321,8 @@ class JaxEngine(EnginePrograms):
         _, rel = self._misc_exes()
         act = state.active.copy()
         act[slot] = False
-        return SlotState(rel(state.arrays, self._put(np.int32(slot))), state.lengths, act)
+        state.prompt_rows.pop(slot, None)  # released mid-prompt (cancelled)
+        return state.replaced(rel(state.arrays, self._put(np.int32(slot))), active=act)
 
     def pick_bucket(self, lengths: np.ndarray, active: np.ndarray, steps: int) -> int:
         need = int(lengths[active].max(initial=0)) + steps
@@ -307,20 +340,23 @@ class JaxEngine(EnginePrograms):
         table = np.zeros((self.rows, bucket // self.page_size), np.int32)
         w = min(table.shape[1], pages.shape[1])
         table[: pages.shape[0], :w] = pages[:, :w]
-        key = (steps, self.vocab_size, self.eos_id)
+        key = (steps, self.vocab_size, self.eos_ids)
         consts = self._consts.get(key)
         if consts is None:
-            consts = self._consts[key] = self._put(StepConsts(*map(np.int32, key)))
+            values = StepConsts(np.int32(steps), np.int32(self.vocab_size), eos_row(self.eos_ids))
+            consts = self._consts[key] = self._put(values)
         table = jax.device_put(table, self._table_sh(table.shape))
-        arrays, packed = exe(self.params, state.arrays, consts, table)
+        arrays, packed, lps = exe(self.params, state.arrays, consts, table)
         host = np.asarray(packed)  # the one host sync
+        n = self.slots
+        asked = (state.active & state.logprobs).any()  # else the logprobs stay on the device
+        lp = np.asarray(lps)[:steps, :, :n].copy() if asked else None
         out = host[:-1].reshape(self.config.decode_steps, 3, self.rows)[:steps]
         lengths = host[-1].copy()
         done = out[:, 2].astype(bool)
         active = state.active & ~done.any(axis=0)
         self.last_step_stats = {"bucket": bucket, "steps": steps, "active": int(state.active.sum())}
-        n = self.slots
         result = StepOutput(
-            out[:, 0, :n].copy(), out[:, 1, :n].astype(bool), done[:, :n], lengths[:n].copy()
+            out[:, 0, :n].copy(), out[:, 1, :n].astype(bool), done[:, :n], lengths[:n].copy(), lp
         )
-        return SlotState(arrays, lengths, active), result
+        return state.replaced(arrays, lengths=lengths, active=active), result

@@ -2,8 +2,10 @@
 
 Params (see `weights.param_axes`): `embed` [V, D], optional `lm_head` [V, D] (untied), `norm`
 [D], and `layers`, a list of dicts with `attn_norm` [D], `wq` [D, N, H], `wk`/`wv` [D, K, H],
-`wo` [N, H, D], `mlp_norm` [D], `w_gate`/`w_up` [D, F], `w_down` [F, D]. RoPE uses the
-rotate-half convention of HF checkpoints. Three entry points: `forward` (full causal sequence,
+`wo` [N, H, D], `mlp_norm` [D], `w_gate`/`w_up` [D, F], `w_down` [F, D], and with
+`m.qkv_bias` the f32 biases `bq` [N, H], `bk`/`bv` [K, H] (added before RoPE). RoPE
+(rope.py) uses the rotate-half convention of HF checkpoints, with LLaMA-3.1's scaling when
+`m.rope_scaling` is set. Three entry points: `forward` (full causal sequence,
 the reference), `prefill` (one prompt chunk, returning its K/V) and `decode` (one token per
 slot row against a paged cache, attending over a static bucket of each row's pages only).
 Each runs the same `layer` body (and the bench's weights floor does too); only the
@@ -30,6 +32,7 @@ from jax import lax
 
 from scaletui.serve.engine import kv_cache, pallas_attention
 from scaletui.serve.engine import native as native_ops
+from scaletui.serve.engine.rope import apply_rope, rope
 from scaletui.serve.weights import quant
 from scaletui.serve.weights.quant import QTensor, dense
 from scaletui.specs import ModelSpec
@@ -41,22 +44,6 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     xf = x.astype(jnp.float32)
     y = xf * lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return (y * w.astype(jnp.float32)).astype(x.dtype)
-
-
-def rope(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin tables [..., H] for integer positions [...] (halves repeated: rotate-half)."""
-    inv = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
-    ang = positions.astype(jnp.float32)[..., None] * inv
-    ang = jnp.concatenate([ang, ang], axis=-1)
-    return jnp.cos(ang), jnp.sin(ang)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x [..., heads, H]; cos/sin [..., H] broadcast over the heads axis."""
-    half = x.shape[-1] // 2
-    rot = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    c, s = cos[..., None, :], sin[..., None, :]
-    return (x.astype(jnp.float32) * c + rot.astype(jnp.float32) * s).astype(x.dtype)
 
 
 def embed_tokens(params: dict, tokens: jax.Array, m: ModelSpec, compute=None) -> jax.Array:
@@ -77,13 +64,30 @@ def logits_of(params: dict, x: jax.Array, m: ModelSpec, panel: bool = False) -> 
     return dense("...D,VD->...V", h, table, panel=panel, out=jnp.float32)
 
 
+def qkv_biases(p: dict, m: ModelSpec) -> tuple | None:
+    """The layer's f32 q/k/v biases (bq [N, H], bk/bv [K, H]) when the model has them."""
+    if not m.qkv_bias:
+        return None
+    missing = [name for name in ("bq", "bk", "bv") if name not in p]
+    if missing:
+        raise ValueError(f"model {m.name!r} has qkv_bias but a layer lacks {missing}")
+    return p["bq"], p["bk"], p["bv"]
+
+
 def qkv_proj(
     p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array, m: ModelSpec, panel: bool = False
 ) -> tuple:
-    q = apply_rope(dense("...D,DNH->...NH", h, p["wq"], panel=panel), cos, sin)
-    k = apply_rope(dense("...D,DKH->...KH", h, p["wk"], panel=panel), cos, sin)
-    v = dense("...D,DKH->...KH", h, p["wv"], panel=panel)
-    return q, k, v
+    eqs = ("...D,DNH->...NH", "...D,DKH->...KH", "...D,DKH->...KH")
+    weights = (p["wq"], p["wk"], p["wv"])
+    biases = qkv_biases(p, m)
+    if biases is None:
+        q, k, v = (dense(eq, h, w, panel=panel) for eq, w in zip(eqs, weights, strict=True))
+    else:  # the bias joins the f32 sums, rounded to the activations' dtype once with them
+        q, k, v = (
+            (dense(eq, h, w, panel=panel, out=jnp.float32) + b).astype(h.dtype)
+            for eq, w, b in zip(eqs, weights, biases, strict=True)
+        )
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
 def out_proj(p: dict, o: jax.Array, m: ModelSpec, panel: bool = False) -> jax.Array:
@@ -137,7 +141,8 @@ def native_logits(params: dict, x: jax.Array, m: ModelSpec) -> jax.Array:
 
 def native_qkv(p: dict, h: jax.Array, cos: jax.Array, sin: jax.Array, m: ModelSpec) -> tuple:
     n, k, hd = m.n_heads, m.n_kv_heads, m.head_dim
-    y = native_ops.dense(h, p["wqkv"], (n + 2 * k) * hd).astype(h.dtype)
+    y = native_ops.dense(h, p["wqkv"], (n + 2 * k) * hd)  # f32 [..., (N + 2K) H]
+    y = (y + p["bqkv"] if m.qkv_bias else y).astype(h.dtype)  # bqkv: pack_params' [bq|bk|bv]
     q, k, v = jnp.split(y.reshape(*y.shape[:-1], n + 2 * k, hd), [n, n + k], axis=-2)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
@@ -179,9 +184,9 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
     qg = q.reshape(b, t, kh, n // kh, hd)
     s = jnp.einsum("BTKGH,BSKH->BKGTS", qg, k, preferred_element_type=jnp.float32)
     s = jnp.where(mask[:, None, None], s * hd**-0.5, NEG)
-    pr = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    o = jnp.einsum("BKGTS,BSKH->BTKGH", pr, v)
-    return o.reshape(b, t, n, hd)
+    pr = jax.nn.softmax(s, axis=-1)  # f32, as _attend_chunk's: bf16 K/V widen exactly
+    o = jnp.einsum("BKGTS,BSKH->BTKGH", pr, v.astype(jnp.float32))
+    return o.reshape(b, t, n, hd).astype(q.dtype)
 
 
 def layer(p: dict, x: jax.Array, cos, sin, m: ModelSpec, ops: Ops, attend: Callable) -> tuple:
@@ -213,7 +218,7 @@ def forward(params: dict, tokens: jax.Array, m: ModelSpec, ops: Ops | None = Non
     ops = ops or XLA
     t = tokens.shape[1]
     x = ops.embed(params, tokens, m)  # [B, T, D]
-    cos, sin = rope(jnp.arange(t), m.head_dim, m.rope_theta)
+    cos, sin = rope(jnp.arange(t), m.head_dim, m.rope_theta, m.rope_scaling)
     mask = jnp.tril(jnp.ones((t, t), bool))[None]
     x, _ = layers(params, x, cos, sin, m, ops, lambda i, q, k, v: (_attend(q, k, v, mask), None))
     return ops.logits(params, x, m)
@@ -228,7 +233,8 @@ def prefill(
     prior: list[tuple] | None = None,
     ops: Ops | None = None,
     kv_dtype: jnp.dtype | None = None,
-) -> tuple[jax.Array, list[tuple]]:
+    hidden: bool = False,
+) -> tuple:
     """One prompt chunk. tokens [T] at positions start..start+T-1; true_len = prompt length.
 
     Without `prior` the chunk is the whole prompt: returns (logits [V] at position true_len-1,
@@ -237,12 +243,13 @@ def prefill(
     the whole buffer; returns the updated buffer. K/V are stored in `kv_dtype` (None: the
     compute dtype; int8 entries are (k, v, k_scale [., K], v_scale), see `quant.store_kv`), and
     attention reads what is stored, so a prompt sees the cache precision decode will see.
+    `hidden`: also return every position's final hidden state [T, D] (prompt logprobs).
     """
     ops = ops or XLA
     t = tokens.shape[0]
     pos = start + jnp.arange(t)
     x = ops.embed(params, tokens, m)[None]  # [1, T, D]
-    cos, sin = rope(pos, m.head_dim, m.rope_theta)
+    cos, sin = rope(pos, m.head_dim, m.rope_theta, m.rope_scaling)
 
     def attend(i, q, k, v):
         entry = quant.store_kv(k[0], v[0], kv_dtype)  # [T, K, H] (+ scales [T, K])
@@ -262,7 +269,7 @@ def prefill(
     x, kv_out = layers(params, x, cos, sin, m, ops, attend)
     last = jnp.clip(true_len - 1 - start, 0, t - 1)
     h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
-    return ops.logits(params, h, m), kv_out
+    return (ops.logits(params, h, m), kv_out) + ((x[0],) if hidden else ())
 
 
 def gather_pages(
@@ -282,45 +289,76 @@ def gather_pages(
     ]
 
 
+def _as_pages(entry: tuple, s: int) -> dict:
+    """A chunk's stored K/V (`quant.store_kv`: k, v [T, K, H], int8 with scales [T, K]) as
+    whole pages in gather_pages' page-major form, zero-padded past T: k [w, K, H, S], v [w, K,
+    S, H] (scales [w, K, S])."""
+    t = entry[0].shape[0]
+    w = -(-t // s)
+    pad = lambda a: jnp.pad(a, [(0, w * s - t)] + [(0, 0)] * (a.ndim - 1))
+    paged = lambda a: pad(a).reshape(w, s, *a.shape[1:])  # [w, S, K, ...]
+    out = {
+        "k": jnp.transpose(paged(entry[0]), (0, 2, 3, 1)),
+        "v": jnp.swapaxes(paged(entry[1]), 1, 2),
+    }
+    if len(entry) == 4:
+        out |= {"k_scale": jnp.swapaxes(paged(entry[2]), 1, 2)}
+        out |= {"v_scale": jnp.swapaxes(paged(entry[3]), 1, 2)}
+    return out
+
+
 def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
-    """Attention of a prompt chunk: q [T, N, H] at positions start..start+T-1, causal over its
-    own K/V (own: k, v [T, K, H] as stored, read back in q's dtype) and over every earlier
-    position, in the sequence's pages as gathered before this chunk's write (`prior`: {"k":
-    [W, K, H, S], "v": [W, K, S, H]} in the pool's storage, int8 with scales [W, K, S]).
-    The earlier pages run in a loop as long as `start` needs (none for a fresh prompt), merged
-    with a running max and sum (flash attention's online softmax), in f32. -> [T, N, H].
-    Everything runs KV-head-major ([K, G, T, .]): XLA CPU's batched dots want the batch axis
-    first, and the [T, K, G, S] order cost transposes of the scores (measured in
-    docs/history/benchmarks-2026-12.md, "Paged KV cache")."""
+    """Attention of a prompt chunk: q [T, N, H] at positions start..start+T-1 over every
+    earlier position (the sequence's pages as gathered before this chunk's write, `prior`:
+    {"k": [W, K, H, S], "v": [W, K, S, H]} in the pool's storage, int8 with scales [W, K, S])
+    and causally over its own K/V (`own`: `quant.store_kv`'s entry, as the pool will store it).
+    -> [T, N, H].
+
+    One loop over key pages in position order, the earlier pages and then the chunk's own cut
+    into pages, merged with a running max and sum (flash attention's online softmax), all in
+    f32 (K/V as stored, converted exactly). A query's arithmetic is thereby the same however
+    its prompt was split: whole, in chunks, or over a cached prefix's pages give the same bits
+    (a fully masked page adds exact zeros). Everything runs KV-head-major ([K, G, T, .]): XLA
+    CPU's batched dots want the batch axis first, and the [T, K, G, S] order cost transposes of
+    the scores (measured in docs/history/benchmarks-2026-12.md, "Paged KV cache")."""
     t, n, hd = q.shape
-    kh, s = prior["k"].shape[1], prior["v"].shape[2]
+    kh, s, width = prior["k"].shape[1], prior["v"].shape[2], prior["k"].shape[0]
     f32 = jnp.float32
-    qk = jnp.transpose(q.reshape(t, kh, n // kh, hd), (1, 2, 0, 3))  # [K, G, T, H]
-    sc = jnp.einsum("KGTH,SKH->KGTS", qk, own[0], preferred_element_type=f32) * hd**-0.5
-    causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [T, T]
-    sc = jnp.where(causal, sc, NEG)
-    m0 = sc.max(-1)
-    pr = jnp.exp(sc - m0[..., None])
-    acc0 = jnp.einsum("KGTS,SKH->KGTH", pr.astype(q.dtype), own[1], preferred_element_type=f32)
-    q32 = qk.astype(f32)
+    q32 = jnp.transpose(q.reshape(t, kh, n // kh, hd), (1, 2, 0, 3)).astype(f32)  # [K, G, T, H]
+    mine = _as_pages(own, s)
+    qpos = start + jnp.arange(t)
+    n_prior = (start + s - 1) // s
+
+    def take(name: str, i: jax.Array) -> jax.Array:  # page i of the sequence, as f32 values
+        from_prior = lax.dynamic_index_in_dim(prior[name], jnp.minimum(i, width - 1), 0, False)
+        from_own = lax.dynamic_index_in_dim(mine[name], jnp.maximum(i - n_prior, 0), 0, False)
+        return jnp.where(
+            i < n_prior, kv_cache.from_pool(from_prior).astype(f32), from_own.astype(f32)
+        )
 
     def page(i, carry):
         m_i, l_i, acc = carry  # [K, G, T], [K, G, T], [K, G, T, H]
-        sc = jnp.einsum("KGTH,KHS->KGTS", q32, kv_cache.from_pool(prior["k"][i]).astype(f32))
+        sc = jnp.einsum("KGTH,KHS->KGTS", q32, take("k", i))
         if "k_scale" in prior:
-            sc = sc * prior["k_scale"][i][:, None, None, :]
-        sc = sc * hd**-0.5
+            sc = sc * take("k_scale", i)[:, None, None, :]
+        kpos = i * s + jnp.arange(s)
+        sc = jnp.where(kpos[None, :] <= qpos[:, None], sc * hd**-0.5, NEG)  # [T, S]: causal
         m_new = jnp.maximum(m_i, sc.max(-1))
         fade = jnp.exp(m_i - m_new)
         pr = jnp.exp(sc - m_new[..., None])
         l_new = l_i * fade + pr.sum(-1)
         if "v_scale" in prior:
-            pr = pr * prior["v_scale"][i][:, None, None, :]
-        pv = jnp.einsum("KGTS,KSH->KGTH", pr, kv_cache.from_pool(prior["v"][i]).astype(f32))
+            pr = pr * take("v_scale", i)[:, None, None, :]
+        pv = jnp.einsum("KGTS,KSH->KGTH", pr, take("v", i))
         return m_new, l_new, acc * fade[..., None] + pv
 
-    n_prior = (start + s - 1) // s
-    _, l_sum, acc = lax.fori_loop(0, n_prior, page, (m0, pr.sum(-1), acc0))
+    g = n // kh
+    init = (
+        jnp.full((kh, g, t), NEG, f32),
+        jnp.zeros((kh, g, t), f32),
+        jnp.zeros((kh, g, t, hd), f32),
+    )
+    _, l_sum, acc = lax.fori_loop(0, n_prior + mine["k"].shape[0], page, init)
     o = acc / l_sum[..., None]  # [K, G, T, H]
     return jnp.transpose(o, (2, 0, 1, 3)).reshape(t, n, hd).astype(q.dtype)
 
@@ -336,7 +374,8 @@ def prefill_paged(
     cache: list[dict],
     prior: list[dict],
     ops: Ops | None = None,
-) -> tuple[jax.Array, list[dict]]:
+    hidden: bool = False,
+) -> tuple:
     """One prompt chunk of a sequence that keeps its K/V in pages (kv_cache's pool): tokens
     [T] at positions start..start+T-1, `start` a multiple of the page size; positions before
     it (earlier chunks, or a cached prefix) are already in the sequence's pages `pages` [W]
@@ -346,17 +385,18 @@ def prefill_paged(
     pages (`_attend_chunk`), then writes its K/V as whole pages from
     `start` on (the padding past `true_len` lands in positions the sequence writes before it
     reads them; pages past the table go to the `scratch` page). Returns (logits [V] at
-    position true_len - 1, the updated cache)."""
+    position true_len - 1, the updated cache), and with `hidden` every position's final
+    hidden state [T, D]."""
     ops = ops or XLA
     t = tokens.shape[0]
     pos = start + jnp.arange(t)
     x = ops.embed(params, tokens, m)[None]  # [1, T, D]
-    cos, sin = rope(pos, m.head_dim, m.rope_theta)
+    cos, sin = rope(pos, m.head_dim, m.rope_theta, m.rope_scaling)
 
     def attend(i, q, k, v):
         pool = cache[i]
         entry = quant.store_kv(k[0], v[0], kv_cache.value_dtype(pool["k"].dtype))  # [T, K, H]
-        o = _attend_chunk(q[0], quant.load_kv(entry, q.dtype), prior[i], start)
+        o = _attend_chunk(q[0], entry, prior[i], start)
         first = jnp.minimum(start // pool["v"].shape[2], pages.shape[0])
         ids = lax.dynamic_slice_in_dim(
             jnp.append(pages, jnp.full_like(pages, scratch)), first, -(-t // pool["v"].shape[2])
@@ -369,7 +409,7 @@ def prefill_paged(
     x, out = layers(params, x, cos, sin, m, ops, attend)
     last = jnp.clip(true_len - 1 - start, 0, t - 1)
     h = lax.dynamic_index_in_dim(x[0], last, axis=0, keepdims=False)  # [D]
-    return ops.logits(params, h, m), out
+    return (ops.logits(params, h, m), out) + ((x[0],) if hidden else ())
 
 
 def decode(
@@ -395,7 +435,7 @@ def decode(
     b = tokens.shape[0]
     r = n_rows or b
     x = ops.embed(params, tokens[:r], m)  # [R, D]
-    cos, sin = rope(positions[:r], m.head_dim, m.rope_theta)
+    cos, sin = rope(positions[:r], m.head_dim, m.rope_theta, m.rope_scaling)
 
     def attend(i, q, k, v):
         o, pool = ops.decode_attention(q, k, v, positions, pages, cache[i])

@@ -52,7 +52,7 @@ class EnginePrograms:
             return self._exes[("prefill", t)]
         fn = partial(steps.prefill, m=self.model, ops=self.ops, kv_dtype=self.kv_dtype)
         args = (self.params, self._small((t,), jnp.int32), self._args_spec())
-        out = (self._prefix_sh(t), self._rep)
+        out = (self._prefix_sh(t), self._rep, self._rep)
         return self._exe(("prefill", t), fn, args, out)
 
     def _chunk_exes(self) -> tuple[object, object]:
@@ -68,7 +68,8 @@ class EnginePrograms:
             self._kv_spec(n),
         )
         fn = partial(steps.prefill_chunk, m=self.model, ops=self.ops, kv_dtype=self.kv_dtype)
-        step = self._exe(("chunk", self.chunk), fn, args, (sh, self._rep), donate=(3,))
+        out = (sh, self._rep, self._rep)
+        step = self._exe(("chunk", self.chunk), fn, args, out, donate=(3,))
         return zeros, step
 
     def _table_sh(self, shape: tuple[int, int]) -> object:
@@ -98,7 +99,7 @@ class EnginePrograms:
 
     def _args_spec(self) -> PrefillArgs:
         i32, f32 = self._small((), jnp.int32), self._small((), jnp.float32)
-        return PrefillArgs(i32, i32, i32, f32, f32, i32, i32)
+        return PrefillArgs(i32, i32, i32, f32, f32, i32, i32, i32, i32, i32)
 
     def _state_spec(self) -> DecodeState:
         shapes = jax.eval_shape(self._empty_state)
@@ -144,8 +145,10 @@ class EnginePrograms:
         i32 = self._small((), jnp.int32)
         shape = (self.rows, bucket // self.page_size)
         table = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self._table_sh(shape))
-        args = (self.params, self._state_spec(), StepConsts(i32, i32, i32), table)
-        return self._exe(("generate", bucket), fn, args, (self._state_sh, self._rep), donate=(1,))
+        eos = self._small(steps.eos_row(self.eos_ids).shape, jnp.int32)
+        args = (self.params, self._state_spec(), StepConsts(i32, i32, eos), table)
+        out = (self._state_sh, self._rep, self._rep)
+        return self._exe(("generate", bucket), fn, args, out, donate=(1,))
 
     def _paged_prefill_exe(self, t: int) -> object:
         if ("prefill_paged", t) in self._exes:
@@ -162,7 +165,7 @@ class EnginePrograms:
             i32,
             self._prior_spec(),
         )
-        out = (self._state_sh, self._rep)
+        out = (self._state_sh, self._rep, self._rep)
         return self._exe(("prefill_paged", t), fn, args, out, donate=(1,))
 
     def _prior_spec(self) -> list:

@@ -5,6 +5,10 @@ token being sampled), so a request draws the same tokens whatever slot or batch 
 Ids at or above `vocab_limit` (beyond what the tokenizer can decode) are never produced. The
 full-vocab sort that top-k/top-p need runs only when some row asks for it (`lax.cond`), so an
 all-greedy batch pays one argmax.
+
+Logprobs (`logprob_rows`) are the log-softmax of the logits before temperature, top-k and top-p
+(vLLM v1's default `raw_logprobs`), over the ids the tokenizer can decode; they run only when
+some row asks for them, behind their own `lax.cond`.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+from scaletui.serve.engine.engine_api import LOGPROB_ROW, MAX_LOGPROBS
 
 NEG = -1e30
 
@@ -76,3 +82,27 @@ def sample(
 
     drawn = lax.cond(jnp.any(hot), stochastic, lambda x: greedy, logits)
     return jnp.where(hot, drawn, greedy)
+
+
+def pack_rows(logits: jax.Array, chosen: jax.Array, vocab_limit: jax.Array | int) -> jax.Array:
+    """logits [B, V], chosen ids [B] -> packed f32 [B, LOGPROB_ROW] (engine_api's layout)."""
+    logits = logits.astype(jnp.float32)
+    allowed = jnp.arange(logits.shape[-1])[None, :] < vocab_limit
+    lp = jax.nn.log_softmax(jnp.where(allowed, logits, NEG), axis=-1)  # [B, V]
+    mine = jnp.take_along_axis(lp, chosen[:, None], axis=-1)  # [B, 1]
+    top, ids = lax.top_k(lp, min(MAX_LOGPROBS, lp.shape[-1]))  # [B, K] best first
+    pad = MAX_LOGPROBS - top.shape[-1]  # a vocabulary smaller than K (toy models)
+    top = jnp.pad(top, ((0, 0), (0, pad)), constant_values=NEG)
+    ids = jnp.pad(ids.astype(jnp.int32), ((0, 0), (0, pad)))
+    return jnp.concatenate([mine, top, lax.bitcast_convert_type(ids, jnp.float32)], axis=-1)
+
+
+def logprob_rows(
+    logits: jax.Array, chosen: jax.Array, want: jax.Array, vocab_limit: jax.Array | int
+) -> jax.Array:
+    """The packed logprobs [B, LOGPROB_ROW] of `chosen` [B] and the top candidates, from
+    logits [B, V]; zeros unless some row `want`s [B] them (then every row is computed: one
+    shape, and the host reads only the rows that asked)."""
+    b = logits.shape[0]
+    zeros = lambda *_: jnp.zeros((b, LOGPROB_ROW), jnp.float32)  # noqa: E731
+    return lax.cond(jnp.any(want), pack_rows, zeros, logits, chosen, vocab_limit)

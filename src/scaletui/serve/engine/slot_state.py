@@ -4,7 +4,7 @@ setting of one slot's fields (`pack_insert_args` on the host, `activate` / `rele
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import jax
@@ -24,6 +24,7 @@ SLOT_FIELDS = {
     "max_tokens": jnp.int32,
     "min_tokens": jnp.int32,
     "ignore_eos": jnp.bool_,
+    "logprobs": jnp.bool_,  # the request asked for logprobs (the step computes them if any)
 }
 
 
@@ -48,6 +49,7 @@ class DecodeState(NamedTuple):
     max_tokens: jax.Array
     min_tokens: jax.Array
     ignore_eos: jax.Array
+    logprobs: jax.Array
 
 
 assert DecodeState._fields[1:] == tuple(SLOT_FIELDS)
@@ -61,11 +63,24 @@ class SlotState:
     arrays: DecodeState
     lengths: np.ndarray  # int32 [rows], tokens in each slot's cache
     active: np.ndarray  # bool [rows]
+    # bool [rows]: the slot's request asked for logprobs (generate then copies them to the host)
+    logprobs: np.ndarray | None = None
+    # slot -> packed prompt logprob rows of the chunks prefilled so far (prompt_logprobs)
+    prompt_rows: dict[int, list[np.ndarray]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.logprobs is None:
+            self.logprobs = np.zeros(self.active.shape, bool)
+
+    def replaced(self, arrays: DecodeState, **mirror: np.ndarray) -> SlotState:
+        """The same host mirror (copied where `mirror` gives new vectors) over new arrays."""
+        fields = {"lengths": self.lengths, "active": self.active, "logprobs": self.logprobs}
+        return SlotState(arrays, **{**fields, **mirror}, prompt_rows=self.prompt_rows)
 
 
 # insert() packs a request's integer and float fields into two small arrays, in this order
 INT_FIELDS = ("slot", "lengths", "tokens", "active", "top_k", "seed", "max_tokens", "min_tokens")
-INT_FIELDS += ("ignore_eos",)
+INT_FIELDS += ("ignore_eos", "logprobs")
 FLOAT_FIELDS = ("temperature", "top_p")
 
 
@@ -102,6 +117,7 @@ def pack_insert_args(
             params.max_tokens,
             params.min_tokens,
             params.ignore_eos,
+            params.logprobs is not None,
         ],
         np.int32,
     )

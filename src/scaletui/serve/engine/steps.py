@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 from scaletui.serve.engine import model, sampling
-from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.engine.engine_api import LOGPROB_ROW, SamplingParams
 from scaletui.serve.engine.slot_state import DecodeState
 from scaletui.specs import ModelSpec
 
@@ -30,9 +30,19 @@ class PrefillArgs(NamedTuple):
     top_p: jax.Array  # f32
     vocab_limit: jax.Array  # sampling never goes beyond (the tokenizer's vocabulary)
     start: jax.Array  # the chunk's first position (0 unless chunked)
+    logprobs: jax.Array  # 1: the first token's logprobs are wanted (0: skipped)
+    prompt_logprobs: jax.Array  # 1: each chunk position's logprob of the next prompt token
+    next_token: jax.Array  # the prompt token after this chunk (0 at the prompt's end)
 
     @classmethod
-    def of(cls, n: int, params: SamplingParams, vocab_limit: int, start: int = 0) -> PrefillArgs:
+    def of(
+        cls,
+        n: int,
+        params: SamplingParams,
+        vocab_limit: int,
+        start: int = 0,
+        next_token: int = 0,
+    ) -> PrefillArgs:
         """Host values (numpy scalars) for one request; `jax.device_put` the result."""
         i32, f32 = np.int32, np.float32
         return cls(
@@ -43,21 +53,34 @@ class PrefillArgs(NamedTuple):
             f32(params.top_p),
             i32(vocab_limit),
             i32(start),
+            i32(params.logprobs is not None),
+            i32(params.prompt_logprobs is not None),
+            i32(next_token),
         )
 
 
 class StepConsts(NamedTuple):
-    """A generate call's scalars (int32), placed once per value and reused."""
+    """A generate call's constants (int32), placed once per value and reused."""
 
     n_steps: jax.Array  # decode steps to run (<= the compiled max_steps)
     vocab_limit: jax.Array
-    eos_id: jax.Array
+    eos_ids: jax.Array  # [E]: sampling any of them ends a sequence (`eos_row`)
 
 
-def sample_one(logits: jax.Array, args: PrefillArgs) -> jax.Array:
-    """The first token from the prompt's last logits; its key position is the new token's."""
+def eos_row(eos_ids: tuple[int, ...]) -> np.ndarray:
+    """The engine's EOS ids as StepConsts.eos_ids: [E], or [-1] (no id) when it has none."""
+    return np.asarray(eos_ids or (-1,), np.int32)
+
+
+def sample_one(
+    params: dict, logits: jax.Array, hidden: jax.Array, tokens: jax.Array, args: PrefillArgs, m, ops
+) -> tuple[jax.Array, jax.Array]:
+    """The first token from the prompt's last logits (its key position is the new token's),
+    and the chunk's packed logprobs f32 [T + 1, LOGPROB_ROW]: row i scores the prompt token
+    after chunk position i (`prompt_logprobs`), row T the first token (`logprobs`); zeros
+    where not asked, and then neither the [T, V] logits nor a top-k run."""
     one = lambda x: x[None]
-    return sampling.sample(
+    tok = sampling.sample(
         logits[None],
         one(args.seed),
         one(args.true_len),
@@ -65,26 +88,48 @@ def sample_one(logits: jax.Array, args: PrefillArgs) -> jax.Array:
         one(args.top_k),
         one(args.top_p),
         args.vocab_limit,
-    )[0]
+    )
+    first = sampling.logprob_rows(logits[None], tok, one(args.logprobs > 0), args.vocab_limit)
+    t = tokens.shape[0]
+    last = jnp.clip(args.true_len - 1 - args.start, 0, t - 1)  # its next token is not in `tokens`
+    targets = jnp.where(jnp.arange(t) == last, args.next_token, jnp.roll(tokens, -1))
+
+    def prompt(h: jax.Array) -> jax.Array:
+        return sampling.pack_rows(ops.logits(params, h, m), targets, args.vocab_limit)
+
+    zeros = lambda h: jnp.zeros((t, first.shape[-1]), jnp.float32)  # noqa: E731
+    rows = lax.cond(args.prompt_logprobs > 0, prompt, zeros, hidden)
+    return tok[0], jnp.concatenate([rows, first])
 
 
 def prefill(
     params: dict, tokens: jax.Array, args: PrefillArgs, *, m: ModelSpec, ops: model.Ops, kv_dtype
 ):
     """A whole prompt in one bucket -> (per-layer (k, v) [T, K, H] in `kv_dtype` (int8 with
-    scales), first token)."""
-    logits, kv = model.prefill(params, tokens, args.true_len, m, ops=ops, kv_dtype=kv_dtype)
-    return kv, sample_one(logits, args)
+    scales), first token, packed logprobs [T + 1, LOGPROB_ROW] (`sample_one`))."""
+    logits, kv, h = model.prefill(
+        params, tokens, args.true_len, m, ops=ops, kv_dtype=kv_dtype, hidden=True
+    )
+    return (kv, *sample_one(params, logits, h, tokens, args, m, ops))
 
 
 def prefill_chunk(
     params: dict, tokens: jax.Array, args: PrefillArgs, prior: list, *, m: ModelSpec, ops, kv_dtype
 ):
-    """One chunk of a long prompt into the donated `prior` buffer -> (buffer, token so far)."""
-    logits, kv = model.prefill(
-        params, tokens, args.true_len, m, start=args.start, prior=prior, ops=ops, kv_dtype=kv_dtype
+    """One chunk of a long prompt into the donated `prior` buffer -> (buffer, token so far,
+    the chunk's packed logprobs)."""
+    logits, kv, h = model.prefill(
+        params,
+        tokens,
+        args.true_len,
+        m,
+        start=args.start,
+        prior=prior,
+        ops=ops,
+        kv_dtype=kv_dtype,
+        hidden=True,
     )
-    return kv, sample_one(logits, args)
+    return (kv, *sample_one(params, logits, h, tokens, args, m, ops))
 
 
 def prefill_paged(
@@ -101,11 +146,22 @@ def prefill_paged(
 ) -> tuple[DecodeState, jax.Array]:
     """One prompt chunk straight into its sequence's pages of the donated decode state, the
     earlier positions' pages in `prior` (model.gather_pages) -> (state, the token sampled at
-    true_len: the first output token on the prompt's last chunk)."""
-    logits, cache = model.prefill_paged(
-        params, tokens, args.true_len, m, args.start, pages, scratch, state.cache, prior, ops=ops
+    true_len: the first output token on the prompt's last chunk, the chunk's packed logprobs
+    (`sample_one`))."""
+    logits, cache, h = model.prefill_paged(
+        params,
+        tokens,
+        args.true_len,
+        m,
+        args.start,
+        pages,
+        scratch,
+        state.cache,
+        prior,
+        ops=ops,
+        hidden=True,
     )
-    return state._replace(cache=cache), sample_one(logits, args)
+    return (state._replace(cache=cache), *sample_one(params, logits, h, tokens, args, m, ops))
 
 
 def generate(
@@ -119,15 +175,18 @@ def generate(
     max_steps: int,
     max_len: int,
     slots: int,
-) -> tuple[DecodeState, jax.Array]:
-    """Up to max_steps decode steps (consts.n_steps of them run) -> (state, packed int32 array).
+) -> tuple[DecodeState, jax.Array, jax.Array]:
+    """Up to max_steps decode steps (consts.n_steps of them run) -> (state, packed int32 array,
+    logprobs f32 [max_steps, LOGPROB_ROW, rows]).
 
     pages [rows, W]: each row's page table (local page ids), covering every position the call
     writes. packed rows: for each step s, [tokens, valid, done] (3 rows of [rows]), then lengths.
+    The logprobs are computed only in steps where an active row asked (zeros otherwise); the
+    host copies them only when it wants them.
     """
 
     def step(i, carry):
-        st, out = carry
+        st, out, lps = carry
         active = st.active
         pos = jnp.where(active, st.lengths, 0)
         # an inactive row (free, or done earlier in this call) writes into the scratch page, never
@@ -144,10 +203,14 @@ def generate(
             live(st.top_p),
             consts.vocab_limit,
         )
+        want = live(active & st.logprobs)
+        lp = sampling.logprob_rows(logits, tok, want, consts.vocab_limit)  # [slots, ROW]
         tok = jnp.pad(tok, (0, pos.shape[0] - slots))  # spare rows (see JaxEngine.rows)
+        lp = jnp.pad(lp, ((0, pos.shape[0] - slots), (0, 0)))
         lengths = st.lengths + active
         generated = st.generated + active
-        eos = (tok == consts.eos_id) & ~st.ignore_eos & (st.generated >= st.min_tokens)
+        hit = (tok[:, None] == consts.eos_ids[None, :]).any(axis=1)  # E is 1 to a few ids
+        eos = hit & ~st.ignore_eos & (st.generated >= st.min_tokens)
         done = active & (eos | (generated >= st.max_tokens) | (lengths >= max_len))
         st = st._replace(
             cache=cache,
@@ -157,8 +220,11 @@ def generate(
             active=active & ~done,
         )
         row = jnp.stack([tok, active.astype(jnp.int32), done.astype(jnp.int32)])
-        return st, lax.dynamic_update_index_in_dim(out, row, i, 0)
+        out = lax.dynamic_update_index_in_dim(out, row, i, 0)
+        return st, out, lax.dynamic_update_index_in_dim(lps, lp.T, i, 0)
 
-    out = jnp.zeros((max_steps, 3, state.lengths.shape[0]), jnp.int32)
-    state, out = lax.fori_loop(0, consts.n_steps, step, (state, out))
-    return state, jnp.concatenate([out.reshape(max_steps * 3, -1), state.lengths[None]])
+    rows = state.lengths.shape[0]
+    out = jnp.zeros((max_steps, 3, rows), jnp.int32)
+    lps = jnp.zeros((max_steps, LOGPROB_ROW, rows), jnp.float32)
+    state, out, lps = lax.fori_loop(0, consts.n_steps, step, (state, out, lps))
+    return state, jnp.concatenate([out.reshape(max_steps * 3, -1), state.lengths[None]]), lps

@@ -25,7 +25,7 @@ from scaletui.serve.http.connections import ConnectionWatchdog, read_body
 from scaletui.serve.http.errors import ApiError, http_error
 from scaletui.serve.http.guard import check_admin
 from scaletui.serve.http.stats import build_stats
-from scaletui.serve.http.streaming import Shape, TextStream, stream, token_events, usage_of
+from scaletui.serve.http.streaming import Answer, Shape, collect, stream
 from scaletui.serve.http.tokenizer import Tokenizer
 from scaletui.serve.http.validate import (
     chat_prompt,
@@ -55,6 +55,7 @@ class ApiSettings:
     drain_timeout_s: float = 60.0  # reconfigure aborts requests still running after this
     log_interval_s: float = 10.0  # one summary line per interval on stderr; 0 = off
     start_engines: bool = True  # build + compile the engines on app start-up
+    served_model_name: str | None = None  # /v1/models' id, requests' `model`; None: the spec's
 
 
 SCHEDULER = web.AppKey("scheduler", Scheduler)
@@ -123,7 +124,7 @@ async def _body(request: web.Request) -> dict:
 async def _run(request: web.Request, chat: bool) -> web.StreamResponse:
     sched, tok = request.app[SCHEDULER], request.app[TOKENIZER]
     body = await _body(request)
-    check_model(body, sched.config.model.name)
+    check_model(body, served_name(request.app))
     if chat:
         prompt = chat_prompt(body, tok)
     else:
@@ -134,24 +135,12 @@ async def _run(request: web.Request, chat: bool) -> web.StreamResponse:
         sched.submit(req)
     except ServeError as e:  # Overloaded (429) or Unavailable (503)
         raise http_error(e.kind, str(e)) from e
-    text = TextStream(tok, gen.stop)
-    shape = Shape(chat, sched.config.model.name)
+    answer = Answer(tok, gen, chat)
+    shape = Shape(chat, served_name(request.app))
     try:
         if gen.stream:
-            return await stream(request, req, gen, text, shape, sched.cancel)
-        finish = "length"
-        async for event in token_events(request, req):
-            for t in event.ids:
-                text.push(t)
-                if text.stopped:
-                    break
-            if text.stopped:
-                sched.cancel(req, "stop")
-                finish = "stop"
-                break
-            finish = event.finish or finish
-        text.flush()
-        return _json(shape.full(text.text, finish, usage_of(req, text.tokens)))
+            return await stream(request, req, gen, answer, shape, sched.cancel)
+        return _json(await collect(request, req, answer, shape, sched.cancel))
     finally:
         if not req.finished:
             sched.cancel(req, "abort")
@@ -168,14 +157,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 # -- service routes ----------------------------------------------------------------------------
 
 
+def served_name(app: web.Application) -> str:
+    """The name clients ask for (`--served-model-name`, as vLLM's), else the model spec's."""
+    return app[SETTINGS].served_model_name or app[SCHEDULER].config.model.name
+
+
 async def models(request: web.Request) -> web.Response:
     c = request.app[SCHEDULER].config
     card = {
-        "id": c.model.name,
+        "id": served_name(request.app),
         "object": "model",
         "created": 0,
         "owned_by": "scaletui",
-        "root": c.model.name,
+        "root": c.model.extra.get("checkpoint_dir", c.model.name),
         "max_model_len": c.max_seq_len,
     }
     return _json({"object": "list", "data": [card]})
@@ -217,7 +211,14 @@ async def stats(request: web.Request) -> web.Response:
         )
     watchdog = request.app[WATCHDOG]
     conns = {"open": watchdog.open, "timed_out": watchdog.closed}
-    return _json({**build_stats(request.app[SCHEDULER], window_s), "connections": conns})
+    chat = request.app[TOKENIZER].chat_source  # "model", "file PATH" or "llama3 fallback"
+    return _json(
+        {
+            **build_stats(request.app[SCHEDULER], window_s),
+            "connections": conns,
+            "chat_template": chat,
+        }
+    )
 
 
 async def admin_config(request: web.Request) -> web.Response:

@@ -30,7 +30,7 @@ async def fake_server(
     cfg = ServerShape(load_model("tiny"), **config)
     tok = load_tokenizer(None, cfg.model.vocab_size)
 
-    factory = FakeEngineFactory(tok.vocab_size, tok.eos_id, step_s, step_s, warmup_s)
+    factory = FakeEngineFactory(tok.vocab_size, (tok.eos_id,), step_s, step_s, warmup_s)
     sched = Scheduler(cfg, factory)
     app = create_app(sched, tok, settings or ApiSettings(log_interval_s=0))
     async with TestClient(TestServer(app)) as client:

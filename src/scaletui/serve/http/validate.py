@@ -3,7 +3,9 @@
 Every check here is a 4xx at the API edge (never a 5xx): wrong types, empty prompts, lengths
 beyond the context, values outside their range, and behaviour we cannot honour (n > 1,
 logprobs, echo, penalties) are refused with a message that says so. Harmless fields vLLM-era
-clients send (`user`, `logprobs: null`, `repetition_penalty: 1`, ...) are accepted.
+clients send (`user`, `logprobs: null`, `repetition_penalty: 1`, ...) are accepted. Logprobs:
+completions' `logprobs: k` and `echo`, chat's `logprobs: true` and `top_logprobs: k`
+(`logprob_fields`), k up to engine_api.MAX_LOGPROBS.
 `config_changes` checks a POST /admin/config body. The errors themselves are in errors.py.
 """
 
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.engine.engine_api import MAX_LOGPROBS, SamplingParams
+from scaletui.serve.http.chat_template import ChatTemplateError
 from scaletui.serve.http.errors import ApiError
 from scaletui.serve.http.tokenizer import Tokenizer
 from scaletui.shape import RECONFIGURABLE
@@ -40,6 +43,7 @@ class Generation:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    echo: bool = False  # completions: the prompt's text (and logprobs, if asked) comes first
 
 
 def parse_json(raw: bytes) -> dict:
@@ -130,6 +134,8 @@ def completion_prompt(body: dict, tok: Tokenizer, model_vocab: int) -> list[int]
 
 
 def chat_prompt(body: dict, tok: Tokenizer) -> list[int]:
+    """`messages` (plus `chat_template_kwargs`, `add_generation_prompt`) -> the prompt ids of
+    the tokenizer's chat template; a template that raises on them is a 400 naming its error."""
     messages = body.get("messages")
     if messages is None:
         raise ApiError(400, "'messages' is required", "messages")
@@ -158,22 +164,51 @@ def chat_prompt(body: dict, tok: Tokenizer) -> list[int]:
             raise ApiError(
                 400, f"'{where}.content' is required (a string or text parts)", f"{where}.content"
             )
-        if isinstance(content, list):  # content parts: only text is supported
-            texts = [p.get("text") for p in content if isinstance(p, dict)]
-            if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
-                raise ApiError(
-                    400,
-                    f"'{where}.content' parts must be text parts ({{type: 'text', text: ...}})",
-                    f"{where}.content",
-                )
-            content = "".join(texts)
-        if content is not None and not isinstance(content, str):
+        clean.append({"role": role, "content": _text_content(content, f"{where}.content")})
+        # a tool result's fields, for templates that print them
+        clean[-1].update((k, m[k]) for k in ("name", "tool_call_id") if isinstance(m.get(k), str))
+    kwargs = _get(body, "chat_template_kwargs", (dict,), "an object", {})
+    if "messages" in kwargs:
+        msg = "'chat_template_kwargs.messages' is not allowed: the messages are 'messages'"
+        raise ApiError(400, msg, "chat_template_kwargs")
+    generation_prompt = _get(body, "add_generation_prompt", (bool,), "a boolean", True)
+    try:  # vLLM's order: chat_template_kwargs may override add_generation_prompt
+        ids = tok.chat_ids(clean, **{"add_generation_prompt": generation_prompt, **kwargs})
+    except ChatTemplateError as e:
+        msg = f"{e} (chat template: {tok.chat_source})"
+        raise ApiError(400, msg, "messages", "chat_template_error") from e
+    if not ids:
+        raise ApiError(400, "the chat template rendered these messages as nothing", "messages")
+    return ids
+
+
+def _text_content(content: object, where: str) -> str:
+    """A message's content: a string, or its text parts joined by newlines (as vLLM joins
+    them for templates that take string content)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(
+            400,
+            f"'{where}' must be a string or an array of text parts, got {_kind(content)}",
+            where,
+        )
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type", "text") if isinstance(part, dict) else None
+        if isinstance(part, dict) and kind != "text":
             raise ApiError(
-                400, f"'{where}.content' must be a string, got {_kind(content)}", f"{where}.content"
+                400,
+                f"'{where}[{j}].type' {kind!r} is not supported: only text parts",
+                f"{where}[{j}].type",
+                "unsupported",
             )
-        clean.append({"role": role, "content": content})
-    text = tok.apply_chat_template(clean)
-    return ([tok.bos_id] if tok.bos_id >= 0 else []) + tok.encode(text)
+        if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+            raise ApiError(
+                400, f"'{where}[{j}]' must be a text part {{type: 'text', text: string}}", where
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> Generation:
@@ -257,9 +292,7 @@ def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> G
     options = options or {}
     include = _get(options, "include_usage", (bool,), "a boolean", False)
     continuous = _get(options, "continuous_usage_stats", (bool,), "a boolean", False)
-    _unsupported(body, "logprobs", (False, 0), "log probabilities are not returned")
-    _unsupported(body, "top_logprobs", (0,), "log probabilities are not returned")
-    _unsupported(body, "echo", (False,), "the prompt is not echoed")
+    logprobs, echo = logprob_fields(body, chat)
     _unsupported(body, "best_of", (1,), "one sequence per request")
     _unsupported(body, "presence_penalty", (0, 0.0), "penalties are not implemented")
     _unsupported(body, "frequency_penalty", (0, 0.0), "penalties are not implemented")
@@ -272,8 +305,36 @@ def generation(body: dict, prompt: list[int], max_seq_len: int, chat: bool) -> G
         max_tokens=max_tokens,
         min_tokens=min_tokens,
         ignore_eos=ignore_eos,
+        logprobs=logprobs,
+        prompt_logprobs=logprobs if echo else None,
     )
-    return Generation(prompt, params, tuple(stop), stream, include, continuous)
+    return Generation(prompt, params, tuple(stop), stream, include, continuous, echo)
+
+
+def _top_count(body: dict, name: str) -> int | None:
+    k = _get(body, name, (int,), f"an integer in [0, {MAX_LOGPROBS}]", None)
+    if k is not None and not 0 <= k <= MAX_LOGPROBS:
+        raise ApiError(400, f"'{name}' must be in [0, {MAX_LOGPROBS}], got {k}", name)
+    return k
+
+
+def logprob_fields(body: dict, chat: bool) -> tuple[int | None, bool]:
+    """(top candidates per token, or None for no logprobs; echo). Completions: `logprobs: k`
+    and `echo`; chat: `logprobs: true` with `top_logprobs: k` (0 when absent)."""
+    if not chat:
+        if body.get("top_logprobs") not in (None, 0):
+            raise ApiError(
+                400,
+                "'top_logprobs' is a chat field; on /v1/completions ask with 'logprobs': k",
+                "top_logprobs",
+            )
+        return _top_count(body, "logprobs"), _get(body, "echo", (bool,), "a boolean", False)
+    _unsupported(body, "echo", (False,), "chat does not echo the prompt")
+    wanted = _get(body, "logprobs", (bool,), "a boolean", False)
+    k = _top_count(body, "top_logprobs")
+    if k and not wanted:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (k or 0) if wanted else None, False
 
 
 def config_changes(body: dict) -> dict:

@@ -126,7 +126,8 @@ class Batcher:
         tokens, params = resume_input(req)
         slot = self.slot_for(len(tokens))  # next_waiting's `admit` checked there is one
         pool, cached, hit = self.pages.pool_of(slot), [], 0
-        if self.config.prefix_cache:
+        # prompt logprobs need every prompt position's logits: no cached prefix then
+        if self.config.prefix_cache and params.prompt_logprobs is None:
             cached, hit = pool.match(tokens)
             self.metrics.prefix_queries.inc(len(tokens))
             self.metrics.prefix_hits.inc(hit)

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 
 from scaletui import policy
-from scaletui.serve.engine.engine_api import Prefix, StepOutput
+from scaletui.serve.engine.engine_api import Prefix, StepOutput, TokenLogprobs, unpack_logprobs
 from scaletui.serve.scheduling.events import ErrorKind, Event, Failed, Overloaded, Request, Tokens
 from scaletui.serve.scheduling.metrics import ServerMetrics
 
@@ -34,12 +34,12 @@ class RequestBook:
         self.inflight: set[Request] = set()
         self.slots: list[Request | None] = []
         self.kv_lengths: list[int] = []
-        self.eos_id = -1  # the generate engine's, to tell "stop" from "length"
+        self.eos_ids: tuple[int, ...] = ()  # the generate engine's: "stop" or "length"
 
-    def reset(self, n_slots: int, eos_id: int) -> None:
+    def reset(self, n_slots: int, eos_ids: tuple[int, ...]) -> None:
         with self.cv:
             self.slots, self.kv_lengths = [None] * n_slots, [0] * n_slots
-            self.eos_id = eos_id
+            self.eos_ids = eos_ids
 
     # -- admission and cancel (the API's thread) -----------------------------------------------
 
@@ -108,7 +108,8 @@ class RequestBook:
                 self.finish(req, req.cancel_reason or "abort")
                 return None
             reason = self._reason(req, [prefix.first_token]) if prefix.done else None
-            self.emit(req, [prefix.first_token], reason, now)
+            mine = None if prefix.logprobs is None else (prefix.logprobs,)
+            self.emit(req, [prefix.first_token], reason, now, mine, prefix.prompt_logprobs)
             return None if prefix.done else prefix
 
     def place(self, req: Request, length: int, slot: int) -> bool:
@@ -167,6 +168,9 @@ class RequestBook:
                 if req is None:
                     continue
                 ids = [int(t) for t in out.tokens[out.valid[:, b], b]]
+                k, lps = req.params.logprobs, None
+                if k is not None and out.logprobs is not None:
+                    lps = tuple(unpack_logprobs(r, k) for r in out.logprobs[out.valid[:, b], :, b])
                 done = bool(out.done[:, b].any())
                 if ids:  # not a slot still prefilling (its engine row is idle)
                     self.kv_lengths[b] = int(out.lengths[b])
@@ -178,18 +182,26 @@ class RequestBook:
                     continue
                 reason = (self._reason(req, ids) if ids else "length") if done else None
                 if ids or reason:
-                    self.emit(req, ids, reason, now)
+                    self.emit(req, ids, reason, now, lps)
 
     # -- endings (callers hold cv) ----------------------------------------------------------------
 
     def _reason(self, req: Request, ids: list[int]) -> str:
         """Why a sequence the engine marked done ended: EOS ("stop") or a limit ("length")."""
         p, n = req.params, req.generated + len(ids)
-        limits = {"min_tokens": p.min_tokens, "ignore_eos": p.ignore_eos, "eos_id": self.eos_id}
+        limits = {"min_tokens": p.min_tokens, "ignore_eos": p.ignore_eos, "eos_ids": self.eos_ids}
         reason = policy.finish_reason(ids[-1], n, p.max_tokens, **limits)
         return reason or "length"  # the engine ended it: max_seq_len
 
-    def emit(self, req: Request, ids: list[int], finish: str | None, now: float) -> None:
+    def emit(
+        self,
+        req: Request,
+        ids: list[int],
+        finish: str | None,
+        now: float,
+        logprobs: tuple[TokenLogprobs, ...] | None = None,
+        prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None,
+    ) -> None:
         m = self.metrics
         if ids:
             if not req.t_first:
@@ -205,7 +217,7 @@ class RequestBook:
             req.outputs += ids
         if finish:  # counted before the client can see the last event
             self.finish(req, finish, notify=False)
-        self.post(req, Tokens(tuple(ids), finish))
+        self.post(req, Tokens(tuple(ids), finish, logprobs, prompt_logprobs))
 
     def finish(self, req: Request, reason: str, notify: bool = True) -> None:
         if req.finished:

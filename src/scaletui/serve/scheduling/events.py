@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from scaletui.serve.engine.engine_api import SamplingParams
+from scaletui.serve.engine.engine_api import SamplingParams, TokenLogprobs
 
 _ids = itertools.count()
 
@@ -37,6 +37,9 @@ class Tokens:
 
     ids: tuple[int, ...]
     finish: str | None = None  # "stop" | "length" | "abort" | "error" | None (more to come)
+    logprobs: tuple[TokenLogprobs, ...] | None = None  # one per id, when the request asked
+    # the prompt's (first event only, when asked): one per prompt token, the first None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,9 +107,12 @@ class Request:
 def resume_input(req: Request) -> tuple[list[int], SamplingParams]:
     """What prefill runs for `req`: its prompt, or after a preemption the prompt and every token
     it produced, with the token limits less what it already has. The sampling key of a token is
-    (seed, position), so a resumed request draws the tokens it would have drawn."""
+    (seed, position), so a resumed request draws the tokens it would have drawn. Its prompt
+    logprobs went out with its first token: a resume does not compute them again."""
     if not req.outputs:
         return req.prompt, req.params
     p, n = req.params, len(req.outputs)
-    left = replace(p, max_tokens=p.max_tokens - n, min_tokens=max(0, p.min_tokens - n))
+    left = replace(
+        p, max_tokens=p.max_tokens - n, min_tokens=max(0, p.min_tokens - n), prompt_logprobs=None
+    )
     return req.prompt + req.outputs, left

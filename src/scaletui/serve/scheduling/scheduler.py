@@ -119,7 +119,7 @@ class Scheduler:
         log.info("compiled %d shapes and ran each once in %.1f s", total, seconds)
         self.engines, self.config = (prefill, generate), config
         self.pages = PageTables(generate)
-        self.book.reset(generate.slots, generate.eos_id)
+        self.book.reset(generate.slots, generate.eos_ids)
         self.metrics.slots_total.set(generate.slots)
 
     def _progress(self, before: int, t0: float) -> Callable[[int, int], None]:

@@ -37,6 +37,12 @@ class QTensor(NamedTuple):
     scale: jax.Array  # f32, the weight's output axes
 
 
+# Params never stored in the weight precision: the norm weights (in the compute dtype) and the
+# q/k/v biases (f32, added to the f32 sums). A norm weight rounded to bf16 under f32 compute
+# would scale every activation by a rounded factor; they are a negligible share of the bytes.
+VECTORS = frozenset({"norm", "attn_norm", "mlp_norm", "bq", "bk", "bv"})
+BIASES = frozenset({"bq", "bk", "bv"})
+
 # Contracted (input) axes of each quantized weight; the other axes are output channels.
 IN_AXES = {
     "wq": (0,),
@@ -73,8 +79,8 @@ def dequantize(w: QTensor, in_axes: tuple[int, ...]) -> object:
 
 def convert_params(params: dict, compute: str, weights: str) -> dict:
     """Host (or device) params in the weights' storage: matrices cast to `weights` or
-    quantized to int8 (QTensor), norm vectors in the `compute` dtype. Leaves already in that
-    form are kept as they are, so converting twice is free."""
+    quantized to int8 (QTensor), norm weights in the `compute` dtype, q/k/v biases in f32.
+    Leaves already in that form are kept as they are, so converting twice is free."""
 
     def cast(x: object, dtype: str) -> object:
         if _xp(x) is np:
@@ -87,12 +93,13 @@ def convert_params(params: dict, compute: str, weights: str) -> dict:
             return w
         return quantize(w, IN_AXES[name]) if weights == "int8" else cast(w, weights)
 
-    def layer(p: dict) -> dict:
-        return {n: cast(w, compute) if n.endswith("norm") else matrix(n, w) for n, w in p.items()}
+    def leaf(name: str, w: object) -> object:
+        if name in VECTORS:
+            return cast(w, "f32" if name in BIASES else compute)
+        return matrix(name, w)
 
-    out = {k: matrix(k, params[k]) for k in ("embed", "lm_head") if k in params}
-    out["norm"] = cast(params["norm"], compute)
-    out["layers"] = [layer(p) for p in params["layers"]]
+    out = {k: leaf(k, params[k]) for k in ("embed", "lm_head", "norm") if k in params}
+    out["layers"] = [{n: leaf(n, w) for n, w in p.items()} for p in params["layers"]]
     return out
 
 

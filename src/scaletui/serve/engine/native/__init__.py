@@ -224,7 +224,8 @@ def pack_params(params: dict, *, pairs: bool = False) -> dict:
     native layout: fused, packed projections.
 
     Per layer `wqkv` = [wq | wk | wv] as [D, (N + 2K) H], `wo` as [N H, D], `w_gateup` =
-    [w_gate | w_up] as [D, 2F], `w_down`; `lm_head` packed from the output table ([V, D], the
+    [w_gate | w_up] as [D, 2F], `w_down`, and with qkv biases `bqkv` = [bq | bk | bv] as f32
+    [(N + 2K) H]; `lm_head` packed from the output table ([V, D], the
     embedding when tied) transposed. The norms stay as they are, and so does `embed` when it is
     a table of its own (untied); a tied model gathers its embeddings from the packed lm head
     (`model.native_embed`), so the table is held once.
@@ -248,6 +249,9 @@ def pack_params(params: dict, *, pairs: bool = False) -> dict:
                 "w_down": _pack(*_columns(p["w_down"], _values(p["w_down"]).shape[0]), pairs),
             }
         )
+        if "bq" in p:  # qkv_bias: one f32 vector in wqkv's column order
+            biases = (np.asarray(p[name], np.float32).reshape(-1) for name in ("bq", "bk", "bv"))
+            layers[-1]["bqkv"] = np.concatenate(list(biases))
     table = params.get("lm_head", params["embed"])  # [V, D], int8: one scale per row
     values, scale = _columns(table, _values(table).shape[0])
     head = _bits(_pack(values.T, scale, pairs))
