@@ -4,14 +4,17 @@ hardware spec or kernel cache (a `scaletui` run before the tests must not change
 """
 
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from scaletui.xla_env import set_host_devices
+from scaletui.xla_env import set_host_devices, set_quick_compiles
 
 set_host_devices(8)  # XLA's environment is set in one place (scaletui.xla_env)
+set_quick_compiles()  # compiling is most of the suite's work: XLA's optimizations off
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # One cache for the whole run, never the user's: the native kernels compile once, and every
@@ -28,6 +31,30 @@ _CACHE_DIR = os.environ[_CACHE_ENV]
 os.environ["XDG_CACHE_HOME"] = _CACHE_DIR
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_CACHE_DIR, "scaletui", "jax")
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
+
+_KERNEL_BUILD: list[subprocess.Popen] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The native kernels' build (about 13 s of one core) starts at once, in the background,
+    in the controller or the only process: the run's cache is empty. Tests that load the
+    kernels before it is done wait on the cache's build lock, not compile again."""
+    if hasattr(session.config, "workerinput") or os.environ.get("SCALETUI_NATIVE_KERNELS") == "0":
+        return
+    build = "from scaletui.serve.engine.native import toolchain; toolchain.ensure()"
+    _KERNEL_BUILD.append(
+        subprocess.Popen(
+            [sys.executable, "-c", build], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for proc in _KERNEL_BUILD:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(autouse=True)

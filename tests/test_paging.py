@@ -166,14 +166,16 @@ def test_fake_engine_refuses_a_table_that_misses_a_written_position() -> None:
     assert out.valid.all()
 
 
-async def serve_real(waves: list, slots: int, **config) -> tuple[list[list[int]], dict]:
-    """The real tiny engine (pages of 16, max_seq_len 128, 4 decode steps) serving `waves` of
-    requests one wave after the other; every request's tokens (each must end at its length)
-    and the settled page counts."""
+async def serve_real(
+    waves: list, slots: int, max_seq_len: int = 64, **config
+) -> tuple[list[list[int]], dict]:
+    """The real tiny engine (pages of 16, 4 decode steps, prompt buckets from 32: few programs
+    to compile) serving `waves` of requests one wave after the other; every request's tokens
+    (each must end at its length) and the settled page counts."""
     from scaletui.serve.engine.build import JaxEngineFactory
 
-    cfg = ServerShape(load_model("tiny"), slots=slots, max_seq_len=128, page_size=16,
-                      decode_steps=4, **config)  # fmt: skip
+    cfg = ServerShape(load_model("tiny"), slots=slots, max_seq_len=max_seq_len, page_size=16,
+                      decode_steps=4, min_prefill_bucket=32, **config)  # fmt: skip
     sched = Scheduler(cfg, JaxEngineFactory(300, (257,)))
     sched.start()
     assert sched.state == "serving", sched.error
@@ -191,26 +193,37 @@ async def serve_real(waves: list, slots: int, **config) -> tuple[list[list[int]]
         sched.shutdown()
 
 
+def tight_wave() -> list:
+    """Three greedy requests and one seeded sampled one, 61 positions each (4 pages of 16):
+    the pools below hold fewer pages than they need at once, so some are preempted."""
+    reqs = [request([3 + i, 40, 41 + i] * 7, max_tokens=40, ignore_eos=True) for i in range(3)]
+    sampled = SamplingParams(max_tokens=40, ignore_eos=True, temperature=1.0, seed=5)
+    return [*reqs, Request([9] * 21, sampled, asyncio.get_running_loop())]
+
+
+_UNINTERRUPTED: dict[str, list[list[int]]] = {}
+
+
+async def uninterrupted(name: str, waves: list, slots: int, **config) -> list[list[int]]:
+    """The tokens of `waves` on one unsharded engine of XLA's ops with room for every sequence:
+    what every other configuration below must reproduce. Served once per test process."""
+    if name not in _UNINTERRUPTED:
+        outs, pages = await serve_real(waves, slots, kernels="xla", **config)
+        assert pages["preemptions"] == 0
+        _UNINTERRUPTED[name] = outs
+    return _UNINTERRUPTED[name]
+
+
 @pytest.mark.slow  # builds JAX engines
 @pytest.mark.parametrize("kernels", ["xla", "auto", "pallas"])
 async def test_preempted_sequences_resume_with_the_tokens_of_an_uninterrupted_run(kernels) -> None:
     """Greedy and seeded sampling on the real tiny engine (f32): a pool too small for every
-    sequence preempts and resumes them, and each produces the tokens it does with room."""
-
-    def wave() -> list:
-        reqs = [request([3 + i, 40, 41 + i] * 7, max_tokens=40, ignore_eos=True)
-                for i in range(3)]  # fmt: skip
-        sampled = SamplingParams(max_tokens=40, ignore_eos=True, temperature=1.0, seed=5)
-        return [*reqs, Request([9] * 21, sampled, asyncio.get_running_loop())]
-
-    async def run(kv_pages: int) -> tuple[list[list[int]], int]:
-        outs, pages = await serve_real([wave], 4, kv_pages=kv_pages, kernels=kernels)
-        return outs, pages["preemptions"]
-
-    roomy, none = await run(0)
-    tight, preempted = await run(9)  # 8 usable pages: two 61-token sequences at once
-    assert none == 0 and preempted > 0
-    assert tight == roomy
+    sequence preempts and resumes them, and each produces the tokens of an uninterrupted run
+    (of XLA's ops: in f32 the native and Pallas kernels give the same tokens)."""
+    want = await uninterrupted("tight", [tight_wave], 4)
+    got, pages = await serve_real([tight_wave], 4, kv_pages=9, kernels=kernels)
+    assert pages["preemptions"] > 0  # 8 usable pages: two 61-token sequences at once
+    assert got == want
 
 
 async def test_prefix_cache_reuses_a_shared_prompts_pages_and_counts_hits() -> None:
@@ -285,17 +298,17 @@ async def test_a_token_budget_splits_a_long_prompt_between_generate_calls() -> N
 async def test_prefix_cache_and_token_budget_keep_greedy_outputs(kernels) -> None:
     """On the real tiny engine: prompts sharing a 40-token prefix, served with the prefix cache
     and a 24-token budget (long prompts in pieces between decode calls), give the tokens they
-    give with neither; the cache hits. pallas: the pool is head-major, chunks gather from it."""
+    give with neither (on XLA's ops); the cache hits. pallas: the pool is head-major, chunks
+    gather from it."""
 
     def wave(n: int):  # the second wave finds the first's pages
         return lambda: [request([11, 12, 13, 14] * 10 + [20 + i + n] * (3 + 9 * i),
                                 max_tokens=12, ignore_eos=True) for i in range(3)]  # fmt: skip
 
-    run = lambda **kw: serve_real([wave(0), wave(1)], 3, kernels=kernels, **kw)
-    plain, off = await run(prefix_cache=False)
-    cached, on = await run(max_batched_tokens=24)
-    assert cached == plain
-    assert off["prefix_cache_hits"] == 0 and on["prefix_cache_hits"] >= 3 * 32
+    waves = [wave(0), wave(1)]
+    plain = await uninterrupted("shared-prefix", waves, 3, max_seq_len=128, prefix_cache=False)
+    cached, on = await serve_real(waves, 3, 128, kernels=kernels, max_batched_tokens=24)
+    assert cached == plain and on["prefix_cache_hits"] >= 3 * 32
 
 
 PALLAS_DISAGG = {"kernels": "pallas", "mode": "disaggregated"}
@@ -308,13 +321,9 @@ PALLAS_DISAGG = {"kernels": "pallas", "mode": "disaggregated"}
                          ids=["dp2", "dp2-tp2", "dp2-tp2-pallas", "disagg-pallas"])  # fmt: skip
 async def test_replicas_prefill_and_decode_in_their_own_pools(dp, tp, more) -> None:
     """dp replicas each page their own pool (sharded over 'data'; tp shards KV heads), a tight
-    one preempting: greedy tokens equal one unsharded engine's. With the Pallas kernel too
-    (sharded through shard_map), and disaggregated (prefixes written into head-major pages)."""
-
-    def wave() -> list:
-        return [request([30 + i, 31, 32] * 7, max_tokens=36, ignore_eos=True) for i in range(5)]
-
-    run = lambda **kw: serve_real([wave], 4, **kw)
-    want, _ = await run(kernels="xla")
-    got, stats = await run(dp=dp, tp=tp, kv_pages=7, **more)  # 6 usable pages per replica
-    assert got == want and stats["preemptions"] > 0
+    one preempting: greedy and seeded tokens equal one unsharded engine's. With the Pallas
+    kernel too (sharded through shard_map), and disaggregated (prefixes written into head-major
+    pages)."""
+    want = await uninterrupted("tight", [tight_wave], 4)
+    got, stats = await serve_real([tight_wave], 4, dp=dp, tp=tp, kv_pages=7, **more)
+    assert got == want and stats["preemptions"] > 0  # 6 usable pages per replica

@@ -1,8 +1,8 @@
 """XLA's environment for scaletui's processes, set in one place: the virtual CPU device count
-(`XLA_FLAGS`) and device-memory preallocation, in this process before it imports jax or in a
-child's environment. The persistent compile cache's variables are `compile_cache.enable()`'s,
-which `scaletui`'s entry point calls once for every command. Standard library only, so the TUI
-sets up its children's environment without importing JAX.
+(`XLA_FLAGS`), device-memory preallocation and, for test runs, quick compiles, in this process
+before it imports jax or in a child's environment. The persistent compile cache's variables are
+`compile_cache.enable()`'s, which `scaletui`'s entry point calls once for every command. Standard
+library only, so the TUI sets up its children's environment without importing JAX.
 """
 
 from __future__ import annotations
@@ -11,10 +11,19 @@ import os
 import re
 from collections.abc import Mapping, MutableMapping
 
-__all__ = ["FLAGS_ENV", "HOST_DEVICES_FLAG", "child_env", "host_devices", "set_host_devices"]
+__all__ = [
+    "FLAGS_ENV",
+    "HOST_DEVICES_FLAG",
+    "child_env",
+    "host_devices",
+    "set_host_devices",
+    "set_quick_compiles",
+]
 
 FLAGS_ENV = "XLA_FLAGS"
 PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
+# JAX's switch for XLA's backend optimization level 0 and no expensive LLVM passes
+QUICK_COMPILES_ENV = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 # how many devices XLA's CPU platform shows; other platforms ignore it
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 _COUNT = re.compile(rf"{HOST_DEVICES_FLAG}=(\d+)")
@@ -37,6 +46,14 @@ def set_host_devices(
         return
     rest = _COUNT.sub("", flags).split()
     environ[FLAGS_ENV] = " ".join([*rest, f"{HOST_DEVICES_FLAG}={n}"])
+
+
+def set_quick_compiles(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Compile with XLA's optimizations off, in this process and the children that inherit
+    `environ`: a program of the tiny test models compiles in about two thirds of the CPU time
+    and runs slower. For test runs, where compiling is most of the work; never for serving or
+    benchmarks (docs/benchmarks.md, 'Test suite', has the measurement)."""
+    environ[QUICK_COMPILES_ENV] = "1"
 
 
 def child_env(

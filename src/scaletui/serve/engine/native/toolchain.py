@@ -4,12 +4,16 @@ A build is keyed by the source, the jaxlib version, the CPU's flags, the compile
 $SCALETUI_CXXFLAGS, and cached as `$XDG_CACHE_HOME/scaletui/kernels/kernels-KEY.so`. A build
 logs a line before it starts and one when it is done (logger `scaletui.serve.native`, INFO, which
 `scaletui serve` prints), so start-up never waits on a compiler silently; afterwards the cache
-keeps the newest KEEP builds of other keys and drops the rest. `scaletui build-kernels` runs it
-ahead of time (`scaletui.commands.build_kernels`).
+keeps the newest KEEP builds of other keys and drops the rest. Processes that start together
+(a server and a fit, test workers) build once: the first holds the cache's lock while it
+compiles, the others wait for it and load its file. `scaletui build-kernels` runs it ahead of
+time (`scaletui.commands.build_kernels`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
@@ -169,6 +173,22 @@ def _compile(p: Plan, out: Path) -> None:
             os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def _build_lock(folder: Path):
+    """The cache folder's build lock, held until the block ends (released if this process
+    dies); nothing to hold where the folder cannot take the lock file."""
+    try:
+        fd = os.open(folder / ".build-lock", os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def ensure(*, force: bool = False, keep: int = KEEP) -> Built:
     """The kernels' shared library, compiled now when it is not cached (or `force`)."""
     p = plan()
@@ -184,10 +204,18 @@ def ensure(*, force: bool = False, keep: int = KEEP) -> Built:
     if not writable:  # build for this process only
         out = Path(tempfile.mkdtemp(prefix="scaletui-kernels-")) / out.name
         log.info("native CPU kernels: cache %s is not writable; building in %s", p.path, out)
-    first = "" if force else "first use, "
+        return _build(p, out, force, keep)
+    with _build_lock(out.parent):
+        if out.exists() and not force:  # another process built it while this one waited
+            log.debug("native CPU kernels: built by another process, %s", out)
+            return Built(out, compiled=False, seconds=0.0, pruned=())
+        return _build(p, out, force, keep)
+
+
+def _build(p: Plan, out: Path, force: bool, keep: int) -> Built:
+    first = "" if force else "first use; "
     log.info(
-        "compiling native CPU kernels (%sabout 3 s; `scaletui build-kernels` does this ahead of "
-        "time)...",
+        "compiling native CPU kernels (%s`scaletui build-kernels` does this ahead of time)...",
         first,
     )
     start = time.perf_counter()
