@@ -266,6 +266,23 @@ def test_the_table_recovers_a_concave_step_that_one_plane_cannot():
     assert plane.decode_knots == () and abs(plane.decode_call_s(8, 512, 4) / truth8 - 1) > 0.06
 
 
+def test_a_cell_timed_faster_for_more_steps_keeps_a_positive_step():
+    """Dispatch-bound tiny steps on a busy host: at (1, 64) four steps timed faster than one.
+    Under a shared sync term that cell's step would be negative (dropped: a 0 ms step); the
+    table then drops the sync term, and each step is its calls' weighted seconds per step."""
+    from scaletui.roofline.samples import DecodeSample
+
+    decode = [DecodeSample(1, 64, 10e-3, 1), DecodeSample(1, 64, 9.9e-3, 4),
+              DecodeSample(2, 64, 11e-3, 1), DecodeSample(2, 64, 14e-3, 4)]  # fmt: skip
+    got = rl.fit(_base(), decode)
+    steps = {(b, c): step_s for b, c, step_s in got.decode_knots}
+    assert got.sync_s == 0 and all(s > 0 for s in steps.values())
+    # relative least squares of y = steps * x over one cell: x = sum(s/y) / sum((s/y)^2)
+    want = (1 / 10e-3 + 4 / 9.9e-3) / ((1 / 10e-3) ** 2 + (4 / 9.9e-3) ** 2)
+    assert steps[1, 64] == pytest.approx(want)
+    assert got.decode_call_s(1, 64, 4) > 0
+
+
 @pytest.mark.parametrize(
     "measured",
     [

@@ -115,8 +115,11 @@ def _decode_table(decode: Sequence[DecodeSample]) -> tuple[tuple, float]:
         + [s.steps if (s.batch, s.context) == c else 0.0 for c in cells]
         for s in decode
     ]
-    y = np.array([s.seconds for s in decode])
-    coef, _ = _lstsq_drop_negative(np.array(rows), y)
+    a, y = np.array(rows), np.array([s.seconds for s in decode])
+    coef, _ = _lstsq_drop_negative(a, y)
+    if not (coef[1:] > 0).all():  # noise (a longer call timed faster) pushed a step to 0 under
+        # the shared sync term: without it each step is a weighted mean of seconds / steps
+        coef[0], coef[1:] = 0.0, _lstsq_drop_negative(a[:, 1:], y)[0]
     knots = tuple((float(b), float(c), float(coef[1 + i])) for i, (b, c) in enumerate(cells))
     return knots, float(coef[0])
 
