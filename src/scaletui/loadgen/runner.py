@@ -150,13 +150,7 @@ class Runner:
         cfg, closed = self.cfg, self.workload.closed_loop
         end = t0 + cfg.duration if cfg.duration is not None else math.inf
         for spec in specs:
-            body = client.request_body(
-                spec.prompt,
-                spec.max_tokens,
-                model=cfg.model,
-                api=cfg.api,
-                ignore_eos=cfg.ignore_eos,
-            )
+            body = self._body(spec.prompt, spec.max_tokens)
             t_sched = t0 + spec.offset
             if not closed and (t_sched >= end or not await self._sleep_until(t_sched)):
                 return
@@ -176,6 +170,12 @@ class Runner:
             else:
                 task = asyncio.create_task(self._one(session, body, rec, spec, sem))
             self._tasks.add(task)
+
+    def _body(self, prompt: str | list[int] | list[dict], max_tokens: int) -> bytes:
+        cfg = self.cfg
+        return client.request_body(
+            prompt, max_tokens, model=cfg.model, api=cfg.api, ignore_eos=cfg.ignore_eos
+        )
 
     def _record(self, index: int, t_sched: float, input_len: int, max_tokens: int):
         """The record of a request about to be sent, counted as sent and in flight."""
@@ -220,9 +220,7 @@ class Runner:
                     n = await asyncio.to_thread(counter.count, "".join(said))
                 else:  # an estimate: the turns asked for plus the tokens received
                     n = rec.input_len + rec.output_tokens + turn.input_len
-                body = client.request_body(
-                    prompt, turn.max_tokens, model=cfg.model, api=cfg.api, ignore_eos=cfg.ignore_eos
-                )
+                body = self._body(prompt, turn.max_tokens)
                 last = rec.t_last if rec.chunk_times else rec.t_done
                 t_sched = last + turn.think_s
                 if t_sched >= self._end or not await self._sleep_until(t_sched):
@@ -287,13 +285,7 @@ class Runner:
         for spec in islice(iter_requests(seed_w), cfg.warmup):
             rec = RequestRecord(spec.index, perf_counter(), spec.input_len, spec.max_tokens)
             rec.warmup = True
-            body = client.request_body(
-                spec.prompt,
-                spec.max_tokens,
-                model=cfg.model,
-                api=cfg.api,
-                ignore_eos=cfg.ignore_eos,
-            )
+            body = self._body(spec.prompt, spec.max_tokens)
             send = client.send(session, cfg.endpoint, body, rec, timeout=self._timeout)
             tasks.append(asyncio.create_task(send))
         self._tasks.update(tasks)  # so stop() aborts a warm-up too

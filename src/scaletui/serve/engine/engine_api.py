@@ -99,6 +99,32 @@ class Prefix:
     # params.prompt_logprobs: one per prompt token, None for the first (nothing predicts it)
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
+    @classmethod
+    def of_prompt(
+        cls,
+        kv: object,
+        tokens: list[int],
+        first: int,
+        params: SamplingParams,
+        eos_ids: tuple[int, ...],
+        lp: np.ndarray,
+        rows: list[np.ndarray],
+    ) -> Prefix:
+        """The Prefix of a prompt whose last chunk sampled `first`, with its logprobs (the last
+        of `lp`'s packed rows) and the prompt's (`rows`: each chunk's packed rows, in order,
+        the last row of each the next token's), read from them only when `params` asks."""
+        n = len(tokens)
+        eos = first in eos_ids and params.min_tokens == 0 and not params.ignore_eos
+        mine = prompt = None
+        if params.logprobs is not None:
+            mine = unpack_logprobs(np.asarray(lp)[-1], params.logprobs)
+        if params.prompt_logprobs is not None:  # each chunk's rows but its last (the first token)
+            packed = np.concatenate([np.asarray(r)[:-1] for r in rows])[: n - 1]
+            assert len(packed) == n - 1, (len(packed), n)
+            prompt = prompt_logprobs_of(packed, params.prompt_logprobs)
+        done = eos or params.max_tokens <= 1
+        return cls(kv, n, first, params, done=done, logprobs=mine, prompt_logprobs=prompt)
+
 
 @dataclass(frozen=True)
 class StepOutput:

@@ -36,14 +36,12 @@ from scaletui.serve.engine.engine_api import (
     SamplingParams,
     StepOutput,
     check_request,
-    prompt_logprobs_of,
-    unpack_logprobs,
 )
 from scaletui.serve.engine.programs import EnginePrograms
 from scaletui.serve.engine.slot_state import SlotState
 from scaletui.serve.engine.steps import PrefillArgs, StepConsts, eos_row
 from scaletui.serve.weights import quant, sharding
-from scaletui.shape import ServerShape, pow2_buckets
+from scaletui.shape import ServerShape
 
 JNP_DTYPES = quant.JNP
 
@@ -93,22 +91,15 @@ class JaxEngine(EnginePrograms):
         # a bf16 pool as its bits on CPU (kv_cache: XLA CPU would rewrite the whole pool per page
         # written); Pallas' kernels, interpreted on CPU as well, read bf16
         self.kv_bits = platform == "cpu" and kernels != "pallas"
-        buckets = tuple(b for b in config.prefill_buckets if b <= self.max_seq_len)
-        self.prefill_buckets = buckets or (self.max_seq_len,)
+        self.prefill_buckets = config.prefill_buckets  # powers of two up to max_seq_len
         self.chunk = self.prefill_buckets[-1]
         n_chunks = -(-self.max_seq_len // self.chunk)
         self.chunked_len = n_chunks * self.chunk if self.chunk < self.max_seq_len else 0
         # decode buckets: KV lengths of 2^i pages (a row's table is sliced to the bucket)
-        self.decode_buckets = tuple(b * self.page_size for b in pow2_buckets(1, self.pages_per_seq))
+        self.decode_buckets = config.decode_buckets
         self._rep = sharding.replicated(self.mesh)
         self._state_sh = kv_cache.state_shardings(
-            m,
-            self.mesh,
-            self.rows,
-            dp * self.pages,
-            self.page_size,
-            self.kv_dtype,
-            self.ops.layout,
+            m, self.mesh, self.rows, dp * self.pages, self.page_size, self.kv_dtype, self.ops.layout
         )
         self._exes: dict[tuple, object] = {}
         # (steps, vocab_size, eos_ids) -> their device copies, placed once instead of every step
@@ -193,25 +184,7 @@ class JaxEngine(EnginePrograms):
                 end = start + self.chunk
                 kv, tok, lp = step(self.params, chunk, args(start, padded[min(end, n - 1)]), kv)
                 rows.append(lp)
-        return self._prefix(kv, tokens, tok, lp, rows, params)
-
-    def _prefix(
-        self, kv: object, tokens: list[int], tok: jax.Array, lp: jax.Array, rows: list, params
-    ) -> Prefix:
-        """The Prefix of a prompt whose last chunk sampled `tok`: its logprobs (lp's last row)
-        and the prompt's (`rows`: each chunk's packed rows, in order), copied to the host only
-        when asked."""
-        first, n = int(tok), len(tokens)
-        eos = first in self.eos_ids and params.min_tokens == 0 and not params.ignore_eos
-        mine = prompt = None
-        if params.logprobs is not None:
-            mine = unpack_logprobs(np.asarray(lp)[-1], params.logprobs)
-        if params.prompt_logprobs is not None:  # each chunk's rows but its last (the first token)
-            packed = np.concatenate([np.asarray(r)[:-1] for r in rows])[: n - 1]
-            assert len(packed) == n - 1, (len(packed), n)
-            prompt = prompt_logprobs_of(packed, params.prompt_logprobs)
-        done = eos or params.max_tokens <= 1
-        return Prefix(kv, n, first, params, done=done, logprobs=mine, prompt_logprobs=prompt)
+        return Prefix.of_prompt(kv, tokens, int(tok), params, self.eos_ids, lp, rows)
 
     def prefill_pages(
         self,
@@ -272,7 +245,7 @@ class JaxEngine(EnginePrograms):
         if stop < n:
             return state, None
         rows = state.prompt_rows.pop(slot, [])
-        return state, self._prefix(None, tokens, tok, lp, rows, params)
+        return state, Prefix.of_prompt(None, tokens, int(tok), params, self.eos_ids, lp, rows)
 
     def transfer(self, prefix: Prefix, to: JaxEngine) -> Prefix:
         if to is self:

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from scaletui.serve.http.connections import ConnectionWatchdog, read_body
 from scaletui.serve.http.errors import ApiError, http_error
-from scaletui.serve.http.guard import check_admin
+from scaletui.serve.http.guard import check_admin, config_changes
 from scaletui.serve.http.stats import build_stats
 from scaletui.serve.http.streaming import Answer, Shape, collect, stream
 from scaletui.serve.http.tokenizer import Tokenizer
@@ -31,7 +31,6 @@ from scaletui.serve.http.validate import (
     chat_prompt,
     check_model,
     completion_prompt,
-    config_changes,
     generation,
     parse_json,
 )

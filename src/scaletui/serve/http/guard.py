@@ -1,4 +1,5 @@
-"""Who may call /admin/*: a token off loopback, and never a web page the operator happens to visit.
+"""Who may call /admin/*: a token off loopback, and never a web page the operator happens to visit;
+and what a POST /admin/config body may hold (`config_changes`).
 
 A browser lets any page POST `text/plain` to `http://127.0.0.1:8000/admin/config` without a
 CORS preflight, and a DNS-rebinding page can reach the loopback port under its own host name.
@@ -15,8 +16,10 @@ from aiohttp import web
 
 from scaletui.procs import is_loopback_host
 from scaletui.serve.http.errors import ApiError
+from scaletui.shape import RECONFIGURABLE
 
 is_loopback = is_loopback_host  # a host name or IP, not a URL
+STRING_KEYS = ("mode", "dtype", "weight_dtype", "kv_dtype", "kernels")  # /admin/config strings
 
 
 def _hostname(authority: str) -> str | None:
@@ -67,3 +70,23 @@ def check_admin(request: web.Request, bind: str, token: str | None) -> None:
             f"/admin needs 'Content-Type: application/json', got {request.content_type!r}",
             code="unsupported_media_type",
         )
+
+
+def config_changes(body: dict) -> dict:
+    """A POST /admin/config body: reconfigurable keys only, each of its type (400 naming it)."""
+    unknown = sorted(set(body) - set(RECONFIGURABLE))
+    if unknown:
+        raise ApiError(
+            400,
+            f"unknown config key(s) {unknown}; reconfigurable: {list(RECONFIGURABLE)}",
+            unknown[0],
+        )
+    for key, value in body.items():
+        want = str if key in STRING_KEYS else int
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ApiError(
+                400,
+                f"'{key}' must be {'a string' if want is str else 'an integer'}, got {value!r}",
+                key,
+            )
+    return body

@@ -6,7 +6,8 @@ logprobs, echo, penalties) are refused with a message that says so. Harmless fie
 clients send (`user`, `logprobs: null`, `repetition_penalty: 1`, ...) are accepted. Logprobs:
 completions' `logprobs: k` and `echo`, chat's `logprobs: true` and `top_logprobs: k`
 (`logprob_fields`), k up to engine_api.MAX_LOGPROBS.
-`config_changes` checks a POST /admin/config body. The errors themselves are in errors.py.
+A POST /admin/config body is checked in guard.py, with the rest of /admin/*. The errors
+themselves are in errors.py.
 """
 
 from __future__ import annotations
@@ -20,9 +21,7 @@ from scaletui.serve.engine.engine_api import MAX_LOGPROBS, SamplingParams
 from scaletui.serve.http.chat_template import ChatTemplateError
 from scaletui.serve.http.errors import ApiError
 from scaletui.serve.http.tokenizer import Tokenizer
-from scaletui.shape import RECONFIGURABLE
 
-STRING_KEYS = ("mode", "dtype", "weight_dtype", "kv_dtype", "kernels")  # /admin/config strings
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # Stop strings are searched in the event loop after every token (only the unsent tail, so each
 # check costs the new text plus the longest stop string): bound both. OpenAI allows 4.
@@ -335,23 +334,3 @@ def logprob_fields(body: dict, chat: bool) -> tuple[int | None, bool]:
     if k and not wanted:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return (k or 0) if wanted else None, False
-
-
-def config_changes(body: dict) -> dict:
-    """A POST /admin/config body: reconfigurable keys only, each of its type (400 naming it)."""
-    unknown = sorted(set(body) - set(RECONFIGURABLE))
-    if unknown:
-        raise ApiError(
-            400,
-            f"unknown config key(s) {unknown}; reconfigurable: {list(RECONFIGURABLE)}",
-            unknown[0],
-        )
-    for key, value in body.items():
-        want = str if key in STRING_KEYS else int
-        if not isinstance(value, want) or isinstance(value, bool):
-            raise ApiError(
-                400,
-                f"'{key}' must be {'a string' if want is str else 'an integer'}, got {value!r}",
-                key,
-            )
-    return body
