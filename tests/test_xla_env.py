@@ -28,3 +28,27 @@ def test_child_env_is_a_copy() -> None:
     assert env["XLA_FLAGS"] == f"{FLAG}=3" and env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert env["PATH"] == "/bin" and base["XLA_FLAGS"] == f"{FLAG}=8"
     assert xla_env.child_env(None, base=base) == base  # None: as the parent says
+
+
+def test_quick_compiles_switch_optimizations_off_once_and_keep_the_device_count() -> None:
+    env = {"XLA_FLAGS": f"{FLAG}=8"}
+    xla_env.set_quick_compiles(env)
+    xla_env.set_quick_compiles(env)  # twice: the flag once
+    assert env["JAX_DISABLE_MOST_OPTIMIZATIONS"] == "1"
+    assert env["XLA_FLAGS"] == f"{FLAG}=8 {xla_env.QUICK_CPU_FLAG}"
+    xla_env.set_host_devices(2, env)
+    assert env["XLA_FLAGS"] == f"{xla_env.QUICK_CPU_FLAG} {FLAG}=2"
+
+
+def test_this_jax_accepts_the_quick_compile_flags() -> None:
+    """The test session runs under them (conftest): a jaxlib that dropped the CPU flag would
+    refuse XLA_FLAGS at start-up, so say it here, by name."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    xla_env.set_quick_compiles(env)
+    code = "import jax, jax.numpy as jnp; print(int(jax.jit(lambda x: x + 1)(jnp.int32(1))))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.stdout.strip() == "2", f"{xla_env.QUICK_CPU_FLAG}: {proc.stderr[-2000:]}"
