@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import jitted_model
 import numpy as np
 import pytest
 
-from scaletui.serve.engine import model
 from scaletui.serve.engine.build import build_engines
 from scaletui.serve.engine.engine_api import SamplingParams, unpack_logprobs
 from scaletui.serve.scheduling.paging import fixed_table
@@ -42,7 +42,7 @@ def engine():
 def reference(eng, seq: list[int]) -> np.ndarray:
     """[len(seq), vocab] log-softmax of the full forward over the ids sampling may produce."""
     params = weights.dummy_params(eng.model, seed=eng.config.seed)
-    logits = model.forward(params, jnp.asarray([seq], jnp.int32), eng.model)[0]
+    logits = jitted_model.forward(params, jnp.asarray([seq], jnp.int32), eng.model)[0]
     return np.asarray(jax.nn.log_softmax(logits[:, : eng.vocab_size], axis=-1))
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jitted_model import decode, forward, prefill, prefill_paged
 
 from scaletui.serve.engine import kv_cache, model, slot_state
 from scaletui.serve.weights import weights
@@ -19,11 +20,11 @@ def test_prefill_then_decode_logits_equal_full_forward(tiny):
     m, params = tiny
     rng = np.random.default_rng(0)
     seq = rng.integers(0, m.vocab_size, 30).astype(np.int32)
-    full = np.asarray(model.forward(params, jnp.asarray(seq)[None], m))[0]  # [T, V]
+    full = np.asarray(forward(params, jnp.asarray(seq)[None], m))[0]  # [T, V]
     n_prompt, bucket = 11, 16
     padded = np.zeros(bucket, np.int32)
     padded[:n_prompt] = seq[:n_prompt]
-    last, kv = model.prefill(params, jnp.asarray(padded), jnp.int32(n_prompt), m)
+    last, kv = prefill(params, jnp.asarray(padded), jnp.int32(n_prompt), m)
     np.testing.assert_allclose(last, full[n_prompt - 1], rtol=1e-4, atol=1e-4)
 
     # two slots: slot 1 holds the prompt in pages 5, 2 (then 7, 3), in that order; slot 0 stays
@@ -35,7 +36,7 @@ def test_prefill_then_decode_logits_equal_full_forward(tiny):
     table = jnp.asarray([[0, 0, 0, 0], [5, 2, 7, 3]], jnp.int32)
     for pos in range(n_prompt, 30):  # crosses page boundaries at 16 and 24
         toks = jnp.asarray([0, seq[pos]], jnp.int32)
-        logits, cache = model.decode(params, cache, toks, jnp.asarray([0, pos]), table, m)
+        logits, cache = decode(params, cache, toks, jnp.asarray([0, pos]), table, m)
         np.testing.assert_allclose(logits[1], full[pos], rtol=1e-4, atol=1e-4)
     # nothing was written outside the slot's pages and the scratch page
     for layer in cache:
@@ -46,14 +47,14 @@ def test_prefill_then_decode_logits_equal_full_forward(tiny):
 def test_chunked_prefill_equals_full_forward(tiny):
     m, params = tiny
     seq = np.random.default_rng(1).integers(0, m.vocab_size, 40).astype(np.int32)
-    full = np.asarray(model.forward(params, jnp.asarray(seq)[None], m))[0]
+    full = np.asarray(forward(params, jnp.asarray(seq)[None], m))[0]
     chunk, buf = 16, 48
     padded = np.zeros(buf, np.int32)
     padded[:40] = seq
     shape = (buf, m.n_kv_heads, m.head_dim)
     prior = [(jnp.zeros(shape), jnp.zeros(shape)) for _ in range(m.n_layers)]
     for start in range(0, 40, chunk):
-        last, prior = model.prefill(
+        last, prior = prefill(
             params,
             jnp.asarray(padded[start : start + chunk]),
             jnp.int32(40),
@@ -85,17 +86,17 @@ def test_paged_prefill_in_chunks_and_over_a_shared_prefix_equals_full_forward(ti
         padded = np.zeros(bucket, np.int32)
         padded[: stop - start] = seq[start:stop]
         prior = model.gather_pages(cache, pages)  # as the engine does, before the call
-        return model.prefill_paged(params, jnp.asarray(padded), jnp.int32(stop), m,
+        return prefill_paged(params, jnp.asarray(padded), jnp.int32(stop), m,
                                    jnp.int32(start), pages, jnp.int32(0), cache,
                                    prior)  # fmt: skip
 
     for start, stop in ((0, 8), (8, 24), (24, 36)):  # chunks from page boundaries, ending mid-page
         last, cache = run(a, pages_a, start, stop)
-    full_a = np.asarray(model.forward(params, jnp.asarray(a)[None], m))[0]
+    full_a = np.asarray(forward(params, jnp.asarray(a)[None], m))[0]
     np.testing.assert_allclose(last, full_a[35], **tol)
     shared = [np.asarray(layer["k"][jnp.asarray([7, 2])]) for layer in cache]
     last, cache = run(b, pages_b, 16, 30)  # its prefix (16 tokens) is a's first two pages
-    full_b = np.asarray(model.forward(params, jnp.asarray(b)[None], m))[0]
+    full_b = np.asarray(forward(params, jnp.asarray(b)[None], m))[0]
     np.testing.assert_allclose(last, full_b[29], **tol)
     for layer, before in zip(cache, shared, strict=True):  # b wrote nothing into a's pages
         np.testing.assert_array_equal(np.asarray(layer["k"][jnp.asarray([7, 2])]), before)
@@ -104,10 +105,10 @@ def test_paged_prefill_in_chunks_and_over_a_shared_prefix_equals_full_forward(ti
     for step in range(4):  # both decode on: a from position 36, b from 30
         pos = jnp.asarray([36 + step, 30 + step])
         toks = jnp.asarray([a[36 + step], more[step]], jnp.int32)
-        logits, cache = model.decode(params, cache, toks, pos, table, m)
+        logits, cache = decode(params, cache, toks, pos, table, m)
         np.testing.assert_allclose(logits[0], full_a[36 + step], **tol)
         seq_b = np.concatenate([b, more[: step + 1]])
-        want = np.asarray(model.forward(params, jnp.asarray(seq_b)[None], m))[0, -1]
+        want = np.asarray(forward(params, jnp.asarray(seq_b)[None], m))[0, -1]
         np.testing.assert_allclose(logits[1], want, **tol)
 
 
@@ -115,14 +116,14 @@ def test_tied_embeddings_have_one_table_and_run():
     m = dataclasses.replace(load_model("tiny"), tied_embeddings=True)
     params = weights.dummy_params(m, seed=0)
     assert "lm_head" not in params
-    logits = model.forward(params, jnp.arange(5)[None], m)
+    logits = forward(params, jnp.arange(5)[None], m)
     assert logits.shape == (1, 5, m.vocab_size)
     assert bool(jnp.all(jnp.isfinite(logits)))
 
 
 def test_dummy_weights_keep_activations_sane(tiny):
     m, params = tiny
-    logits = np.asarray(model.forward(params, jnp.arange(20)[None], m))
+    logits = np.asarray(forward(params, jnp.arange(20)[None], m))
     assert 0.1 < logits.std() < 10.0  # not collapsed, not exploding
     assert len(set(logits[0].argmax(-1).tolist())) > 3  # tokens are not all the same
 

@@ -9,6 +9,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import jitted_model
 import numpy as np
 import pytest
 
@@ -86,17 +87,19 @@ def test_biases_and_scaling_change_the_logits_and_a_zero_bias_is_none():
     m, params = _variant()
     plain = dataclasses.replace(m, qkv_bias=False, rope_scaling=None)
     tokens = jnp.arange(40)[None] % m.vocab_size
-    base = np.asarray(model.forward(params, tokens, plain))
-    assert not np.allclose(np.asarray(model.forward(params, tokens, m)), base, atol=1e-3)
+    base = np.asarray(jitted_model.forward(params, tokens, plain))
+    assert not np.allclose(np.asarray(jitted_model.forward(params, tokens, m)), base, atol=1e-3)
     scaled = dataclasses.replace(plain, rope_scaling=SCALING)
-    assert not np.allclose(np.asarray(model.forward(params, tokens, scaled)), base, atol=1e-3)
+    assert not np.allclose(
+        np.asarray(jitted_model.forward(params, tokens, scaled)), base, atol=1e-3
+    )
     zero, zeros = _variant(bias_scale=0.0)
     zero = dataclasses.replace(zero, rope_scaling=None)
-    np.testing.assert_array_equal(np.asarray(model.forward(zeros, tokens, zero)), base)
+    np.testing.assert_array_equal(np.asarray(jitted_model.forward(zeros, tokens, zero)), base)
     without = {**params, "layers": [{**p} for p in params["layers"]]}
     del without["layers"][0]["bq"]
     with pytest.raises(ValueError, match=r"qkv_bias but a layer lacks \['bq'\]"):
-        model.forward(without, tokens, m)
+        jitted_model.forward(without, tokens, m)
 
 
 @pytest.mark.slow
@@ -107,13 +110,13 @@ def test_every_path_computes_the_forward_with_biases_and_scaling():
     rng = np.random.default_rng(2)
     a = rng.integers(0, m.vocab_size, 40).astype(np.int32)
     b = np.concatenate([a[:16], rng.integers(0, m.vocab_size, 14)]).astype(np.int32)
-    full_a = np.asarray(model.forward(params, jnp.asarray(a)[None], m))[0]  # [T, V]
-    full_b = np.asarray(model.forward(params, jnp.asarray(b)[None], m))[0]
+    full_a = np.asarray(jitted_model.forward(params, jnp.asarray(a)[None], m))[0]  # [T, V]
+    full_b = np.asarray(jitted_model.forward(params, jnp.asarray(b)[None], m))[0]
     close = lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
     padded = np.zeros(16, np.int32)
     padded[:11] = a[:11]
-    last, _ = model.prefill(params, jnp.asarray(padded), jnp.int32(11), m)
+    last, _ = jitted_model.prefill(params, jnp.asarray(padded), jnp.int32(11), m)
     close(last, full_a[10])
 
     cache = kv_cache.empty_state(m, 2, 12, 8, jnp.float32).cache
@@ -124,7 +127,7 @@ def test_every_path_computes_the_forward_with_biases_and_scaling():
         chunk = np.zeros(16, np.int32)
         chunk[: stop - start] = seq[start:stop]
         prior = model.gather_pages(cache, pages)
-        return model.prefill_paged(params, jnp.asarray(chunk), jnp.int32(stop), m,
+        return jitted_model.prefill_paged(params, jnp.asarray(chunk), jnp.int32(stop), m,
                                    jnp.int32(start), pages, jnp.int32(0), cache,
                                    prior)  # fmt: skip
 
@@ -137,7 +140,7 @@ def test_every_path_computes_the_forward_with_biases_and_scaling():
     for step in range(4):
         pos = jnp.asarray([36 + step, 30 + step])
         toks = jnp.asarray([a[36 + step], 0], jnp.int32)
-        logits, cache = model.decode(params, cache, toks, pos, table, m)
+        logits, cache = jitted_model.decode(params, cache, toks, pos, table, m)
         close(logits[0], full_a[36 + step])
 
 
@@ -148,7 +151,7 @@ def test_native_kernels_add_the_biases():
     packed = jax.device_put(native.pack_params(params))
     prompt = jnp.arange(12, dtype=jnp.int32) * 7
     (want, _), (got, _) = (
-        model.prefill(p, prompt, 12, m, ops=ops)
+        jitted_model.prefill(p, prompt, 12, m, ops=ops)
         for p, ops in ((params, model.XLA), (packed, model.NATIVE))
     )
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
@@ -171,5 +174,5 @@ def test_engine_serves_a_model_with_biases_and_scaling():
         out += [int(t) for t, ok in zip(step.tokens[:, 0], step.valid[:, 0], strict=True) if ok]
     seq = list(prompt)
     for _ in range(6):
-        seq.append(int(np.argmax(model.forward(params, jnp.asarray(seq)[None], m)[0, -1])))
+        seq.append(int(np.argmax(jitted_model.forward(params, jnp.asarray(seq)[None], m)[0, -1])))
     assert out == seq[len(prompt) :]

@@ -10,6 +10,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import jitted_model
 import ml_dtypes
 import numpy as np
 import pytest
@@ -287,8 +288,8 @@ def test_model_decode_and_prefill_native_equal_xla(tied):
     tokens = jnp.array([5, 77, 300, 0], jnp.int32)
     positions = jnp.array([3, 9, 30, 0], jnp.int32)
     cache, table = _tiny_cache(m, rows=4, size=16, pages_per_row=2, seed=0)
-    want, want_cache = model.decode(xla_params, cache, tokens, positions, table, m, n_rows=3)
-    got, got_cache = model.decode(
+    want, want_cache = jitted_model.decode(xla_params, cache, tokens, positions, table, m, n_rows=3)
+    got, got_cache = jitted_model.decode(
         native_params, cache, tokens, positions, table, m, 3, model.NATIVE
     )
     assert got.shape == want.shape == (3, m.vocab_size)
@@ -299,7 +300,7 @@ def test_model_decode_and_prefill_native_equal_xla(tied):
         close(got_layer["v"][1:], want_layer["v"][1:])
     prompt = jnp.arange(12, dtype=jnp.int32) * 7
     (lw, kvw), (lg, kvg) = (
-        model.prefill(p, prompt, 12, m, ops=ops)
+        jitted_model.prefill(p, prompt, 12, m, ops=ops)
         for p, ops in ((xla_params, model.XLA), (native_params, model.NATIVE))
     )
     np.testing.assert_allclose(np.asarray(lg), np.asarray(lw), rtol=1e-4, atol=1e-4)
@@ -318,11 +319,11 @@ def test_model_native_equal_xla_at_each_weight_precision(weights, tied):
     positions = jnp.array([3, 9, 30, 0], jnp.int32)
     cache, table = _tiny_cache(m, rows=4, size=16, pages_per_row=2, seed=0)
     ops = model.xla_ops(compute=jnp.float32)
-    want, _ = model.decode(xla_params, cache, tokens, positions, table, m, 3, ops)
-    got, _ = model.decode(native_params, cache, tokens, positions, table, m, 3, model.NATIVE)
+    want, _ = jitted_model.decode(xla_params, cache, tokens, positions, table, m, 3, ops)
+    got, _ = jitted_model.decode(native_params, cache, tokens, positions, table, m, 3, model.NATIVE)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
     prompt = jnp.arange(12, dtype=jnp.int32) * 7
-    (lw, _), (lg, _) = (model.prefill(p, prompt, 12, m, ops=o)
+    (lw, _), (lg, _) = (jitted_model.prefill(p, prompt, 12, m, ops=o)
                         for p, o in ((xla_params, ops), (native_params, model.NATIVE)))  # fmt: skip
     np.testing.assert_allclose(np.asarray(lg), np.asarray(lw), rtol=1e-4, atol=1e-4)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import jitted_model
 import numpy as np
 import pytest
 
-from scaletui.serve.engine import model
 from scaletui.serve.weights import checkpoint, weights
 
 
@@ -30,7 +30,7 @@ def test_safetensors_round_trip_reproduces_logits(tiny, tmp_path, shards):
     loaded = checkpoint.load_safetensors(path if shards > 1 else tmp_path, m)
     tokens = jnp.arange(12)[None]
     np.testing.assert_array_equal(
-        model.forward(loaded, tokens, m), model.forward(params, tokens, m)
+        jitted_model.forward(loaded, tokens, m), jitted_model.forward(params, tokens, m)
     )
 
 
