@@ -24,6 +24,7 @@ from bench_modules import BENCH_DIR, bench_module
 pytestmark = [
     pytest.mark.slow,  # they build engines and start servers
     pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"),
+    pytest.mark.xdist_group("bench-smoke"),  # one worker: the TUI's first screen runs once
 ]
 
 SMOKE = "SCALETUI_BENCH_SMOKE"

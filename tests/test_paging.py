@@ -21,6 +21,9 @@ from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import load_model
 from tests.test_scheduler import collect, request
 
+# one worker runs this module (pyproject: --dist loadgroup): each uninterrupted run serves once
+pytestmark = pytest.mark.xdist_group("paging")
+
 
 def make(mode: str = "interleaved", **kw) -> Scheduler:
     kw = {"slots": 4, "max_seq_len": 128, "page_size": 16, "decode_steps": 4, **kw}

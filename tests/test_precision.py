@@ -33,6 +33,8 @@ TINY, SMALL = load_model("tiny"), load_model("small")
 # `small`'s layer (head_dim 64, GQA 2:1, tied) with 2 of its 8 layers and an eighth of its
 # vocabulary: the logits tests' second model, at a fifth of its cost
 SMALL_2L = replace(SMALL, name="small-2l", n_layers=2, vocab_size=4096)
+# one worker runs this module (pyproject: --dist loadgroup): each engine and logits cache fills once
+pytestmark = pytest.mark.xdist_group("precision")
 # (dtype, weight_dtype, kv_dtype): every storage at least once, under both compute dtypes
 PRECISIONS = [
     ("bf16", "bf16", "bf16"),

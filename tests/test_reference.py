@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from scaletui import xla_env
 from scaletui.serve.http.tokenizer import load_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -40,6 +40,8 @@ SERVERS = {  # checkpoint -> flags beside `--model DIR --dtype f32`
     "qwen2-bias": ("--max-batched-tokens", "32", "--min-prefill-bucket", "32"),
 }
 START_S = 900  # every server compiles at once on a shared CPU
+# one worker runs this module (pyproject: --dist loadgroup): its four servers start once
+pytestmark = pytest.mark.xdist_group("reference-servers")
 
 
 @dataclass
@@ -51,7 +53,7 @@ class Server:
 
 
 def _launch(name: str, logs: Path) -> tuple[subprocess.Popen, Path]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device
+    env = xla_env.child_env(1)  # one CPU device, the session's other XLA settings kept
     env["JAX_PLATFORMS"] = "cpu"
     argv = ["--model", str(REFERENCE / name), "--dtype", "f32", *SERVERS[name]]
     argv += ["--port", "0", "--log-interval", "0"]

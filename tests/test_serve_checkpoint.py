@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from hf_dirs import write_checkpoint
 from safetensors.numpy import load_file, save_file
 
+from scaletui import xla_env
 from scaletui.commands.serve import main
 from scaletui.serve.engine.engine_api import SamplingParams
 from scaletui.serve.engine.fake_engine import FakeEngineFactory
@@ -103,7 +103,7 @@ def test_serve_a_checkpoint_dir_with_no_other_flag(tmp_path, greedy_reference) -
     argv = ["scaletui", "serve", "--model", str(folder), "--dtype", "f32", "--port", "0"]
     argv += ["--kernels", "xla", "--slots", "2", "--max-seq-len", "64"]  # test speed only
     code = f"import sys; sys.argv = {argv!r}; from scaletui.cli import main; sys.exit(main())"
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device
+    env = xla_env.child_env(1)  # one CPU device, the session's other XLA settings kept
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

@@ -5,7 +5,6 @@ server nor flood its log."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -15,11 +14,13 @@ import urllib.request
 
 import pytest
 
+from scaletui import xla_env
+
 pytestmark = pytest.mark.slow
 
 
 def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device
+    env = xla_env.child_env(1)  # one CPU device, the session's other XLA settings kept
     return {**env, "JAX_PLATFORMS": "cpu", **extra}
 
 
