@@ -36,6 +36,13 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 _KERNEL_BUILD: list[subprocess.Popen] = []
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The xdist groups first (the longest units of work: a module's shared servers and
+    caches), then the rest in file order: under -n each worker starts on a long unit and the
+    short tests fill in behind, so no worker is left alone with a long unit at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """The native kernels' build (about 13 s of one core) starts at once, in the background,
     in the controller or the only process: the run's cache is empty. Tests that load the

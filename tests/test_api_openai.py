@@ -21,7 +21,12 @@ from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
-pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
+pytestmark = [
+    pytest.mark.slow,  # builds JAX engines (see README: the fast subset)
+    # one worker (pyproject: --dist loadgroup): the tests share a server and run in order, the
+    # stats test after the reconfiguration to disaggregated
+    pytest.mark.xdist_group("openai-server"),
+]
 
 PROMPTS = ["The quick brown fox", "hello", "Once upon a time there", "JAX", "é日本", "x" * 30]
 
