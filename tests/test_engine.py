@@ -21,7 +21,9 @@ GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 @pytest.fixture(scope="module")
 def engine():
     m = load_model("tiny")
-    cfg = ServerShape(model=m, slots=4, max_seq_len=64, decode_steps=4, max_prefill_bucket=32)
+    cfg = ServerShape(
+        model=m, slots=4, max_seq_len=64, page_size=16, decode_steps=4, max_prefill_bucket=32
+    )
     eng, other = build_engines(cfg)
     assert eng is other
     eng.warmup()
@@ -34,12 +36,17 @@ def reference(greedy_reference):
     return lambda eng, prompt, n: greedy_reference(eng.model, eng.config.seed, prompt, n)
 
 
-def serve(eng, requests, calls=8):
-    """Prefill + insert each (prompt, params) into slots 0.., generate; tokens per slot."""
+def serve(eng, requests, calls=8, paged=False):
+    """Prefill + insert each (prompt, params) into slots 0.., generate; tokens per slot.
+    paged: prefill straight into the slot's pages, as an interleaved server does (prefill_pages,
+    then insert activates the slot), instead of prefill's own K/V copied in by insert."""
     state, table = eng.init_decode_state(), fixed_table(eng)
     out, finished = {}, {}
     for slot, (prompt, params) in enumerate(requests):
-        prefix = eng.prefill(prompt, params)
+        if paged:
+            state, prefix = eng.prefill_pages(state, prompt, params, slot, table[slot])
+        else:
+            prefix = eng.prefill(prompt, params)
         out[slot] = [prefix.first_token]
         if prefix.done:
             finished[slot] = 1
@@ -79,8 +86,10 @@ def test_no_compilation_after_warmup(engine):
             )
             for n in (1, 9, 16, 31, 33, 60)[:4]
         ]
-        serve(engine, reqs, calls=8)  # lengths cross several decode buckets
-        serve(engine, [(rng.integers(0, 512, 60).tolist(), GREEDY)], calls=1)
+        # the interleaved server's calls (what this engine's role warms up); lengths cross
+        # several decode buckets, and a 60-token prompt runs in two chunks
+        serve(engine, reqs, calls=8, paged=True)
+        serve(engine, [(rng.integers(0, 512, 60).tolist(), GREEDY)], calls=1, paged=True)
         assert engine.compile_count() == before
         assert [e for e in compiles if "backend_compile" in e] == []
     finally:
