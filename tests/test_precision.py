@@ -373,17 +373,19 @@ def like_sharded(prec: tuple[str, str, str]) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prec", ENGINE_PRECISIONS, ids=ENGINE_IDS)
-def test_greedy_tokens_are_reproducible_run_to_run(prec) -> None:
-    base = unsharded(prec)
-    assert engine_tokens(prec)[0] == base  # a fresh build: weights quantized again, recompiled
-    assert engine_tokens(prec, dp=2)[0] == like_sharded(prec)
+def test_greedy_tokens_are_reproducible_run_to_run() -> None:
+    """A fresh build (weights converted again, programs compiled or loaded again) gives the
+    same tokens; at bf16 compute with int8 weights and KV, every conversion runs."""
+    prec = ("bf16", "int8", "int8")
+    assert engine_tokens(prec)[0] == unsharded(prec)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("prec", ENGINE_PRECISIONS, ids=ENGINE_IDS)
-def test_tp_and_disaggregated_engines_agree_with_unsharded(prec) -> None:
+def test_dp_tp_and_disaggregated_engines_agree_with_unsharded(prec) -> None:
+    unsharded(prec)  # its own checks: precisions, kernels and bytes per device
     base = like_sharded(prec)
+    assert engine_tokens(prec, dp=2)[0] == base
     tp, _, sharded = engine_tokens(prec, tp=2)
     if prec[1] == "int8":  # scales are sharded with their weights (over the output axis)
         w = sharded.params["layers"][0]["w_gate"]
