@@ -49,11 +49,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     kernels before it is done wait on the cache's build lock, not compile again."""
     if hasattr(session.config, "workerinput") or os.environ.get("SCALETUI_NATIVE_KERNELS") == "0":
         return
-    build = "from scaletui.serve.engine.native import toolchain; toolchain.ensure()"
+    build = [sys.executable, "-m", "scaletui", "build-kernels"]
     _KERNEL_BUILD.append(
-        subprocess.Popen(
-            [sys.executable, "-c", build], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        subprocess.Popen(build, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     )
 
 

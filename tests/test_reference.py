@@ -10,7 +10,6 @@ shape), so tokens are compared as the reference's ids decoded by the checkpoint'
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import subprocess
@@ -112,16 +111,11 @@ def _get(url: str) -> tuple[int, bytes]:
 
 @pytest.fixture(scope="module")
 def servers(request, tmp_path_factory):
-    """The servers of the selected tests, started after the native kernels are built here once
-    (each server would otherwise compile its own copy of them at the same time)."""
-    from scaletui.serve.engine.native import toolchain
-
+    """The servers of the selected tests, started together (they build the native kernels
+    once: the first takes the cache's build lock, the others wait for its file)."""
     mine = [item for item in request.session.items if item.module is request.module]
     params = [getattr(item, "callspec", None) for item in mine]
     names = {p.params["server"] for p in params if p is not None and "server" in p.params}
-    if names:
-        with contextlib.suppress(RuntimeError):  # no compiler: the servers run XLA's ops
-            toolchain.ensure()
     started = Servers(names, tmp_path_factory.mktemp("reference-servers"))
     yield started
     started.stop()
