@@ -151,3 +151,19 @@ async def test_bad_chat_logprobs_get_400_naming_the_field(extra, param, text) ->
         r = await client.post("/v1/chat/completions", json=body)
         err = (await r.json())["error"]
         assert r.status == 400 and err["param"] == param and text in err["message"], err
+
+
+def test_serve_takes_the_logprobs_mode_to_the_engine_and_refuses_another(capsys) -> None:
+    from scaletui.commands import serve
+    from scaletui.serve.http.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(None, 512)
+    base = ["--model", "tiny"]
+    default = serve.engine_factory(serve.parser().parse_args(base), tok, ())
+    raw = serve.parser().parse_args([*base, "--logprobs-mode", "raw_logprobs"])
+    assert default.logprobs_mode == "processed_logprobs"  # the issue's ask; vLLM v1's is raw
+    assert serve.engine_factory(raw, tok, ()).logprobs_mode == "raw_logprobs"
+    with pytest.raises(SystemExit):
+        serve.parser().parse_args([*base, "--logprobs-mode", "raw"])
+    err = capsys.readouterr().err
+    assert "--logprobs-mode: invalid choice: 'raw'" in err and "raw_logprobs" in err

@@ -101,3 +101,30 @@ def test_disaggregated_prefill_gives_the_same_prompt_logprobs(engine) -> None:
     for i in range(1, len(prompt)):
         check(pre.prompt_logprobs[i], ref[i - 1], prompt[i])
     check(pre.logprobs, ref[-2], pre.first_token)
+
+
+@pytest.mark.parametrize("processed", [True, False])
+def test_sampled_logprobs_in_each_mode(engine, processed: bool) -> None:
+    """At temperature 0.7, processed logprobs are the log-softmax of logits / 0.7 (what the
+    sampler drew from), raw ones the model's; prompt logprobs are the model's in both. The
+    mode is data in the compiled steps (engine_api.logprobs_code): switching it compiles
+    nothing."""
+    eng, before = engine, engine.compile_count()
+    hot = SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.7, seed=3, logprobs=5)
+    prompt = [(7 * i + 2) % 250 for i in range(12)]
+    was, eng.logprobs_processed = eng.logprobs_processed, processed
+    try:
+        state, table = eng.init_decode_state(), fixed_table(eng)
+        state, pre = eng.prefill_pages(state, prompt, hot, 0, table[0])
+        state = eng.insert(state, pre, 0, table[0])
+        state, out = eng.generate(state, 4, table)
+    finally:
+        eng.logprobs_processed = was
+    tokens = [pre.first_token, *out.tokens[:, 0].tolist()]
+    entries = [pre.logprobs] + [unpack_logprobs(out.logprobs[s, :, 0], 5) for s in range(4)]
+    ref = reference(eng, prompt + tokens)
+    if processed:
+        ref = np.asarray(jax.nn.log_softmax(jnp.asarray(ref) / 0.7, axis=-1))
+    for j, (entry, token) in enumerate(zip(entries, tokens, strict=True)):
+        check(entry, ref[len(prompt) - 1 + j], token)
+    assert eng.compile_count() == before

@@ -1,12 +1,14 @@
-"""Sampling: greedy, vocab limit, top-k/top-p sets, per-request seeds."""
+"""Sampling: greedy, vocab limit, top-k/top-p sets, seeds; processed and raw logprobs."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from scaletui.serve.engine import sampling
+from scaletui.serve.engine.engine_api import unpack_logprobs
 
 B, V = 64, 50
 
@@ -88,3 +90,35 @@ def test_extreme_temperatures_never_sample_past_the_vocab_limit():
         drawn = _draw(logits, temperature=t, limit=limit)
         assert drawn.max() < limit, (t, drawn.max())
         assert len(set(drawn.tolist())) > 3  # still a (flat) draw over the allowed ids
+
+
+def _unpacked(rows: jax.Array, k: int = 4) -> list:
+    return [unpack_logprobs(np.asarray(r), k) for r in rows]
+
+
+def test_processed_logprobs_score_what_the_sampler_saw_and_raw_ones_the_logits():
+    """Logits log(1, 2, 4, 8) / ln 2 = (0, 1, 2, 3) nats apart: at temperature 2 the processed
+    row scores softmax(logits / 2); with top-k 2 it keeps the two best (mass 1 between them);
+    a raw row, and a greedy row in either mode, score the logits themselves."""
+    base = jnp.log(jnp.asarray([1.0, 2.0, 4.0, 8.0]))
+    logits = jnp.tile(base, (4, 1))  # [B=4, V=4]
+    chosen = jnp.asarray([3, 3, 3, 3], jnp.int32)
+    processed = jnp.asarray([True, True, False, True])
+    temperature = jnp.asarray([2.0, 2.0, 2.0, 0.0])
+    top_k = jnp.asarray([0, 2, 0, 0], jnp.int32)
+    want = jnp.ones(4, bool)
+    rows = sampling.logprob_rows(
+        logits, chosen, want, 4, processed, temperature, top_k, jnp.ones(4)
+    )
+    scaled, kept, raw, greedy = _unpacked(rows)
+    # temperature 2: weights sqrt(1, 2, 4, 8), total 1 + 1.414 + 2 + 2.828 = 7.243
+    total = 1 + 2**0.5 + 2 + 8**0.5
+    assert scaled.logprob == pytest.approx(np.log(8**0.5 / total), abs=1e-5)
+    assert [i for i, _ in scaled.top] == [3, 2, 1, 0]
+    # top-k 2 after temperature: sqrt(8) / (sqrt(8) + 2); the other two are masked
+    assert kept.logprob == pytest.approx(np.log(8**0.5 / (8**0.5 + 2)), abs=1e-5)
+    assert kept.top[1][1] == pytest.approx(np.log(2 / (8**0.5 + 2)), abs=1e-5)
+    assert kept.top[2][1] < -1e29  # outside the sampler's set (the API writes -9999.0)
+    for row in (raw, greedy):  # 8 / 15 of the mass
+        assert row.logprob == pytest.approx(np.log(8 / 15), abs=1e-5)
+        assert [v for _, v in row.top] == pytest.approx(np.log([8 / 15, 4 / 15, 2 / 15, 1 / 15]))

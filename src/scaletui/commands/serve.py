@@ -25,7 +25,7 @@ from aiohttp import web
 
 from scaletui import xla_env
 from scaletui.serve.engine import memory
-from scaletui.serve.engine.engine_api import EngineFactory
+from scaletui.serve.engine.engine_api import LOGPROBS_MODES, PROCESSED, EngineFactory
 from scaletui.serve.http.api import SCHEDULER, WATCHDOG, ApiSettings, create_app
 from scaletui.serve.http.connections import quiet_accept_errors, raise_fd_limit, start_site
 from scaletui.serve.http.tokenizer import Tokenizer, load_tokenizer
@@ -74,6 +74,13 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="the model name /v1/models lists and requests use (default: --model as given)",
     )
+    a(
+        "--logprobs-mode",
+        choices=LOGPROBS_MODES,
+        default=PROCESSED,
+        help="what logprobs score: the logits a sampled token was drawn from (after temperature, "
+        "top-k, top-p) or the model's raw logits (vLLM v1's default); the same when greedy",
+    )
     a("--host-devices", type=int, help="JAX CPU: number of virtual host devices (XLA flag)")
     a("--fake", action="store_true", help="serve the hand-computable FakeEngine (tests, demos)")
     a("--fake-step-ms", type=float, default=2.0, help="--fake: milliseconds per decode step")
@@ -94,7 +101,7 @@ def engine_factory(
         return FakeEngineFactory(tok.vocab_size, eos_ids, step_s=step, prefill_s=step)
     from scaletui.serve.engine.build import JaxEngineFactory  # imports JAX: after the XLA flags
 
-    return JaxEngineFactory(tok.vocab_size, eos_ids)
+    return JaxEngineFactory(tok.vocab_size, eos_ids, args.logprobs_mode)
 
 
 def checkpoint_defaults(args: argparse.Namespace, model: ModelSpec) -> None:

@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 
 from scaletui.dtypes import default_compute_dtype as dtype_rule
 from scaletui.serve.engine import memory, model, native, pallas_attention
-from scaletui.serve.engine.engine_api import Engine, distinct
+from scaletui.serve.engine.engine_api import PROCESSED, Engine, distinct
 from scaletui.serve.engine.jax_engine import JaxEngine
 from scaletui.serve.weights import checkpoint, quant, sharding, weights
 from scaletui.shape import ConfigError, ServerShape
@@ -200,11 +200,13 @@ def build_engines(
     vocab_size: int | None = None,
     eos_ids: tuple[int, ...] = (),
     host_params: dict | None = None,
+    logprobs_mode: str = PROCESSED,
 ) -> tuple[JaxEngine, JaxEngine]:
     """(prefill engine, generate engine); the same object twice when interleaved: the plan,
     then the host weights once (`host_params` given, whatever float dtype they come in, or
     made), placed per engine, then the engines. `vocab_size` comes from the tokenizer,
-    `eos_ids` from it or the checkpoint's generation_config.json (`serve.eos_ids_for`).
+    `eos_ids` from it or the checkpoint's generation_config.json (`serve.eos_ids_for`);
+    `logprobs_mode` is one of engine_api.LOGPROBS_MODES.
     """
     plan = plan_engines(config, list(devices or jax.devices()))
     for e in plan:
@@ -223,6 +225,7 @@ def build_engines(
             eos_ids=eos_ids,
             kernels=e.kernels,
             kernels_note=e.note,
+            logprobs_mode=logprobs_mode,
         )
         for e in plan
     ]
@@ -235,9 +238,15 @@ class JaxEngineFactory:
 
     vocab_size: int | None = None  # sampling never goes beyond (default: the model's)
     eos_ids: tuple[int, ...] = ()  # sampling any of them ends a sequence
+    logprobs_mode: str = PROCESSED  # what logprobs score (engine_api.LOGPROBS_MODES)
 
     def build(self, config: ServerShape) -> tuple[Engine, Engine]:
-        return build_engines(config, vocab_size=self.vocab_size, eos_ids=self.eos_ids)
+        return build_engines(
+            config,
+            vocab_size=self.vocab_size,
+            eos_ids=self.eos_ids,
+            logprobs_mode=self.logprobs_mode,
+        )
 
     def check(self, config: ServerShape, current: tuple[Engine, Engine] | None = None) -> None:
         """The plan on these devices, then the memory it needs against what they have (on CPU

@@ -51,6 +51,18 @@ class SamplingParams:
 # token's logprob, the top values (best first), then the top ids as int32 bits.
 MAX_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 LOGPROB_ROW = 1 + 2 * MAX_LOGPROBS
+# what logprobs score: the logits a sampled row draws from (after its temperature, top-k, top-p)
+# or the model's own; vLLM's names (its --logprobs-mode), vLLM v1's default being RAW
+PROCESSED, RAW = "processed_logprobs", "raw_logprobs"
+LOGPROBS_MODES = (PROCESSED, RAW)
+
+
+def logprobs_code(params: SamplingParams, processed: bool) -> int:
+    """How a request's logprobs ride into the compiled steps (an int32 per row): 0 not asked,
+    1 from the raw logits, 2 from the logits its sampler saw (the engine's logprobs mode)."""
+    if params.logprobs is None:
+        return 0
+    return 2 if processed else 1
 
 
 @dataclass(frozen=True)

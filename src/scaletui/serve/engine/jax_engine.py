@@ -31,6 +31,8 @@ from jax.sharding import Mesh
 
 from scaletui.serve.engine import kv_cache, model, slot_state
 from scaletui.serve.engine.engine_api import (
+    LOGPROBS_MODES,
+    PROCESSED,
     EngineInfo,
     Prefix,
     SamplingParams,
@@ -61,6 +63,7 @@ class JaxEngine(EnginePrograms):
         eos_ids: tuple[int, ...] = (),
         kernels: str = "xla",
         kernels_note: str | None = None,
+        logprobs_mode: str = PROCESSED,
     ) -> None:
         """`params` placed on `mesh` (data=dp, model=tp) in the layout `ops` reads: the last
         stage of build.py's pass (plan, then params, then this)."""
@@ -76,6 +79,12 @@ class JaxEngine(EnginePrograms):
         self.pages_per_seq = config.pages_per_seq  # a page table row's width
         self.vocab_size = vocab_size or m.vocab_size  # sampling never goes beyond
         self.eos_ids = tuple(eos_ids)  # sampling any of them ends a sequence ("stop")
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
+            )
+        # logprobs of the logits sampled rows draw from (vLLM's processed_logprobs), or raw ones
+        self.logprobs_processed = logprobs_mode == PROCESSED
         self.mesh = mesh
         self.devices = list(mesh.devices.flat)
         self.precision = p = config.precision
@@ -167,7 +176,9 @@ class JaxEngine(EnginePrograms):
     def prefill(self, tokens: list[int], params: SamplingParams) -> Prefix:
         check_request(tokens, params, self.max_seq_len, self.model.vocab_size)
         n, rows = len(tokens), []  # rows: the chunks' prompt logprobs, when asked
-        args = lambda start, nxt: self._put(PrefillArgs.of(n, params, self.vocab_size, start, nxt))
+        args = lambda start, nxt: self._put(
+            PrefillArgs.of(n, params, self.vocab_size, start, nxt, self.logprobs_processed)
+        )
         if n <= self.chunk:
             t = next(b for b in self.prefill_buckets if b >= n)
             padded = np.zeros(t, np.int32)
@@ -235,7 +246,9 @@ class JaxEngine(EnginePrograms):
             padded = np.zeros(t, np.int32)
             padded[:c] = tokens[cur : cur + c]
             nxt = tokens[cur + c] if cur + c < n else 0
-            args = self._put(PrefillArgs.of(cur + c, params, self.vocab_size, cur, nxt))
+            args = self._put(
+                PrefillArgs.of(cur + c, params, self.vocab_size, cur, nxt, self.logprobs_processed)
+            )
             prior = self._gather_exe()(arrays.cache, row) if cur else self._no_prior
             exe = self._paged_prefill_exe(t)
             arrays, tok, lp = exe(self.params, arrays, self._put(padded), args, row, scratch, prior)
@@ -271,7 +284,7 @@ class JaxEngine(EnginePrograms):
         # goes to the replica's scratch page
         active = not prefix.done
         ints, floats = slot_state.pack_insert_args(
-            slot, prefix.length, prefix.first_token, active, prefix.params
+            slot, prefix.length, prefix.first_token, active, prefix.params, self.logprobs_processed
         )
         ints, floats = self._put(ints), self._put(floats)
         if prefix.kv is None:  # prefill_pages wrote its K/V into the pages already

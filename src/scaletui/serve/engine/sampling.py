@@ -6,9 +6,11 @@ Ids at or above `vocab_limit` (beyond what the tokenizer can decode) are never p
 full-vocab sort that top-k/top-p need runs only when some row asks for it (`lax.cond`), so an
 all-greedy batch pays one argmax.
 
-Logprobs (`logprob_rows`) are the log-softmax of the logits before temperature, top-k and top-p
-(vLLM v1's default `raw_logprobs`), over the ids the tokenizer can decode; they run only when
-some row asks for them, behind their own `lax.cond`.
+Logprobs (`logprob_rows`) are a log-softmax over the ids the tokenizer can decode, in one of
+vLLM's two modes (engine_api.LOGPROBS_MODES): "processed_logprobs" (the server's default)
+scores the logits a sampled row draws from (after its temperature, top-k and top-p:
+`sampler_logits`; a greedy row draws from the raw logits), "raw_logprobs" (vLLM v1's default)
+the model's logits. They run only when some row asks for them, behind their own `lax.cond`.
 """
 
 from __future__ import annotations
@@ -72,16 +74,29 @@ def sample(
     hot = temperature > 0
 
     def stochastic(x: jax.Array) -> jax.Array:
-        # mask again after scaling: NEG / a huge temperature is a small number like any other
-        x = jnp.where(allowed, x / jnp.where(hot, temperature, 1.0)[:, None], NEG)
-        narrow = jnp.any(hot & ((top_k > 0) | (top_p < 1.0)))
-        x = lax.cond(narrow, filter_top_k_top_p, lambda y, _k, _p: y, x, top_k, top_p)
+        x = sampler_logits(x, allowed, temperature, top_k, top_p)
         keys = jax.vmap(row_key)(seed, position)
         drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, x)
         return drawn.astype(jnp.int32)
 
     drawn = lax.cond(jnp.any(hot), stochastic, lambda x: greedy, logits)
     return jnp.where(hot, drawn, greedy)
+
+
+def sampler_logits(
+    logits: jax.Array,
+    allowed: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+) -> jax.Array:
+    """The [B, V] logits a sampled row (temperature > 0) draws from: scaled by its temperature,
+    then NEG outside the `allowed` ids and outside its top-k and top-p set."""
+    hot = temperature > 0
+    # mask after scaling: NEG / a huge temperature is a small number like any other
+    x = jnp.where(allowed, logits / jnp.where(hot, temperature, 1.0)[:, None], NEG)
+    narrow = jnp.any(hot & ((top_k > 0) | (top_p < 1.0)))
+    return lax.cond(narrow, filter_top_k_top_p, lambda y, _k, _p: y, x, top_k, top_p)
 
 
 def pack_rows(logits: jax.Array, chosen: jax.Array, vocab_limit: jax.Array | int) -> jax.Array:
@@ -98,11 +113,31 @@ def pack_rows(logits: jax.Array, chosen: jax.Array, vocab_limit: jax.Array | int
 
 
 def logprob_rows(
-    logits: jax.Array, chosen: jax.Array, want: jax.Array, vocab_limit: jax.Array | int
+    logits: jax.Array,
+    chosen: jax.Array,
+    want: jax.Array,
+    vocab_limit: jax.Array | int,
+    processed: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
 ) -> jax.Array:
     """The packed logprobs [B, LOGPROB_ROW] of `chosen` [B] and the top candidates, from
     logits [B, V]; zeros unless some row `want`s [B] them (then every row is computed: one
-    shape, and the host reads only the rows that asked)."""
+    shape, and the host reads only the rows that asked). A `processed` [B] row with a
+    temperature scores the logits its sampler saw (`sampler_logits`), the others the raw ones."""
     b = logits.shape[0]
     zeros = lambda *_: jnp.zeros((b, LOGPROB_ROW), jnp.float32)  # noqa: E731
-    return lax.cond(jnp.any(want), pack_rows, zeros, logits, chosen, vocab_limit)
+    seen = processed & (temperature > 0)
+
+    def rows(x: jax.Array, chosen: jax.Array, limit: jax.Array | int) -> jax.Array:
+        def view(y: jax.Array) -> jax.Array:
+            allowed = jnp.arange(y.shape[-1])[None, :] < limit
+            return jnp.where(
+                seen[:, None], sampler_logits(y, allowed, temperature, top_k, top_p), y
+            )
+
+        x = lax.cond(jnp.any(seen), view, lambda y: y, x.astype(jnp.float32))
+        return pack_rows(x, chosen, limit)
+
+    return lax.cond(jnp.any(want), rows, zeros, logits, chosen, vocab_limit)

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scaletui.serve.engine.engine_api import SamplingParams, logprobs_code
+
 # slot vectors: name -> dtype
 SLOT_FIELDS = {
     "lengths": jnp.int32,
@@ -24,7 +26,7 @@ SLOT_FIELDS = {
     "max_tokens": jnp.int32,
     "min_tokens": jnp.int32,
     "ignore_eos": jnp.bool_,
-    "logprobs": jnp.bool_,  # the request asked for logprobs (the step computes them if any)
+    "logprobs": jnp.int32,  # engine_api.logprobs_code: 0 not asked, 1 raw, 2 processed
 }
 
 
@@ -103,9 +105,14 @@ def release(state: DecodeState, slot: jax.Array) -> DecodeState:
 
 
 def pack_insert_args(
-    slot: int, length: int, first: int, active: bool, params: object
+    slot: int,
+    length: int,
+    first: int,
+    active: bool,
+    params: SamplingParams,
+    processed: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Host-side packing of one insert's scalars (params: engine_api.SamplingParams)."""
+    """Host-side packing of one insert's scalars; `processed`: the engine's logprobs mode."""
     ints = np.array(
         [
             slot,
@@ -117,7 +124,7 @@ def pack_insert_args(
             params.max_tokens,
             params.min_tokens,
             params.ignore_eos,
-            params.logprobs is not None,
+            logprobs_code(params, processed),
         ],
         np.int32,
     )

@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 from scaletui.serve.engine import model, sampling
-from scaletui.serve.engine.engine_api import LOGPROB_ROW, SamplingParams
+from scaletui.serve.engine.engine_api import LOGPROB_ROW, SamplingParams, logprobs_code
 from scaletui.serve.engine.slot_state import DecodeState
 from scaletui.specs import ModelSpec
 
@@ -30,7 +30,7 @@ class PrefillArgs(NamedTuple):
     top_p: jax.Array  # f32
     vocab_limit: jax.Array  # sampling never goes beyond (the tokenizer's vocabulary)
     start: jax.Array  # the chunk's first position (0 unless chunked)
-    logprobs: jax.Array  # 1: the first token's logprobs are wanted (0: skipped)
+    logprobs: jax.Array  # the first token's logprobs: 0 skipped, 1 raw, 2 processed (logprobs_code)
     prompt_logprobs: jax.Array  # 1: each chunk position's logprob of the next prompt token
     next_token: jax.Array  # the prompt token after this chunk (0 at the prompt's end)
 
@@ -42,6 +42,7 @@ class PrefillArgs(NamedTuple):
         vocab_limit: int,
         start: int = 0,
         next_token: int = 0,
+        processed: bool = False,
     ) -> PrefillArgs:
         """Host values (numpy scalars) for one request; `jax.device_put` the result."""
         i32, f32 = np.int32, np.float32
@@ -53,7 +54,7 @@ class PrefillArgs(NamedTuple):
             f32(params.top_p),
             i32(vocab_limit),
             i32(start),
-            i32(params.logprobs is not None),
+            i32(logprobs_code(params, processed)),
             i32(params.prompt_logprobs is not None),
             i32(next_token),
         )
@@ -89,7 +90,16 @@ def sample_one(
         one(args.top_p),
         args.vocab_limit,
     )
-    first = sampling.logprob_rows(logits[None], tok, one(args.logprobs > 0), args.vocab_limit)
+    first = sampling.logprob_rows(
+        logits[None],
+        tok,
+        one(args.logprobs > 0),
+        args.vocab_limit,
+        one(args.logprobs == 2),
+        one(args.temperature),
+        one(args.top_k),
+        one(args.top_p),
+    )
     t = tokens.shape[0]
     last = jnp.clip(args.true_len - 1 - args.start, 0, t - 1)  # its next token is not in `tokens`
     targets = jnp.where(jnp.arange(t) == last, args.next_token, jnp.roll(tokens, -1))
@@ -203,8 +213,17 @@ def generate(
             live(st.top_p),
             consts.vocab_limit,
         )
-        want = live(active & st.logprobs)
-        lp = sampling.logprob_rows(logits, tok, want, consts.vocab_limit)  # [slots, ROW]
+        want = live(active & (st.logprobs > 0))
+        lp = sampling.logprob_rows(  # [slots, ROW]
+            logits,
+            tok,
+            want,
+            consts.vocab_limit,
+            live(st.logprobs == 2),
+            live(st.temperature),
+            live(st.top_k),
+            live(st.top_p),
+        )
         tok = jnp.pad(tok, (0, pos.shape[0] - slots))  # spare rows (see JaxEngine.rows)
         lp = jnp.pad(lp, ((0, pos.shape[0] - slots), (0, 0)))
         lengths = st.lengths + active
