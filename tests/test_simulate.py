@@ -272,6 +272,7 @@ def test_simulate_cli_prints_loadgen_keys_and_says_where_costs_come_from(capsys,
                 "mean_running_batch", "completed", "rejected"):  # fmt: skip
         assert s[key] is not None, key
     assert s["completed"] == 50 and s["total_output_tokens"] == 50 * 16
+    assert s["command"] == ["scaletui", "simulate", *argv, "--json"]  # for loadgen report
     # the same flags and seed draw loadgen's offsets: the achieved rate is loadgen's
     w = Workload(input=Lengths(64), output=Lengths(16), qps=5.0)
     offsets = [r.offset for r, _ in zip(iter_requests(w), range(50), strict=False)]

@@ -232,6 +232,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
         if args.qps is None and args.concurrency is None:
@@ -242,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scaletui simulate: error: {said}", file=sys.stderr)
         return 2
     s = result.summary
+    s["command"] = ["scaletui", "simulate", *argv]  # as loadgen's summary records its own
     if args.out:
         Path(args.out).write_bytes(orjson.dumps(s, option=orjson.OPT_INDENT_2))
     if args.json:

@@ -3,6 +3,7 @@
 Without --url it starts an embedded `scaletui serve --model small` (a subprocess) and stops it
 afterwards. --sweep runs one stage per rate and prints latency against throughput. Errors a user
 can cause (bad flags, a dead port, a wrong URL) are one line on stderr and a non-zero exit.
+`loadgen report RESULT.json... --html OUT` writes the results as an HTML report (html_report.py).
 Exit: 0 ok, 1 no request completed, 2 usage or connection error, 3 failure rate over
 --max-failure-rate, 4 the server went away mid-run (partial result), 130 interrupted.
 """
@@ -176,6 +177,7 @@ async def run(args: argparse.Namespace, url: str) -> int:
                     partial_message=result.stop_message,
                     tokenizer=wl.tokenizer,
                 )
+                summary["command"] = args.command  # argv, as given
                 summaries.append(summary)
                 sink.write({"type": "summary", "stage": stage, **summary})
                 if requests_file:
@@ -189,7 +191,10 @@ async def run(args: argparse.Namespace, url: str) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     if args.out:
-        output.write_json(args.out, summaries[0] if len(summaries) == 1 else {"stages": summaries})
+        one = len(summaries) == 1
+        output.write_json(
+            args.out, summaries[0] if one else {"stages": summaries, "command": args.command}
+        )
     if args.csv:
         output.write_csv(args.csv, summaries)
     if args.sweep and not args.quiet and summaries:
@@ -247,8 +252,14 @@ def _asyncio_run(coro):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        from scaletui.loadgen import html_report  # matplotlib only for the report
+
+        return html_report.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command = ["loadgen", *argv]
     try:
         if args.qps is None and args.concurrency is None and not (args.sweep or args.trace):
             raise UserError("give --qps RATE and/or --concurrency N (or --sweep RATES, --trace)")

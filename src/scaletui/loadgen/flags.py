@@ -79,7 +79,12 @@ def add_request_flags(g: argparse._ArgumentGroup) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="loadgen", description=DESCRIPTION)
+    p = argparse.ArgumentParser(
+        prog="loadgen",
+        description=DESCRIPTION,
+        epilog="loadgen report RESULT.json... --html OUT.html [--png OUT.png]: the results as "
+        "one self-contained HTML report (see loadgen report --help)",
+    )
     a = p.add_argument
     a("--url", help="server base URL (default: start an embedded scaletui server)")
     a("--api", choices=("completions", "chat"), default="completions")
