@@ -147,7 +147,7 @@ class SpeedSpread:
                 + (f" over {window:g} s" if isinstance(window, int | float) else "")
             )
         else:
-            parts.append("host spread unknown (a calibration without one: run scaletui calibrate)")
+            parts.append("host spread unknown (the spec has none: scaletui calibrate measures it)")
         if res:
             each = ", ".join(f"{k} {_pct(v, 1.0)}" for k, v in res.items())
             parts.append(f"fit residuals (measured / model) p10-p90: {each}")
