@@ -14,6 +14,7 @@ import yaml
 from scaletui import calibrate as cal
 from scaletui import roofline
 from scaletui.calibrate import Sizes, read, timing
+from scaletui.calibrate import spread as spread_mod
 from scaletui.commands.calibrate import main
 from scaletui.serve.engine import native
 from scaletui.specs import load_hardware, load_model, local_hardware_path
@@ -108,7 +109,7 @@ def test_calibrate_writes_a_loadable_local_spec(
 ) -> None:
     import jax
 
-    assert main(["--quick"]) == 0
+    assert main(["--quick", "--window", "0.2"]) == 0
     assert tiny_sizes == [True]
     out = capsys.readouterr()
     path = local_hardware_path()
@@ -146,6 +147,14 @@ def test_calibrate_writes_a_loadable_local_spec(
             assert f"[{b}, {TINY.d}] x [{TINY.d}, {TINY.f}] {dtype}" in thin["method"]
     assert 0 < measured["dispatch_s"] < 1
     assert "jit" in measured["dispatch_method"]
+    # The host's spread over the window: p10 <= p50 <= p90 of each figure, and a verdict.
+    spread = measured["spread"]
+    for key in ("read_bw", "flops_per_s", "dispatch_s"):
+        got = spread[key]
+        assert 0 < got["p10"] <= got["p50"] <= got["p90"] and got["n"] >= 4  # 4 parts, >= 1 each
+        assert len(spread["samples"][key]) == got["n"]
+    assert isinstance(spread["noisy"], bool) and "p90 / p10 > 1.2" in spread["noisy_rule"]
+    assert "spread over" in out.err and ("quiet" in out.err or "NOISY" in out.err)
     # Every figure says how it was measured.
     methods = hw.extra["methods"]
     assert str(TINY.read_points[-1]) in methods["hbm_bw"] and "read-only" in methods["hbm_bw"]
@@ -170,7 +179,7 @@ def test_calibrate_writes_a_loadable_local_spec(
 def test_calibrate_out_and_no_write(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_sizes: list[bool]
 ) -> None:
-    assert main(["--quick", "--no-write"]) == 0
+    assert main(["--quick", "--no-write", "--window", "0.2"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["name"] == "local"
     assert not local_hardware_path().exists()
@@ -178,7 +187,7 @@ def test_calibrate_out_and_no_write(
     copy = tmp_path / "printed.yaml"
     copy.write_text(yaml.safe_dump(printed))
     assert load_hardware(copy).kind == "cpu"  # what --no-write prints is a valid spec too
-    assert main(["--quick", "--out", str(out)]) == 0
+    assert main(["--quick", "--out", str(out), "--window", "0.2"]) == 0
     assert load_hardware(out).name == "local"
     assert not local_hardware_path().exists()
 
@@ -189,7 +198,7 @@ def test_calibrate_one_device_uses_memory_bandwidth_for_ici() -> None:
 
     from scaletui.calibrate import calibrate
 
-    spec = calibrate(sizes=TINY, devices=jax.devices()[:1], log=lambda msg: None)
+    spec = calibrate(sizes=TINY, devices=jax.devices()[:1], log=lambda msg: None, window_s=0.2)
     assert spec["measured"]["all_reduce"] is None
     assert spec["ici_bw"] == spec["hbm_bw"] == spec["dcn_bw"]
     assert "ici_latency_s" not in spec
@@ -272,3 +281,44 @@ def test_read_passes_far_apart_get_a_note_naming_their_range():
     note = cal.read_spread_note([small, {"bytes": GiB, "pass_bws": [24e9, 33e9, 25e9]}])
     assert note is not None and "24.0-33.0 GB/s" in note
     assert cal.read_spread_note([{"bytes": GiB, "pass_bws": [20e9]}]) is None
+
+
+def test_window_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--window", "0"])
+    assert "--window should be > 0 seconds, got 0.0" in capsys.readouterr().err
+
+
+def test_spread_samples_one_figure_per_slice_on_a_fake_clock(monkeypatch):
+    """Slices of 1 s on a fake clock: a read of 1e9 B takes 0.1 s (10 GB/s), then 0.2 s in the
+    second part of the window (5 GB/s); a 2e9-FLOP GEMM 0.1 s (20 GFLOP/s); a dispatch 1 ms.
+    Each slice's sample is the median of its calls; p10/p50/p90 over the slices."""
+    clock = [0.0]
+    monkeypatch.setattr(spread_mod.time, "perf_counter", lambda: clock[0])
+
+    def costs(seconds):
+        return lambda: clock.__setitem__(0, clock[0] + seconds())
+
+    slow = [False]
+    read_s = lambda: 0.2 if slow[0] else 0.1  # noqa: E731
+    sampler = spread_mod.SpreadSampler(
+        costs(read_s), 10**9, costs(lambda: 0.1), 2 * 10**9, costs(lambda: 1e-3), "fake", 1.0
+    )
+    # from t = 0.301 (the warm-ups): rounds of a read, a GEMM and 20 dispatches, 0.22 s; a slice
+    # ends at its first round past 1 s (1.1 s); a window stops when under half a slice is left
+    sampler.run(4.0)  # slices end at 1.401, 2.501, 3.601, 4.701
+    slow[0] = True  # rounds of 0.32 s, slices of 1.28 s: 5.981, 7.261, 8.541, 9.821
+    sampler.run(5.0)
+    got = sampler.result()
+    reads = got["samples"]["read_bw"]
+    assert reads == [10e9] * 4 + [5e9] * 4
+    # numpy's percentiles of 4 x 5 and 4 x 10 GB/s: p10 at 5, p50 halfway, p90 at 10
+    ends = (got["read_bw"]["p10"], got["read_bw"]["p50"], got["read_bw"]["p90"])
+    assert ends == pytest.approx((5e9, 7.5e9, 10e9))
+    assert got["flops_per_s"]["p10"] == pytest.approx(20e9)
+    assert got["flops_per_s"]["p90"] == pytest.approx(20e9)
+    assert got["dispatch_s"]["p50"] == pytest.approx(1e-3)
+    assert got["noisy"] is True  # read p90 / p10 = 2 > 1.2
+    assert "noisy host" in spread_mod.spread_note(got)
+    quiet = {**got, "noisy": False}
+    assert spread_mod.spread_note(quiet) is None

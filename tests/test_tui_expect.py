@@ -371,3 +371,26 @@ def window(t: float, completed: int, ttft: tuple[float, float]) -> Record:
     data = {"type": "window", "t": t, "window_s": 1.0, "completed": completed}
     data |= {"output_tok_s": 10.0, "ttft_ms": {"p50": ttft[0], "p99": ttft[1]}}
     return Record(t, "window", data | {"tpot_ms": {"p50": 20.0, "p99": 20.0}})
+
+
+def test_expected_carries_its_band_from_the_fits_residuals():
+    """A fit whose calls ran 0.8-1.25x what it answers (its residual spread) and no host
+    spread: every decode call of the band's ends scales by that, the scheduler's gaps do not,
+    so TPOT's ends are computable from the point; the KPI shows the band and says whence."""
+    residual = {"decode": {"p10": 0.8, "p50": 1.0, "p90": 1.25, "n": 9}}
+    save_fit(replace(hand_fit(), info={**INFO, "residual_spread": residual}))
+    knobs = Knobs(slots=4, input_len=32, output_len=32, length_spread=0, load="qps", rate=2.0)
+    e = expect(None, knobs, server_shape({"max_seq_len": 256}, knobs, load_model("tiny")))
+    gaps = 8 * (tui_expect.HOST_GAP_S + tui_expect.HOST_GAP_PER_ROW_S) * 1e3  # ms, 8 calls
+    calls = e.tpot_p50_ms * 31 - gaps  # one request at a time: 31 tokens after the first
+    lo, hi = e.band["median_tpot_ms"]
+    assert (lo, hi) == pytest.approx(((0.8 * calls + gaps) / 31, (1.25 * calls + gaps) / 31))
+    assert "fit residuals (measured / model) p10-p90: decode -20%..+25%" in e.band_note
+    assert "host spread unknown" in e.band_note
+    m = serving(knobs)
+    tpot = kpis(m)["tpot_p50"]
+    assert tpot.band is not None and tpot.band[0] < tpot.expected < tpot.band[1]
+    assert kpis(m)["mem"].band is None  # memory is counted, not timed
+    assert views.build_view(m).band_note.startswith("exp p10-p90: host spread unknown")
+    # a sweep's curve asks for the point alone: no ends simulated
+    assert m.expectation_or_error(knobs, band=False).ends is None

@@ -7,6 +7,7 @@ import datetime as dt
 import platform
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 from scaletui.calibrate.probes import (
     _all_reduce,
@@ -15,9 +16,14 @@ from scaletui.calibrate.probes import (
     _host_memory_bytes,
     _matmul,
     _prefill_gemms,
+    spread_sampler,
 )
 from scaletui.calibrate.read import _copy_bw, _read_figure, _read_stream, read_spread_note
+from scaletui.calibrate.spread import PARTS, spread_note
 from scaletui.calibrate.timing import Sizes
+
+WINDOW_S = 10.0  # default seconds of spread sampling (--window), in PARTS parts over the run
+QUICK_WINDOW_S = 5.0  # --quick's
 
 
 def calibrate(
@@ -26,9 +32,14 @@ def calibrate(
     sizes: Sizes | None = None,
     devices: list | None = None,
     log: Callable[[str], None] | None = None,
+    window_s: float | None = None,
 ) -> dict:
     """Measure and return the `local` hardware spec as a plain dict (spec keys + `measured`).
-    `devices` defaults to all of JAX's default-backend devices."""
+    `devices` defaults to all of JAX's default-backend devices; `window_s` (default WINDOW_S,
+    --quick QUICK_WINDOW_S) is how long the host's spread is sampled (`measured.spread`)."""
+    window_s = window_s if window_s is not None else QUICK_WINDOW_S if quick else WINDOW_S
+    if not 0 < window_s < float("inf"):
+        raise ValueError(f"the spread window should be > 0 s, got {window_s}")
     import jax
     import jax.numpy as jnp
 
@@ -46,12 +57,17 @@ def calibrate(
     read_passes, w = _read_stream(jax, jnp, dev, sizes), sizes.windows
     for _ in range(min(1, w)):
         read_passes.run()
+    sampler = spread_sampler(jax, jnp, dev, sizes, read_passes)
+    log(f"calibrate:       spread: {sampler.how}, {window_s:g} s in {PARTS} parts over the run")
+    sampler.run(window_s / PARTS)
     copy = _copy_bw(jax, jnp, dev, sizes.copy_bytes, sizes.reps, sizes.min_time_s)
     log(f"calibrate:       {copy['bw'] / 1e9:.1f} GB/s copy (read + write, reference)")
     d, f = sizes.d, sizes.f
     log(f"calibrate: [2/5] thin matmuls [B, {d}] x [{d}, {f}], B = {sizes.thin_batches} ...")
+    # for reference (no prediction reads them): a quarter of the time window, for the spread's
+    brief = replace(sizes, min_time_s=sizes.min_time_s / 4)
     thin = {
-        dtype: {b: _matmul(jax, jnp, dev, b, d, f, dtype, sizes) for b in sizes.thin_batches}
+        dtype: {b: _matmul(jax, jnp, dev, b, d, f, dtype, brief) for b in sizes.thin_batches}
         for dtype in ("f32", "bf16")
     }
     for dtype, figs in thin.items():
@@ -59,6 +75,7 @@ def calibrate(
         log(f"calibrate:       {dtype} GFLOP/s {text}")
     for _ in range(min(1, w - 1)):
         read_passes.run()
+    sampler.run(window_s / PARTS)
     log(
         f"calibrate: [3/5] prefill GEMM [{sizes.prefill_t}, {d}] x [{d}, {f}], f32 and bf16, "
         f"XLA's and the native kernel's, round robin in {sizes.windows} passes ..."
@@ -74,6 +91,7 @@ def calibrate(
         )
     for _ in range(max(w - 2, 0)):
         read_passes.run()
+    sampler.run(window_s / PARTS)
     read = _read_figure(read_passes, sizes)
     log(
         f"calibrate:       {read['bw'] / 1e9:.1f} GB/s read (past the cache; passes at the "
@@ -85,9 +103,14 @@ def calibrate(
     log("calibrate: [4/5] dispatch floor ...")
     dispatch_s, dispatch_method = _dispatch(jax, jnp, dev, sizes.dispatch_calls)
     log(f"calibrate:       {dispatch_s * 1e6:.1f} us per jitted call + sync")
+    sampler.run(window_s / PARTS)
+    host_spread = sampler.result()
+    log(f"calibrate:       {spread_words(host_spread)}")
     notes = ["dcn_bw: no off-host link measured; set equal to ici_bw"]
     if spread:
         notes.append(spread)
+    if spread_note(host_spread):
+        notes.append(spread_note(host_spread))
     if len(devices) > 1:
         log(f"calibrate: [5/5] all-reduce over {len(devices)} devices ...")
         ar = _all_reduce(jax, jnp, devices, sizes.allreduce_bytes, sizes.reps, sizes.min_time_s)
@@ -144,7 +167,19 @@ def calibrate(
         "matmul_thin": thin,  # decode-shaped [B, D] x [D, F] per dtype and B
         "dispatch_s": dispatch_s,
         "dispatch_method": dispatch_method,
+        "spread": host_spread,  # the host's speed over the window: p10/p50/p90 (spread.py)
         "all_reduce": ar,
         "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(sizes).items()},
     }
     return spec
+
+
+def spread_words(spread: dict) -> str:
+    """'spread over 10 s (20 samples): read 30.1-36.2 GB/s, ... (p10-p90), quiet'."""
+    r, f, d = spread["read_bw"], spread["flops_per_s"], spread["dispatch_s"]
+    return (
+        f"spread over {spread['window_s']:g} s ({r['n']} samples), p10-p90: read "
+        f"{r['p10'] / 1e9:.1f}-{r['p90'] / 1e9:.1f} GB/s, {f['p10'] / 1e9:.0f}-"
+        f"{f['p90'] / 1e9:.0f} GFLOP/s, dispatch {d['p10'] * 1e6:.1f}-{d['p90'] * 1e6:.1f} us; "
+        + ("NOISY (" + spread["noisy_rule"] + ")" if spread["noisy"] else "quiet")
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from scaletui.calibrate.spread import SpreadSampler
 from scaletui.calibrate.timing import Sizes, _fastest_window, _median_time, _summary
 
 
@@ -93,6 +94,33 @@ def _prefill_gemms(jax, jnp, device, sizes: Sizes) -> tuple[dict, dict]:
         fig = {**_gemm_figure(t, d, f, best, runs, method), "pass_medians_s": passes}
         (xla if kind == "xla" else own)[dtype] = fig
     return xla, own
+
+
+def spread_sampler(jax, jnp, device, sizes: Sizes, read_passes) -> SpreadSampler:
+    """The spread's probes (spread.py): the read stream's largest working set (the server's
+    native kernel where it runs, else XLA's: `read_passes`, `read._read_stream`), the prefill
+    GEMM in the precision the server computes in here (bf16 through the native kernel on CPU
+    where it runs, f32 through XLA on other CPUs, bf16 on GPU/TPU) and the dispatch floor."""
+    largest = sizes.read_points[-1]
+    native_read = ("native", largest) in read_passes.fns
+    read = read_passes.fns[("native", largest) if native_read else largest]
+    t, d, f = sizes.prefill_t, sizes.d, sizes.f
+    on_cpu = device.platform == "cpu"
+    gemm = _native_call(jax, jnp, device, t, d, f, "bf16") if on_cpu else None
+    dtype, way = "bf16", "native"
+    if gemm is None:
+        dtype, way = ("f32" if on_cpu else "bf16"), "XLA"
+        gemm = _matmul_call(jax, jnp, device, t, d, f, dtype)
+    inc = jax.jit(lambda x: x + 1)
+    x = jax.device_put(jnp.float32(0.0), device)
+    how = (
+        f"per slice of the window, the median of its calls: the read stream at {largest} B "
+        f"({'native' if native_read else 'XLA'}), the [{t}, {d}] x [{d}, {f}] {dtype} GEMM "
+        f"({way}), bursts of jit(x + 1) + sync"
+    )
+    return SpreadSampler(
+        read, largest, gemm, 2 * t * d * f, lambda: inc(x).block_until_ready(), how
+    )
 
 
 def _dispatch(jax, jnp, device, calls: int) -> tuple[float, str]:

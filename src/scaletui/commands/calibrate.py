@@ -1,6 +1,6 @@
-"""`scaletui calibrate [--quick] [--out PATH] [--no-write]`: the host roofs
-(`scaletui.calibrate`) written as the `local` hardware spec; with `--model M` the engine fit
-instead (commands/calibrate_engine.py over engine_fit.py)."""
+"""`scaletui calibrate [--quick] [--window S] [--out PATH] [--no-write]`: the host roofs and
+their spread over a window (`scaletui.calibrate`) written as the `local` hardware spec; with
+`--model M` the engine fit instead (commands/calibrate_engine.py over engine_fit.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from scaletui.calibrate.host import calibrate
+from scaletui.calibrate.host import QUICK_WINDOW_S, WINDOW_S, calibrate
 from scaletui.specs import load_hardware, local_hardware_path
 
 
@@ -43,11 +43,20 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="same working sets, a shorter timing window (~15 s on 2 cores)",
     )
+    p.add_argument(
+        "--window",
+        type=float,
+        metavar="S",
+        help=f"seconds to sample the host's spread over (default {WINDOW_S:g}, --quick "
+        f"{QUICK_WINDOW_S:g}; more catches more of a shared host's spells)",
+    )
     p.add_argument("--out", type=Path, help=f"write here instead of {local_hardware_path()}")
     p.add_argument("--no-write", action="store_true", help="print the spec only")
     args = p.parse_args(argv)
 
-    spec = _plain(calibrate(quick=args.quick))
+    if args.window is not None and not 0 < args.window < float("inf"):
+        p.error(f"--window should be > 0 seconds, got {args.window}")
+    spec = _plain(calibrate(quick=args.quick, window_s=args.window))
     text = yaml.safe_dump(spec, sort_keys=False)
     if not args.no_write:
         path = args.out or local_hardware_path()

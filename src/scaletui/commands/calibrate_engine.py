@@ -145,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
             f"x{q[len(q) * 9 // 10]:.2f} at p90, x{q[-1]:.2f} at the top "
             "(the simulator draws each call's from these)"
         )
+    for kind, r in (i.get("residual_spread") or {}).items():
+        stderr_log(
+            f"fit: {kind} measured / model x{r['p10']:.3f} at p10, x{r['p90']:.3f} at p90 "
+            f"over {r['n']} points (a band's fit part: scaletui simulate)"
+        )
     text = yaml.safe_dump(cost.to_dict(), sort_keys=False)
     if not args.no_write:
         # stored under the shape's fit key, with the kernels that `auto` resolved to

@@ -4,8 +4,11 @@ The workload flags are loadgen's, and loadgen's own `iter_requests` draws the re
 the same flags and seed give the same offsets and lengths as a real run. The cost of each step
 comes from a fitted cost model (`--fit FILE`, else the stored fit for this server configuration
 and precision when `--hardware local`) or from the spec's roofs times assumed efficiencies, with
-weights and KV read in `--weight-dtype` and `--kv-dtype` (default: `--dtype`). Prints loadgen's
-table, or (`--json`, `--out FILE`) loadgen's summary JSON keys.
+weights and KV read in `--weight-dtype` and `--kv-dtype` (default: `--dtype`). Each figure comes
+with its p10-p90 band over the measured spread (the hardware spec's `measured.spread`, the fit's
+`info.residual_spread`; roofline/band.py): the same request list simulated at the spread's fast
+and slow ends. Prints loadgen's table with the band beside each figure, or (`--json`, `--out
+FILE`) loadgen's summary JSON keys plus `band: {key: [p10, p90]}`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from scaletui.dtypes import cpu_bf16_pairs, default_compute_dtype
 from scaletui.loadgen import flags as loadgen_flags
 from scaletui.loadgen.output import table
 from scaletui.loadgen.workload import PROMPT_FORMATS, Workload, schedule
+from scaletui.roofline.band import SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.fitstore import load_fit, stored_fits_for
+from scaletui.roofline.simband import band_of, simulate_at
 from scaletui.roofline.simrecords import (
     BOS_TOKENS,
     HOST_GAP_PER_ROW_S,
@@ -86,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="text: the server prefills one BOS token more; ids: none",
     )
+    a("--no-band", action="store_true", help="the point alone: no p10-p90 band (one simulation)")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     o.add_argument("--out", help="write the summary JSON here")
@@ -187,6 +193,20 @@ def cost_models(
     return decode, prefill, words + passed_over
 
 
+def speed_spread(args: argparse.Namespace, decode: CostModel) -> SpeedSpread:
+    """The band's spread: the host's from the hardware spec (--hardware, else `local` for a fit
+    made on it), the fit's residuals from a fitted cost model; unknown parts are said so."""
+    name = args.hardware or ("local" if decode.hardware == "local" else None)
+    host = None
+    if name is not None:
+        try:
+            host = (load_hardware(name).extra.get("measured") or {}).get("spread")
+        except SpecError:  # a --fit of a host whose spec is not here: the host part unknown
+            host = None
+    residuals = decode.info.get("residual_spread") if decode.source == "fit" else None
+    return SpeedSpread.measured(host, residuals)
+
+
 def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     model = load_model(args.model)
     shape = server_shape(args, model)
@@ -217,7 +237,14 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
             break
         take = min(take * 4, MAX_REQUESTS)
+    point_s = time.perf_counter() - t0
+    spread = SpeedSpread() if args.no_band else speed_spread(args, decode)
+    runs = [result.summary]
+    for speed in (spread.fast, spread.slow) if spread.width else ():  # the same load and seed
+        runs.append(simulate_at(shape, decode, load, speed, prefill, args.seed, timing).summary)
     seconds = time.perf_counter() - t0
+    if not args.no_band:
+        result.summary["band"] = band_of(runs)
     result.summary["config"] = {
         "simulated": True,
         "server": {**shape.to_json(), **asdict(timing)},
@@ -227,6 +254,9 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         "precision": decode.describe_precision(),
         "cost_model": decode.to_dict(),
         "cost_source": words,
+        # the band's ends as speed factors (time multipliers) and where they came from
+        "speed_spread": {**spread.to_dict(), "band": not args.no_band},
+        "seconds": {"point": round(point_s, 3), "with_band": round(seconds, 3)},
     }
     return result, words, seconds
 
@@ -253,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         f"simulated {s['num_prompts']} requests in {seconds:.2f} s at "
         f"{s['config']['precision']}; {words}"
     )
+    if "band" in s:
+        print(f"band: p10-p90 [in brackets] over the measured spread; {spread_words(s)}")
     print(table(s))
     batch = s.get("mean_running_batch")
     print(
@@ -261,3 +293,15 @@ def main(argv: list[str] | None = None) -> int:
         else "no generate call"
     )
     return 0
+
+
+def spread_words(s: dict) -> str:
+    """Where the band came from, for the line above the table."""
+    sp = s["config"]["speed_spread"]
+    fast, slow = sp["fast"], sp["slow"]
+    if fast == slow:
+        return f"no width: {sp['note']}"
+    return (
+        f"decode x{fast['decode']:.2f}-x{slow['decode']:.2f}, prefill x{fast['prefill']:.2f}-"
+        f"x{slow['prefill']:.2f}, host x{fast['host']:.2f}-x{slow['host']:.2f} ({sp['note']})"
+    )

@@ -81,13 +81,19 @@ def _fmt(v, digits: int = 2) -> str:
 
 
 def table(s: dict) -> str:
-    """vLLM-style result block, then failures by kind and the warnings."""
+    """vLLM-style result block, then failures by kind and the warnings. A summary with a `band`
+    ({key: [p10, p90]}, a simulated prediction's) shows each figure's band beside it, where the
+    band has width."""
     lines = ["{:=^60}".format(" Serving Benchmark Result ")]
     if s.get("partial"):
         lines.append(f"PARTIAL: {s.get('partial_message') or 'stopped early'}")
+    band = s.get("band") or {}
 
     def row(label: str, key: str, digits: int = 2) -> None:
-        lines.append(f"{label:<44}{_fmt(s.get(key), digits):>16}")
+        ends = band.get(key)
+        wide = ends and ends[0] != ends[1]
+        beside = f"  [{_fmt(ends[0], digits)}-{_fmt(ends[1], digits)}]" if wide else ""
+        lines.append(f"{label:<44}{_fmt(s.get(key), digits):>16}{beside}")
 
     for label, key in (
         ("Successful requests:", "completed"),

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from scaletui.roofline.band import Spread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.samples import DecodeSample, PrefillSample
 
@@ -167,6 +168,13 @@ def call_spread(samples: Sequence[DecodeSample | PrefillSample]) -> tuple:
     return tuple(round(float(x), 4) for x in np.quantile(ratios, q))
 
 
+def residual_spread(residuals: dict[str, np.ndarray]) -> dict:
+    """{step kind: Spread of measured / model} from relative residuals (model / measured - 1)
+    per kind, as `info.residual_spread` stores them (the band's fit part, roofline/band.py).
+    In-sample: the calls the fit was made from, so a floor on the model's error elsewhere."""
+    return {k: Spread.of(1 / (1 + r)).to_dict() for k, r in residuals.items() if len(r)}
+
+
 def fit(
     base: CostModel,
     decode: Sequence[DecodeSample],
@@ -183,7 +191,8 @@ def fit(
     >= 2 prompt lengths; without them the prefill keeps `base`'s rates. `info` (host, date,
     notes) is stored with the fit quality in `CostModel.info`: `decode_*_error` and
     `prefill_*_error` are the errors of what the model answers with (the table when fitted),
-    `linear_decode_*` those of the physical form alone. The samples' spreads (each timed call
+    `linear_decode_*` those of the physical form alone; `residual_spread` the p10/p50/p90 of
+    measured / model per step kind (`residual_spread`). The samples' spreads (each timed call
     over its median) make `call_spread`."""
     if len(decode) < 3:
         raise ValueError(f"fit needs >= 3 timed generate calls, got {len(decode)}")
@@ -214,9 +223,12 @@ def fit(
         [cost.decode_call_s(s.batch, s.context, s.steps) / s.seconds - 1 for s in decode]
     )
     quality |= _quality("decode", dres)
+    residuals = {"decode": dres}
     if "prefill_samples" in quality:
         pres = np.array([cost.prefill_s(s.tokens, s.start) / s.seconds - 1 for s in prefill])
         quality |= _quality("prefill", pres)
+        residuals["prefill"] = pres
+    quality["residual_spread"] = residual_spread(residuals)
     if notes:
         quality["notes"] = notes
     return replace(cost, info={**quality, **info})

@@ -9,6 +9,9 @@ list: input/output lengths uniform within the knobs' spread (the server prepends
 each prompt), a closed loop at the knobs' concurrency or Poisson offsets at the knobs' rate, a
 few hundred requests. Results are memoized on every input, the fits'
 `generation` included (the session bumps it whenever a fit is written), as `predict_cached` does.
+Each expectation carries its p10-p90 band (roofline/band.py): the same load simulated at the
+spread's fast and slow ends, the spread being the spec's measured one (`local`'s
+`measured.spread`) and the fit's residuals; a sweep's curve asks for the point alone.
 """
 
 from __future__ import annotations
@@ -16,14 +19,17 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scaletui import specs
 from scaletui.dtypes import Precision
 from scaletui.loadgen.workload import Lengths, Workload, schedule
+from scaletui.roofline.band import SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.fitstore import fits_dir, load_fit
+from scaletui.roofline.simband import band_of, simulate_at
 from scaletui.roofline.simrecords import BOS_TOKENS as BOS
 from scaletui.roofline.simrecords import (
     HOST_GAP_PER_ROW_S,
@@ -88,6 +94,29 @@ class Expectation:
     mean_batch: float | None  # running requests per generate call
     fit: FitChoice
     run: SimRun | None = field(default=None, compare=False, repr=False)  # request by request
+    # the p10-p90 band: {summary key: [low, high]} over the spread's ends, the ends' runs
+    # request by request (None: no width, or not asked), and where the spread came from
+    band: dict = field(default_factory=dict, compare=False, repr=False)
+    ends: tuple[SimRun, SimRun] | None = field(default=None, compare=False, repr=False)
+    band_note: str = ""
+
+    def band_for(
+        self, key: str, point: float | None, part: Callable[[SimRun], float | None] | None = None
+    ) -> tuple[float, float] | None:
+        """The band of the figure shown as `point`: over the point and the ends' `part` (the
+        same part of each simulated run) where the ends give one, else the whole run's band of
+        summary `key`. None without width."""
+        if point is None:
+            return None
+        got = [part(run) for run in self.ends] if part and self.ends else [None]
+        if all(x is not None for x in got):
+            lo, hi = min(point, *got), max(point, *got)
+        elif key in self.band:
+            lo, hi = self.band[key]
+            lo, hi = min(lo, point), max(hi, point)
+        else:
+            return None
+        return (lo, hi) if hi > lo else None
 
 
 def start_dtype(backend: str | None) -> str:
@@ -200,9 +229,10 @@ def expect(
     shape: ServerShape,
     use_fits: str | None = None,
     budget: int = TOKEN_CHUNKS,
+    band: bool = True,
 ) -> Expectation:
     """Simulate the knobs' load on the server they describe, `shape` (`server_shape`; ValueError:
-    why not)."""
+    why not); with `band`, at the measured spread's two ends too."""
     decode, prefill, choice = cost_models(hardware, knobs, shape, use_fits)
     if knobs.longest + BOS > shape.max_seq_len:
         raise ValueError(
@@ -213,6 +243,11 @@ def expect(
     host = SimTiming(intake_s=INTAKE_S, gap_s=HOST_GAP_S, gap_per_row_s=HOST_GAP_PER_ROW_S)
     result = simulate(shape, decode, load, prefill, timing=host)  # as our server's host pays
     s = result.summary
+    spread = spread_of(hardware, decode) if band else SpeedSpread()
+    ends = [
+        simulate_at(shape, decode, load, speed, prefill, timing=host)
+        for speed in ((spread.fast, spread.slow) if spread.width else ())
+    ]
     ms = lambda key: s.get(key)  # noqa: E731 - None when nothing completed
     return Expectation(
         ttft_p50_ms=ms("median_ttft_ms"),
@@ -224,10 +259,24 @@ def expect(
         mean_batch=s.get("mean_running_batch"),
         fit=choice,
         run=SimRun.of(result, load.output_len),
+        band=band_of([s, *(r.summary for r in ends)]),
+        ends=tuple(SimRun.of(r, load.output_len) for r in ends) or None,  # type: ignore[arg-type]
+        band_note=spread.note if band else "",
     )
 
 
-MEMO_ENTRIES = 256  # each holds its simulated run request by request: up to ~0.3 MB
+def spread_of(hardware: specs.HardwareSpec | None, cost: CostModel) -> SpeedSpread:
+    """The band's spread: the spec's measured one (`local`'s; none for a spec not measured here
+    or calibrated before it) and a fit's residuals (none for assumed costs)."""
+    host = (hardware.extra.get("measured") or {}).get("spread") if hardware else None
+    residuals = cost.info.get("residual_spread") if cost.source == "fit" else None
+    try:
+        return SpeedSpread.measured(host, residuals)
+    except ValueError as exc:  # a hand-edited spec: the point, and why there is no band
+        return SpeedSpread(note=f"no band: {exc}")
+
+
+MEMO_ENTRIES = 96  # each holds its simulated runs request by request (3 with a band): ~1 MB
 _MEMO: dict[tuple, Expectation | str] = {}
 
 
@@ -238,15 +287,16 @@ def expect_cached(
     use_fits: str | None = None,
     generation: int = 0,
     budget: int = TOKEN_CHUNKS,
+    band: bool = True,
 ) -> Expectation | str:
     """`expect`, memoized (the render tick asks for the same few every second; `generation`
     changes when a fit is written), or why there is none, in words."""
-    key = (repr(hardware), knobs, shape, use_fits, generation, budget, fits_dir())
+    key = (repr(hardware), knobs, shape, use_fits, generation, budget, band, fits_dir())
     if key not in _MEMO:
         if len(_MEMO) >= MEMO_ENTRIES:
             _MEMO.clear()
         try:
-            _MEMO[key] = expect(hardware, knobs, shape, use_fits, budget)
+            _MEMO[key] = expect(hardware, knobs, shape, use_fits, budget, band)
         except (ValueError, KeyError, specs.SpecError) as exc:
             _MEMO[key] = f"no expectation: {exc}"
     return _MEMO[key]

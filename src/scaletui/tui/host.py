@@ -221,9 +221,20 @@ async def run_calibrate(
 
 
 def spec_summary(yaml_text: bytes | str) -> str:
-    """'25.0 GB/s, 120 GFLOP/s f32' from calibrate's YAML, or '' when it lacks them."""
+    """'25.0 GB/s, 120 GFLOP/s f32; over 10 s read 22.1-27.0 GB/s (p10-p90), quiet' from
+    calibrate's YAML (the spread part only where it has one), or '' when it lacks the roofs."""
     try:
         got = yaml.safe_load(yaml_text) or {}
-        return f"{got['hbm_bw'] / 1e9:.1f} GB/s, {got['flops_per_s']['f32'] / 1e9:.0f} GFLOP/s f32"
+        text = f"{got['hbm_bw'] / 1e9:.1f} GB/s, {got['flops_per_s']['f32'] / 1e9:.0f} GFLOP/s f32"
     except (yaml.YAMLError, KeyError, TypeError):
         return ""
+    spread = (got.get("measured") or {}).get("spread")
+    try:
+        r, f = spread["read_bw"], spread["flops_per_s"]
+        return text + (
+            f"; over {spread['window_s']:g} s read {r['p10'] / 1e9:.1f}-{r['p90'] / 1e9:.1f} GB/s, "
+            f"{f['p10'] / 1e9:.0f}-{f['p90'] / 1e9:.0f} GFLOP/s (p10-p90), "
+            + ("NOISY: predictions carry a wide band" if spread["noisy"] else "quiet")
+        )
+    except (KeyError, TypeError):  # calibrated before the spread: the roofs alone
+        return text + "; no spread measured (an older calibrate)"

@@ -285,7 +285,7 @@ class SessionState:
         return None
 
     def expectation_or_error(
-        self, knobs: Knobs | None = None, budget: int = TOKEN_CHUNKS
+        self, knobs: Knobs | None = None, budget: int = TOKEN_CHUNKS, band: bool = True
     ) -> Expectation | str:
         """Our scheduler simulated on the cost model for `knobs` (default: what is shown): the
         fit for that server configuration, else assumed efficiencies on the shown spec; or why
@@ -304,6 +304,7 @@ class SessionState:
             self._fit_scope(),
             self.fit_generation,
             budget,
+            band,
         )
 
     def expectation(self, knobs: Knobs | None = None) -> Expectation | None:
@@ -326,7 +327,7 @@ class SessionState:
             grid = [replace(base, slots=s) for s in slots]
         curve = []
         for k in grid:
-            got = self.expectation_or_error(k, TOKEN_CHUNKS // 4)
+            got = self.expectation_or_error(k, TOKEN_CHUNKS // 4, band=False)  # the point alone
             if isinstance(got, Expectation) and got.tok_s and got.tpot_p50_ms:
                 curve.append((got.tok_s, got.tpot_p50_ms))
         return tuple(curve)

@@ -26,6 +26,7 @@ from scaletui.latency import pooled
 from scaletui.records import LoadSummary, LoadWindow, StatsSnapshot, number
 from scaletui.tui.expect import Expectation
 from scaletui.tui.knobs import Knobs, Precision
+from scaletui.tui.kpi import Kpi, band_words, with_bands
 from scaletui.tui.predict import Prediction
 from scaletui.tui.rows import RunRow, SweepPoint
 from scaletui.tui.state import SessionState
@@ -34,23 +35,6 @@ POOL_WINDOWS = 5  # measured KPIs pool the run's last 5 loadgen windows (5 s)
 # the server's own decode step this far off its fit's gets a note: past the spread of two fits
 # made a minute apart on a shared host (docs/tui.md, "Floor, expected, measured")
 SPEED_NOTE_AT = 0.15
-
-
-@dataclass(frozen=True)
-class Kpi:
-    key: str  # stable: ttft_p50 ttft_p99 tpot_p50 tpot_p99 decode_step tok_s mem
-    label: str  # what the panel shows; may change
-    unit: str
-    floor: float | None  # the roofline: the best any server could do
-    expected: float | None  # our scheduler simulated on the cost model
-    measured: float | None
-
-    @property
-    def ratio(self) -> float | None:
-        """measured / expected: 1.07 means 7% above what the cost model and simulation say."""
-        if self.expected is None or self.measured is None or self.expected <= 0:
-            return None
-        return self.measured / self.expected
 
 
 @dataclass(frozen=True)
@@ -72,6 +56,7 @@ class View:
     fit: str  # the cost model in use, for the status bar: "vm small f32 xla tp1 (...)"
     expected_note: str | None  # why the expectation is assumed, or why there is none
     speed_note: str | None  # the engine runs far off its fit's speed (the host's speed moved)
+    band_note: str | None  # what the expected column's p10-p90 bands come from, or why none
     slots_used: int | None
     run: int
     run_elapsed: float | None
@@ -212,6 +197,8 @@ def build_view(m: SessionState) -> View:
         # memory is counted, not timed: what the server allocates is the expectation too
         Kpi("mem", "mem/chip", "B", p and p.mem_per_chip, p and p.mem_per_chip, mem),
     )
+    if e is not None:  # each expected figure's band: the same part of the ends' runs
+        kpis = with_bands(kpis, e, first, counts if pool else None, span if recent else None)
     fit, expected_note = fit_words(m, exp_got)
     series = [(t, w) for t, w, _ in m.windows if w.ttft_ms.p50 is not None]
     capacity = stats.device_bytes_limit
@@ -249,6 +236,7 @@ def build_view(m: SessionState) -> View:
         fit=fit,
         expected_note=expected_note,
         speed_note=speed_note(decode, e is not None and e.fit.source == "fit" and not m.pending),
+        band_note=e and e.band_note and band_words(e.band_note, any(k.band for k in kpis)),
         slots_used=None if stats.slots_used is None else int(stats.slots_used),
         run=m.run_id,
         run_elapsed=last_t,
@@ -335,7 +323,7 @@ def redraw_keys(v: View) -> dict[str, tuple]:
             v.precision_applied,
         ),
         "#knobs": (v.applied, v.knobs, v.hardware, v.precision_applied, v.precision),
-        "#kpis": (v.kpis, v.pending, v.prediction_note, v.expected_note, v.speed_note),
+        "#kpis": (v.kpis, v.pending, v.prediction_note, v.expected_note, v.speed_note, v.band_note),
         "#memory": (v.mem_weights, v.mem_kv, v.mem_capacity, v.mem_max_slots, v.prediction),
         "#latency": (v.xs, v.ttft_p50, v.exp_ttft_ms, v.exp_tpot_ms),
         "#strips": (v.spark_tok_s, v.spark_queue, v.spark_occupancy, v.spark_kv),

@@ -1,6 +1,6 @@
 """KPI cards: floor | expected | measured and measured / expected for latency, decode step,
-tokens/s and memory per chip (42 cells at the narrowest: the unit goes in the label, bytes go
-without a space)."""
+tokens/s and memory per chip; the expected cell shows its p10-p90 band where there is one (42
+cells at the narrowest: the unit goes in the label, bytes go without a space)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ class KpiPanel(Static):
                 nbytes(x, "") if k.unit == "B" else num(x, k.unit)
                 for x in (k.floor, k.expected, k.measured)
             ]
+            if k.band is not None:  # the expectation as its p10-p90 band
+                cells[1] = f"{num(k.band[0], k.unit)}-{num(k.band[1], k.unit)}"
             table.add_row(label, *cells, Text(ratio(r), style=ratio_style(r)))
         notes = []
         if v.pending:
@@ -43,6 +45,8 @@ class KpiPanel(Static):
             notes.append(Text(v.expected_note, "dim italic"))
         if v.speed_note:
             notes.append(Text(v.speed_note, "yellow"))
+        if v.band_note:
+            notes.append(Text(v.band_note, "dim italic"))
         if v.prediction_note:
             notes.append(Text(v.prediction_note, "dim italic"))
         self.update(Group(table, *notes))

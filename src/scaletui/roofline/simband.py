@@ -1,0 +1,97 @@
+"""The simulator at another speed and over a spread: `simulate_at` runs one speed scenario (a
+band's end, or the speed a run measured: "as run"), `simulate_band` the point and its p10-p90
+band per figure (band.py says why two scenarios give it).
+
+Cost: a band is three simulations of the same request list, the ends only when the spread has
+width (an unknown spread costs nothing more). The ends run with the point's seed, so each
+call draws the same variation (`call_spread`) in all three and the band is the speed alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from scaletui.roofline.band import SpeedFactors, SpeedSpread
+from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.simrecords import Load, SimResult, SimTiming
+from scaletui.roofline.simulate import simulate
+from scaletui.shape import ServerShape
+
+__all__ = ["Banded", "at_speed", "band_of", "simulate_at", "simulate_band"]
+
+# summary keys that are what was asked for, not what the server did: no band
+NOT_BANDED = frozenset({"num_prompts", "requested_rate", "scheduled_rate", "cancelled"})
+
+
+def at_speed(
+    decode: CostModel, prefill: CostModel, timing: SimTiming, speed: SpeedFactors
+) -> tuple[CostModel, CostModel, SimTiming]:
+    """The cost models and host timing `speed` times slower (`CostModel.scaled`: decode calls
+    by `speed.decode`, prefill calls by `speed.prefill`; the host's gap and intake by
+    `speed.host`)."""
+    if speed.unit:
+        return decode, prefill, timing
+    d = decode.scaled(speed.decode, speed.prefill)
+    p = d if prefill is decode else prefill.scaled(speed.decode, speed.prefill)
+    host = {k: getattr(timing, k) * speed.host for k in ("intake_s", "gap_s", "gap_per_row_s")}
+    return d, p, replace(timing, **host)
+
+
+def simulate_at(
+    shape: ServerShape,
+    decode: CostModel,
+    load: Load,
+    speed: SpeedFactors,
+    prefill: CostModel | None = None,
+    seed: int = 0,
+    timing: SimTiming | None = None,
+) -> SimResult:
+    """`simulate` on a host `speed` times slower than the cost models and `timing` say."""
+    d, p, t = at_speed(decode, prefill or decode, timing or SimTiming(), speed)
+    return simulate(shape, d, load, p, seed=seed, timing=t)
+
+
+@dataclass(frozen=True, eq=False)
+class Banded:
+    """The point simulation, and per figure of its summary [low, high] over the scenarios."""
+
+    point: SimResult
+    band: dict[str, list[float]]
+    spread: SpeedSpread = field(default_factory=SpeedSpread)
+
+
+def band_of(summaries: list[dict]) -> dict[str, list[float]]:
+    """{key: [min, max]} over `summaries` (the point's first) for every number the point has,
+    but NOT_BANDED: the point always lies in its band. A scenario's None (nothing completed) is
+    left out of the ends."""
+    point, band = summaries[0], {}
+    for key, value in point.items():
+        if key in NOT_BANDED or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        got = [s.get(key) for s in summaries]
+        got = [x for x in got if isinstance(x, int | float) and math.isfinite(x)]
+        if got:
+            band[key] = [min(got), max(got)]
+    return band
+
+
+def simulate_band(
+    shape: ServerShape,
+    decode: CostModel,
+    load: Load,
+    spread: SpeedSpread,
+    prefill: CostModel | None = None,
+    seed: int = 0,
+    timing: SimTiming | None = None,
+) -> Banded:
+    """The point (`simulate`) and each figure's band over `spread`'s fast and slow ends (not
+    run when the spread has no width: the band is the point)."""
+    timing, prefill = timing or SimTiming(), prefill or decode
+    point = simulate(shape, decode, load, prefill, seed=seed, timing=timing)
+    runs = [point.summary]
+    if spread.width:
+        for speed in (spread.fast, spread.slow):
+            got = simulate_at(shape, decode, load, speed, prefill, seed, timing)
+            runs.append(got.summary)
+    return Banded(point, band_of(runs), spread)
