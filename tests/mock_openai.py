@@ -239,8 +239,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gap", type=float, default=0.005)
     p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--model", default="mock-model")
+    p.add_argument("--capacity", type=int, help="requests served at once (others queue)")
     a, _ = p.parse_known_args(argv)
-    cfg = MockConfig(ttft=a.ttft, gap=a.gap, tokens_per_chunk=a.tokens_per_chunk, model=a.model)
+    cfg = MockConfig(
+        ttft=a.ttft,
+        gap=a.gap,
+        tokens_per_chunk=a.tokens_per_chunk,
+        model=a.model,
+        capacity=a.capacity,
+    )
     print(f"mock_openai: serving on {a.host}:{a.port}", file=sys.stderr, flush=True)
     web.run_app(create_app(cfg), host=a.host, port=a.port, print=None)
 

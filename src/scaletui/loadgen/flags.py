@@ -83,9 +83,10 @@ def _start(text: str) -> float | str:
 
 
 SEARCH_HELP = (
-    "find the highest rate whose --slo-percentile of every --slo is met: double (or halve) "
-    "from --search-start until a stage passes and one fails, then bisect until (fail - pass) "
-    "/ pass <= 5%%; max_rate = the highest passing rate. A stage passes when it completed at "
+    "find the highest rate whose --slo-percentile of every --slo is met: from 1 req/s double "
+    "(or halve), from --search-start step x1.25, x1.25^2, ... until a stage passes and one "
+    "fails, then bisect until (fail - pass) / pass <= 5%%; max_rate = the highest passing "
+    "rate. A stage passes when it completed at "
     "least ceil(TAIL / (1 - P/100)) requests (p99, tail 5: 500), each percentile <= its SLO, "
     "its failure rate <= --max-failure-rate and it is not saturated. Stages send "
     "max(--num-requests, that minimum)"
