@@ -109,7 +109,7 @@ class Stages:
         meter.start()
         repeats, records, first, stats = [], [], None, [None, None]
         for k in range(args.repeat):
-            if self.halted:
+            if k and self.halted:  # the first always runs, so that a summary exists
                 break
             tag = f"{label}repeat {k + 1}/{args.repeat} " if args.repeat > 1 else label
             progress = Progress(cfg.num_requests if not cfg.duration else None, not args.quiet, tag)
@@ -119,6 +119,8 @@ class Stages:
                 progress(win)
 
             self.runner = Runner(cfg, replace(wl, seed=wl.seed + k), on_window=on_window)
+            if self.stopped:  # a signal while /metrics was read: a partial, empty stage
+                self.runner.stop()
             before = await server_stats(self.session, cfg.url)
             result = await self.runner.run(self.session)
             progress.done()
