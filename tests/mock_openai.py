@@ -8,7 +8,9 @@ usage-only chunk and `data: [DONE]`. Chat streams start with a role-only chunk. 
 queues), `stall` (accept, then never send a byte), no usage at all, and GET /stats. `script`
 cycles per request through behaviours: "ok", "stall", "reset" (drop the connection before any
 byte), "break" (drop it after the first token chunk) or an HTTP status such as "500" — every
-failure kind in one run. Killed as a process (SIGKILL), it is a server that died mid-run.
+failure kind in one run. `metrics(finished)` serves GET /metrics: the Prometheus text for the
+number of requests finished so far (tests hand-write it in each server's flavour). Killed as a
+process (SIGKILL), it is a server that died mid-run.
 
 Use in tests as `with MockServer(MockConfig(...)) as srv: srv.url`; or as a process:
 `python tests/mock_openai.py --port 8123 --ttft 0.01 --gap 0.005`.
@@ -22,6 +24,7 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -41,6 +44,7 @@ class MockConfig:
     stats: bool = True  # serve GET /stats
     script: tuple[str, ...] = ()  # per-request behaviours, cycled (see the module docstring)
     model: str = "mock-model"
+    metrics: Callable[[int], str] | None = None  # GET /metrics text for n finished requests
 
 
 STATE = web.AppKey("state", dict)
@@ -61,6 +65,8 @@ def create_app(cfg: MockConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", _complete)
     if cfg.stats:
         app.router.add_get("/stats", _stats)
+    if cfg.metrics is not None:
+        app.router.add_get("/metrics", _metrics)
     return app
 
 
@@ -76,6 +82,11 @@ async def _models(request: web.Request) -> web.Response:
 async def _stats(request: web.Request) -> web.Response:
     st = request.app[STATE]
     return web.json_response({"state": "serving", "requests": {"finished": st["finished"]}})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    return web.Response(text=st["cfg"].metrics(st["finished"]), content_type="text/plain")
 
 
 async def _complete(request: web.Request) -> web.StreamResponse:
@@ -228,8 +239,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gap", type=float, default=0.005)
     p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--model", default="mock-model")
+    p.add_argument("--capacity", type=int, help="requests served at once (others queue)")
     a, _ = p.parse_known_args(argv)
-    cfg = MockConfig(ttft=a.ttft, gap=a.gap, tokens_per_chunk=a.tokens_per_chunk, model=a.model)
+    cfg = MockConfig(
+        ttft=a.ttft,
+        gap=a.gap,
+        tokens_per_chunk=a.tokens_per_chunk,
+        model=a.model,
+        capacity=a.capacity,
+    )
     print(f"mock_openai: serving on {a.host}:{a.port}", file=sys.stderr, flush=True)
     web.run_app(create_app(cfg), host=a.host, port=a.port, print=None)
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from mock_openai import MockConfig, MockServer
 
-from scaletui.loadgen import cli
+from scaletui.loadgen import cli, stages
 from scaletui.loadgen.cli import main
 from scaletui.loadgen.output import table
 from scaletui.loadgen.report import SATURATION, summarize
@@ -222,7 +222,7 @@ class Tty(io.StringIO):
 def test_progress_line_clears_what_a_longer_line_left(monkeypatch):
     fake = Tty()
     monkeypatch.setattr(sys, "stderr", fake)
-    progress = cli.Progress(10, enabled=True)
+    progress = stages.Progress(10, enabled=True)
     win = {"t": 1.0, "totals": {"sent": 1, "completed": 0, "failed": 0, "rejected": 0},
            "in_flight": 1, "output_tok_s": 0.0, "ttft_ms": {"p50": None}}  # fmt: skip
     progress(win)
@@ -236,7 +236,7 @@ def test_progress_line_clears_what_a_longer_line_left(monkeypatch):
 def test_no_tty_no_progress_escape_codes(monkeypatch):
     fake = io.StringIO()
     monkeypatch.setattr(sys, "stderr", fake)
-    progress = cli.Progress(10, enabled=True)
+    progress = stages.Progress(10, enabled=True)
     progress.done()
     assert fake.getvalue() == ""
 

@@ -1,11 +1,13 @@
 """`loadgen`: offer a workload to an OpenAI-compatible server and report what it got.
 
 Without --url it starts an embedded `scaletui serve --model small` (a subprocess) and stops it
-afterwards. --sweep runs one stage per rate and prints latency against throughput. Errors a user
-can cause (bad flags, a dead port, a wrong URL) are one line on stderr and a non-zero exit.
-`loadgen report RESULT.json... --html OUT` writes the results as an HTML report (html_report.py).
-Exit: 0 ok, 1 no request completed, 2 usage or connection error, 3 failure rate over
---max-failure-rate, 4 the server went away mid-run (partial result), 130 interrupted.
+afterwards. --sweep runs one stage per rate and prints latency against throughput; --search
+picks the stages' rates itself (search.py) and reports max_rate. Each stage is stages.py's.
+`loadgen report RESULT.json... --html OUT` writes results as an HTML report (html_report.py).
+Errors a user can cause (bad flags, a dead port, a wrong URL) are one line on stderr and a
+non-zero exit. Exit: 0 ok, 1 no request completed, 2 usage or connection error, 3 failure rate
+over --max-failure-rate, 4 the server went away mid-run (partial result), 5 loadgen itself was
+saturated in some stage and --strict was given (overhead.py), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -15,22 +17,22 @@ import asyncio
 import contextlib
 import signal
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import aiohttp
 
-from scaletui.loadgen import output
+from scaletui.loadgen import output, search
 from scaletui.loadgen.client import get_json
 from scaletui.loadgen.embedded import EmbeddedServer
-from scaletui.loadgen.flags import build_parser, preflight, workload_from
+from scaletui.loadgen.flags import build_parser, check_usage, preflight, workload_from
 from scaletui.loadgen.replay import trace_size
-from scaletui.loadgen.report import summarize
 from scaletui.loadgen.run_config import RunConfig, make_session
-from scaletui.loadgen.runner import Runner
+from scaletui.loadgen.search import min_requests
+from scaletui.loadgen.stages import Stages
 from scaletui.loadgen.tokens import SERVER, load_counter
 
 EXIT_OK, EXIT_NONE_COMPLETED, EXIT_USAGE, EXIT_FAILURES, EXIT_SERVER_GONE = 0, 1, 2, 3, 4
-EXIT_INTERRUPTED = 130
+EXIT_CLIENT_SATURATED, EXIT_INTERRUPTED = 5, 130
 
 
 class UserError(Exception):
@@ -48,50 +50,20 @@ async def _model(session: aiohttp.ClientSession, url: str) -> str:
     return first["id"]
 
 
-class Progress:
-    """A one-line progress display on stderr, only when stderr is a TTY; each update rewrites
-    the line and clears what a longer previous one left (ESC [K)."""
-
-    def __init__(self, total: int | None, enabled: bool, label: str = "") -> None:
-        self.total, self.enabled = total, enabled and sys.stderr.isatty()
-        self.label = label  # e.g. the sweep stage's rate
-
-    def __call__(self, win: dict) -> None:
-        if not self.enabled:
-            return
-        tot = win["totals"]
-        of = f"/{self.total}" if self.total else ""
-        ttft = win["ttft_ms"]["p50"]
-        print(
-            f"\r{self.label}[{win['t']:6.0f}s] sent {tot['sent']}{of} done {tot['completed']} "
-            f"fail {tot['failed']} rej {tot['rejected']} in-flight {win['in_flight']} "
-            f"{win['output_tok_s']:.0f} tok/s ttft p50 {'-' if ttft is None else f'{ttft:.1f}'} ms"
-            "\x1b[K",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def done(self) -> None:
-        if self.enabled:
-            print(file=sys.stderr)
-
-
 async def run(args: argparse.Namespace, url: str) -> int:
     workload = workload_from(args)
     rates: list[float | None] = list(args.sweep) if args.sweep else [workload.qps]
     sink = output.JsonlSink(args.jsonl)
     human = sys.stderr if args.jsonl == "-" else sys.stdout  # keep a JSONL stdout pure
-    summaries: list[dict] = []
+    stages: Stages | None = None
     stopped = False
-    gone: str | None = None  # why the server is considered gone
-    runner: Runner | None = None
+    found: dict | None = None  # the --search result
 
     def on_signal() -> None:
         nonlocal stopped
         stopped = True
-        if runner is not None:
-            runner.stop()
+        if stages is not None:
+            stages.stop()
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -111,6 +83,10 @@ async def run(args: argparse.Namespace, url: str) -> int:
             num = args.num_requests if args.num_requests or args.duration else 200
             if args.trace and not (args.num_requests or args.duration):
                 num = trace_size(args.trace)  # the whole trace
+            if args.search:  # enough requests for the percentile to mean something
+                num = max(
+                    args.num_requests or 0, min_requests(args.slo_percentile, args.search_tail)
+                )
             cfg = RunConfig(
                 url=url,
                 model=model,
@@ -118,94 +94,67 @@ async def run(args: argparse.Namespace, url: str) -> int:
                 num_requests=num,
                 duration=args.duration,
                 warmup=args.warmup,
+                ramp_up=args.ramp_up,
                 timeout=args.timeout,
                 read_timeout=args.read_timeout,
                 ignore_eos=args.ignore_eos,
                 max_connection_failures=args.max_connection_failures,
             )
-            for stage, rate in enumerate(rates):
-                if stopped or gone:
+            stages = Stages(args, session, cfg, workload, sink, human, requests_file)
+            stages.stopped = stopped
+            if args.search:
+                found = await _search(stages, args)
+            for k, rate in enumerate([] if args.search else rates):
+                if stages.halted:
                     break
-                wl = replace(workload, qps=rate)
-                config = {"run": asdict(cfg), "workload": asdict(wl), "stage": stage}
-                sink.write(
-                    {
-                        "type": "start",
-                        "t": 0.0,
-                        "stage": stage,
-                        "config": config,
-                        "url": url,
-                        "model": model,
-                    }
-                )
-                label = f"stage {stage + 1}/{len(rates)} rate {rate:g}/s " if args.sweep else ""
-                progress = Progress(num if not args.duration else None, not args.quiet, label)
-
-                def on_window(win: dict, stage: int = stage, progress: Progress = progress):
-                    sink.write({**win, "stage": stage})
-                    progress(win)
-
-                runner = Runner(cfg, wl, on_window=on_window)
-                before = await _stats(session, url)
-                result = await runner.run(session)
-                progress.done()
-                if result.stop_reason is not None:
-                    t_stop = (result.t_stop or result.t_start) - result.t_start
-                    reason, message = result.stop_reason, result.stop_message
-                    sink.write(
-                        {
-                            "type": "aborted",
-                            "stage": stage,
-                            "t": round(t_stop, 6),
-                            "reason": reason,
-                            "message": message,
-                        }
-                    )
-                    if reason == "server_gone":
-                        gone = f"{message}; stopped {t_stop:.1f} s into stage {stage}"
-                after = await _stats(session, url)
-                summary = summarize(
-                    result.records,
-                    t_start=result.t_start,
-                    slo=args.slo,
-                    requested_rate=rate,
-                    config=config,
-                    server_stats_before=before,
-                    server_stats_after=after,
-                    partial=result.partial,
-                    partial_reason=result.stop_reason,
-                    partial_message=result.stop_message,
-                    tokenizer=wl.tokenizer,
-                )
-                summary["command"] = args.command  # argv, as given
-                summaries.append(summary)
-                sink.write({"type": "summary", "stage": stage, **summary})
-                if requests_file:
-                    output.write_requests_to(requests_file, result.records, result.t_start, stage)
-                if not args.quiet:
-                    print(output.table(summary), file=human, flush=True)
+                label = f"stage {k + 1}/{len(rates)} rate {rate:g}/s " if args.sweep else ""
+                await stages.run(rate, label)
     finally:
         sink.close()
         if requests_file:
             requests_file.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+    summaries = stages.summaries if stages else []
     if args.out:
-        one = len(summaries) == 1
-        output.write_json(
-            args.out, summaries[0] if one else {"stages": summaries, "command": args.command}
-        )
+        one = len(summaries) == 1 and not found
+        whole = {**(found or {}), "stages": summaries, "command": args.command}
+        output.write_json(args.out, summaries[0] if one else whole)
     if args.csv:
         output.write_csv(args.csv, summaries)
-    if args.sweep and not args.quiet and summaries:
+    if (args.sweep or args.search) and not args.quiet and summaries:
         print(output.sweep_table(summaries), file=human)
         plot = output.sweep_plot(summaries)
         if plot:
             print(plot, file=human)
-    return _exit_status(summaries, stopped, gone, args.max_failure_rate)
+    if found is not None and not args.quiet:
+        print(search.describe(found["search"]), file=human)
+    gone = stages.gone if stages else None
+    return _exit_status(summaries, stopped, gone, args.max_failure_rate, args.strict)
 
 
-def _exit_status(summaries: list[dict], stopped: bool, gone: str | None, max_rate: float) -> int:
+async def _search(stages: Stages, args: argparse.Namespace) -> dict:
+    """Stages chosen by search.next_rate until it stops; {"max_rate", "search"}."""
+    start = args.search_start
+    if isinstance(start, str):
+        start = search.start_from_simulation(start, args.slo, args.slo_percentile)
+    rule = search.config_for(start)
+    history: list[dict] = []
+    while not stages.halted:
+        rate = search.next_rate(rule, [(h["rate"], h["passed"]) for h in history])
+        if rate is None:
+            break
+        summary = await stages.run(rate, f"search stage {len(history) + 1} rate {rate:.4g}/s ")
+        check = summary["slo_check"]
+        history.append({"rate": rate, "passed": check["passed"], "reasons": check["reasons"]})
+    result = search.summary_of(rule, history)
+    result["start_from"] = args.search_start if isinstance(args.search_start, str) else None
+    return {"max_rate": result["max_rate"], "search": result}
+
+
+def _exit_status(
+    summaries: list[dict], stopped: bool, gone: str | None, max_rate: float, strict: bool
+) -> int:
     """The exit code, with its reason as one line on stderr (the first that applies)."""
     if stopped:
         return EXIT_INTERRUPTED
@@ -233,14 +182,12 @@ def _exit_status(summaries: list[dict], stopped: bool, gone: str | None, max_rat
                 file=sys.stderr,
             )
             return EXIT_FAILURES
+    busy = [(k, s["client_overhead"]) for k, s in enumerate(summaries)]
+    busy = [(k, o) for k, o in busy if o and o["saturated"]]
+    if strict and busy:
+        print(f"loadgen: stage {busy[0][0]}: {busy[0][1]['saturation']}", file=sys.stderr)
+        return EXIT_CLIENT_SATURATED
     return EXIT_OK
-
-
-async def _stats(session: aiohttp.ClientSession, url: str) -> dict | None:
-    try:
-        return await get_json(session, url.rstrip("/") + "/stats", timeout=5)
-    except (aiohttp.ClientError, TimeoutError):
-        return None
 
 
 def _asyncio_run(coro):
@@ -261,12 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.command = ["loadgen", *argv]
     try:
-        if args.qps is None and args.concurrency is None and not (args.sweep or args.trace):
-            raise UserError("give --qps RATE and/or --concurrency N (or --sweep RATES, --trace)")
-        if args.trace and args.sweep:
-            raise UserError("--trace sends at its own times: scale them with --trace-speedup")
-        if args.prompt_format == "ids" and args.api == "chat":
-            raise UserError("--prompt-format ids needs --api completions (chat takes text)")
+        check_usage(args)
         preflight(workload_from(args))  # validate (and load files) before starting anything
         RunConfig(
             url="-",
@@ -274,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             num_requests=args.num_requests or 1,
             duration=args.duration,
             warmup=args.warmup,
+            ramp_up=args.ramp_up,
             timeout=args.timeout,
             read_timeout=args.read_timeout,
             max_connection_failures=args.max_connection_failures,

@@ -99,6 +99,7 @@ class RequestRecord:
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "tokens_from_usage": self.tokens_from_usage,
+            "warmup": self.warmup,  # a --warmup or --ramp-up request: in no statistic
             "session": self.session,
             "turn": self.turn,
             "chunk_times": self.chunk_times,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from scaletui.loadgen.replay import load_trace
 from scaletui.loadgen.report import Slo
+from scaletui.loadgen.search import min_requests, start_from_simulation
 from scaletui.loadgen.tokens import SERVER
 from scaletui.loadgen.workload import (
     ARRIVALS,
@@ -52,6 +54,84 @@ def _rates(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(
             f"--sweep wants rates like 1,2,4,8, got {text!r}"
         ) from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"want a whole number >= 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"want seconds >= 0, got {text!r}")
+    return value
+
+
+def _start(text: str) -> float | str:
+    """--search-start: a rate, or the path of a `scaletui simulate --out` JSON."""
+    try:
+        float(text)
+    except ValueError:
+        return text
+    return _rate(text)
+
+
+SEARCH_HELP = (
+    "find the highest rate whose --slo-percentile of every --slo is met: from 1 req/s double "
+    "(or halve), from --search-start step x1.25, x1.25^2, ... until a stage passes and one "
+    "fails, then bisect until (fail - pass) / pass <= 5%%; max_rate = the highest passing "
+    "rate. A stage passes when it completed at "
+    "least ceil(TAIL / (1 - P/100)) requests (p99, tail 5: 500), each percentile <= its SLO, "
+    "its failure rate <= --max-failure-rate and it is not saturated. Stages send "
+    "max(--num-requests, that minimum)"
+)
+
+
+def add_search_flags(p: argparse.ArgumentParser) -> None:
+    """--search and its rule; --repeat, --ramp-up; the server's /metrics and --strict."""
+    g = p.add_argument_group("SLO search, repeats, ramp and the server's side")
+    g.add_argument("--search", action="store_true", help=SEARCH_HELP)
+    g.add_argument("--slo-percentile", type=float, default=99.0, help="P of the SLOs (99)")
+    g.add_argument(
+        "--search-start",
+        type=_start,
+        help="first rate (default 1 req/s), or a `scaletui simulate --out` JSON: its highest "
+        "rate predicted to pass; the result says how many stages that saved",
+    )
+    g.add_argument("--search-tail", type=_count, default=5, help="TAIL of the stage rule (5)")
+    g.add_argument(
+        "--repeat",
+        type=_count,
+        default=1,
+        help="run each stage N times (own seeds): per-metric mean and 95%% Student-t CI; "
+        "percentiles from all repeats' records pooled",
+    )
+    g.add_argument(
+        "--ramp-up",
+        type=_seconds,
+        default=0.0,
+        help="S: grow the rate linearly from 0 over S s before the measured window (open "
+        "loop; ramp requests excluded, like --warmup)",
+    )
+    g.add_argument(
+        "--metrics-interval",
+        type=_seconds,
+        default=1.0,
+        help="scrape the server's /metrics every S s during a stage for peaks (0: before and "
+        "after only)",
+    )
+    g.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 5 when loadgen itself was saturated (event-loop lag p99 > 10 ms or > 90%% "
+        "of a core)",
+    )
 
 
 def add_arrival_flags(g: argparse._ArgumentGroup) -> None:
@@ -136,8 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="N connection failures in a row (refused/reset, probes included): the "
         "server is gone, stop with a partial result and exit 4 (0 = never)",
     )
+    add_search_flags(p)
     o = p.add_argument_group("outputs")
-    o.add_argument("--slo", type=Slo.parse, help="goodput SLOs in ms: ttft=500,tpot=50,e2el=5000")
+    o.add_argument(
+        "--slo", type=Slo.parse, help="SLOs in ms (goodput; --search): ttft=500,tpot=50,e2el=5000"
+    )
     o.add_argument("--out", help="summary JSON file")
     o.add_argument("--save-requests", help="per-request JSONL file")
     o.add_argument("--csv", help="summary CSV (one row per stage)")
@@ -158,6 +241,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_usage(args: argparse.Namespace) -> None:
+    """Flags that do not go together: a ValueError naming them, before anything starts."""
+    if (
+        args.qps is None
+        and args.concurrency is None
+        and not (args.sweep or args.trace or args.search)
+    ):
+        raise ValueError("give --qps RATE and/or --concurrency N (or --sweep RATES, --trace)")
+    if args.trace and args.sweep:
+        raise ValueError("--trace sends at its own times: scale them with --trace-speedup")
+    if args.prompt_format == "ids" and args.api == "chat":
+        raise ValueError("--prompt-format ids needs --api completions (chat takes text)")
+    if args.search:
+        if args.slo is None or all(v is None for v in args.slo.as_dict().values()):
+            raise ValueError("--search needs --slo, e.g. --slo ttft=500,tpot=50")
+        for flag in ("qps", "sweep", "trace", "duration"):
+            if getattr(args, flag):
+                raise ValueError(
+                    f"--search chooses each stage's rate and size itself: drop --{flag}"
+                )
+    if args.slo is not None:
+        min_requests(args.slo_percentile, args.search_tail)  # a percentile in (0, 100)
+    if isinstance(args.search_start, str):  # a simulate result: read now, before any request
+        start_from_simulation(args.search_start, args.slo, args.slo_percentile)
+    rates = args.sweep or [args.qps]
+    if args.ramp_up and (args.trace or not (args.search or args.sweep or args.qps)):
+        raise ValueError("--ramp-up needs an offered rate (--qps, --sweep or --search)")
+    if args.ramp_up and any(r is not None and math.isinf(r) for r in rates):
+        raise ValueError("--ramp-up needs a finite rate, not --qps inf")
+
+
 def workload_from(args: argparse.Namespace) -> Workload:
     out_len = args.output_len if args.output_len is not None else 128
     return Workload(
@@ -169,7 +283,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
         prefix_len=args.prefix_len,
         prefix_groups=args.prefix_groups,
         prompt_format=args.prompt_format,
-        qps=args.sweep[0] if args.sweep else args.qps,
+        qps=args.sweep[0] if args.sweep else 1.0 if getattr(args, "search", False) else args.qps,
         arrival=args.arrival,
         burstiness=args.burstiness,
         concurrency=args.concurrency,

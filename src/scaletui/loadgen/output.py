@@ -142,6 +142,13 @@ def table(s: dict) -> str:
         )
     elif lengths.get("note"):
         lines.append(f"{'Prompt lengths:':<44}{'estimated':>16}")
+    lines += _server_side(s)
+    if s.get("repeat"):
+        lines += repeat_table(s["repeat"])
+    check = s.get("slo_check")
+    if check:
+        said = "pass" if check["passed"] else "FAIL: " + "; ".join(check["reasons"])
+        lines.append(f"SLO p{check['percentile']:g}: {said}"[:200])
     kinds = s.get("failures_by_kind") or {}
     if kinds:
         lines.append(f"{'Failures by kind':-^60}")
@@ -151,6 +158,57 @@ def table(s: dict) -> str:
     lines.append("=" * 60)
     lines += [f"warning: {w}" for w in s.get("warnings", [])]
     return "\n".join(lines)
+
+
+def _server_side(s: dict) -> list[str]:
+    """The server's /metrics deltas beside the client's figures, and loadgen's own cost."""
+    out = []
+    m = s.get("server_metrics")
+    if m:
+        out.append(f"{' Server /metrics (' + str(m['flavour']) + ', stage deltas) ':-^60}")
+        rate = m.get("prefix_cache_hit_rate")
+        hits = m.get("prefix_cache_hits")
+        if rate is not None:
+            of = "" if hits is None else f" ({hits:.0f}/{m['prefix_cache_queries']:.0f} tok)"
+            out.append(f"{'Prefix cache hit rate:':<36}{f'{rate:.1%}{of}':>24}")
+        for label, key, digits in (
+            ("KV cache usage peak:", "kv_cache_usage_peak", 3),
+            ("Running requests peak:", "running_peak", 0),
+            ("Waiting requests peak:", "waiting_peak", 0),
+            ("Preemptions:", "preemptions", 0),
+        ):
+            if m.get(key) is not None:
+                out.append(f"{label:<44}{_fmt(float(m[key]), digits):>16}")
+        out.append(f"{'(ms)':<12}{'server p50':>12}{'client p50':>12}{'server p99':>12}"
+                   f"{'client p99':>12}")  # fmt: skip
+        rows = (("TTFT", "ttft"), ("ITL", "itl"), ("E2EL", "e2el"), ("Queue", "queue_time"))
+        for label, stem in rows:
+            key, stem = f"{stem}_ms", (stem if stem != "queue_time" else None)
+            h = m.get(key)
+            if h is None:
+                continue
+            c50 = s.get(f"median_{stem}_ms") if stem else None
+            c99 = s.get(f"p99_{stem}_ms") if stem else None
+            cells = (h["p50"], c50, h["p99"], c99)
+            out.append(f"{label:<12}" + "".join(f"{_fmt(c, 1):>12}" for c in cells))
+    o = s.get("client_overhead")
+    if o:
+        lag = o["loop_lag_ms"] or {}
+        out.append(
+            f"loadgen: loop lag p50/p99/max {_fmt(lag.get('p50'))}/{_fmt(lag.get('p99'))}/"
+            f"{_fmt(lag.get('max'))} ms, CPU {_fmt(o['cpu_util'])} core"
+            + (" (SATURATED)" if o["saturated"] else "")
+        )
+    return out
+
+
+def repeat_table(rep: dict) -> list[str]:
+    """Each headline metric's mean and confidence interval over the repeats."""
+    lines = [f"{' ' + str(rep['n']) + ' repeats: mean, ' + rep['interval'] + ' CI ':-^60}"]
+    for key, m in rep["metrics"].items():
+        ci = "" if m["half_width"] is None else f"+- {m['half_width']:.2f}"
+        lines.append(f"{key:<32}{m['mean']:>12.2f}{ci:>16}")
+    return lines
 
 
 def _per_turn(rows: list[dict] | None) -> list[str]:
@@ -193,9 +251,17 @@ def sweep_table(summaries: Sequence[dict]) -> str:
     widths = [max(len(h), 9) for h, _, _ in SWEEP_COLS]
     head = " ".join(f"{h:>{w}}" for (h, _, _), w in zip(SWEEP_COLS, widths, strict=True))
     out = [head, "-" * len(head)]
+    checks = any(s.get("slo_check") for s in summaries)
+    if checks:
+        out[0] += "       slo"
+        out[1] = "-" * len(out[0])
     for s in summaries:
         cells = [_fmt(s.get(k), d) for _, k, d in SWEEP_COLS]
-        out.append(" ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
+        row = " ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
+        if checks:
+            check = s.get("slo_check")
+            row += f"{'-' if not check else 'pass' if check['passed'] else 'FAIL':>10}"
+        out.append(row)
     return "\n".join(out)
 
 

@@ -285,7 +285,7 @@ def summarize(
     api = (config or {}).get("run", {}).get("api", "completions")
     summary["prompt_lengths"] = prompt_lengths(records, tokenizer, api)
     summary["per_turn"] = per_turn(records)
-    summary["warnings"] = _warnings(summary)
+    summary["warnings"] = warnings_for(summary)
     summary["metric_definitions"] = METRIC_DEFINITIONS
     summary["config"] = config or {}
     summary["server_stats_before"] = server_stats_before
@@ -323,7 +323,7 @@ def _saturation(s: dict, answerable: int) -> str | None:
     )
 
 
-def _warnings(s: dict) -> list[str]:
+def warnings_for(s: dict) -> list[str]:
     out = []
     if s["saturation"]:
         out.append(s["saturation"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import aiohttp
@@ -21,6 +22,7 @@ class RunConfig:
     num_requests: int | None = None  # stop dispatch after this many (None: use duration)
     duration: float | None = None  # stop dispatch after this many seconds
     warmup: int = 0  # requests sent and awaited before t0, excluded from results
+    ramp_up: float = 0.0  # s of linearly growing rate before the measured window (excluded)
     timeout: float = 300.0  # per-request total seconds
     read_timeout: float = 60.0  # max silence between stream reads
     ignore_eos: bool = True
@@ -36,6 +38,8 @@ class RunConfig:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if self.duration is not None and not self.duration > 0:
             raise ValueError(f"duration must be > 0 s, got {self.duration}")
+        if not (self.ramp_up >= 0 and math.isfinite(self.ramp_up)):
+            raise ValueError(f"ramp_up must be >= 0 s, got {self.ramp_up}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if not (self.timeout > 0 and self.read_timeout > 0 and self.window_s > 0):

@@ -11,7 +11,9 @@
    once, as stop() does, with stop_reason "server_gone". A closed-loop worker whose request
    failed holds its permit for a backoff that doubles per failure in a row (BACKOFF_S..
    BACKOFF_MAX_S), so failing fast never turns into thousands of requests a second.
-6. A conversation (RequestSpec.later) is one task holding one permit: each later turn is sent
+6. --ramp-up (open loop): the ramp's requests (ramp.py) go first and count as warm-up; the
+   measured window and its schedule start cfg.ramp_up s after t0 (RunResult.t_start).
+7. A conversation (RequestSpec.later) is one task holding one permit: each later turn is sent
    think_s after the previous reply's last token (its t_sched), with the whole history; a turn
    that fails ends its conversation. The open loop's offsets and the cap count conversations.
 """
@@ -19,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -30,6 +33,7 @@ import aiohttp
 from scaletui.loadgen import client
 from scaletui.loadgen.client import FAILED, RequestRecord
 from scaletui.loadgen.health import Liveness
+from scaletui.loadgen.ramp import ramp_specs
 from scaletui.loadgen.report import Latencies, latencies, quantiles_ms
 from scaletui.loadgen.request_spec import RequestSpec
 from scaletui.loadgen.run_config import RunConfig, RunResult
@@ -73,6 +77,7 @@ class Runner:
         self._in_flight: set[RequestRecord] = set()
         self._tasks: set[asyncio.Task] = set()
         self._end = math.inf  # no sends at or after this (duration)
+        self._ramp_n = 0  # the first this many dispatched requests are the ramp's
         self._finished: list[RequestRecord] = []  # since the last window
         self._tokens: list[tuple[float, int]] = []  # token arrivals not yet windowed
         self._totals = {"sent": 0, "completed": 0, "failed": 0, "rejected": 0}
@@ -99,15 +104,8 @@ class Runner:
     def _result(self, records: list[RequestRecord], t0: float) -> RunResult:
         if self._liveness is not None:
             self._liveness.close()
-        return RunResult(
-            records,
-            t0,
-            self._stopped,
-            self.windows,
-            self.stop_reason,
-            self.stop_message,
-            self._t_stop,
-        )
+        stop = (self.stop_reason, self.stop_message, self._t_stop)
+        return RunResult(records, t0, self._stopped, self.windows, *stop)
 
     async def run(self, session: aiohttp.ClientSession) -> RunResult:
         cfg, w = self.cfg, self.workload
@@ -121,9 +119,14 @@ class Runner:
             if w.tokenizer:  # exact prompts cost encodes (or HTTP calls): made before t0
                 specs = iter(list(specs))
         sem = asyncio.Semaphore(w.concurrency) if w.concurrency else None
+        ramp = ramp_specs(w, cfg.ramp_up) if cfg.ramp_up and not w.closed_loop else []
         t0 = perf_counter() + 0.005
-        self._end = t0 + cfg.duration if cfg.duration is not None else math.inf
+        t_measure = t0 + (cfg.ramp_up if ramp else 0.0)  # the measured window starts here
+        self._end = t_measure + cfg.duration if cfg.duration is not None else math.inf
         ticker = asyncio.create_task(self._windows(t0)) if self.on_window else None
+        if ramp:  # the measured schedule starts after the ramp
+            shifted = (replace(s, offset=s.offset + cfg.ramp_up) for s in specs)
+            specs, self._ramp_n = itertools.chain(ramp, shifted), len(ramp)
         self._dispatcher = asyncio.create_task(self._dispatch(session, specs, sem, t0))
         try:
             await asyncio.wait({self._dispatcher})
@@ -144,12 +147,11 @@ class Runner:
             for rec in self.records:  # tasks cancelled before they started
                 if rec.outcome == "pending":
                     rec.outcome, rec.error, rec.t_done = "cancelled", "run stopped", perf_counter()
-        return self._result(self.records, t0)
+        return self._result(self.records, t_measure)
 
     async def _dispatch(self, session, specs, sem, t0: float) -> None:
-        cfg, closed = self.cfg, self.workload.closed_loop
-        end = t0 + cfg.duration if cfg.duration is not None else math.inf
-        for spec in specs:
+        closed, end = self.workload.closed_loop, self._end
+        for n, spec in enumerate(specs):
             body = self._body(spec.prompt, spec.max_tokens)
             t_sched = t0 + spec.offset
             if not closed and (t_sched >= end or not await self._sleep_until(t_sched)):
@@ -164,6 +166,7 @@ class Runner:
                     sem.release()
                     return
             rec = self._record(spec.index, t_sched, spec.input_len, spec.max_tokens)
+            rec.warmup = n < self._ramp_n  # a ramp request: sent, never counted
             if spec.conversation:
                 rec.session, rec.turn = spec.index, 0
                 task = asyncio.create_task(self._conversation(session, body, rec, spec, sem))
@@ -207,6 +210,7 @@ class Runner:
         cfg, w = self.cfg, self.workload
         counter = load_counter(w.tokenizer) if w.tokenizer else None
         said: list[str] = [spec.prompt]  # user, assistant, user, ... texts so far
+        ramp = rec.warmup  # a ramp conversation's later turns are not counted either
         try:
             rec.reply = []
             await self._request(session, body, rec, spec.cancel_after)
@@ -226,7 +230,7 @@ class Runner:
                 if t_sched >= self._end or not await self._sleep_until(t_sched):
                     return
                 rec = self._record(spec.index, t_sched, n, turn.max_tokens)
-                rec.session, rec.turn, rec.reply = spec.index, k, []
+                rec.session, rec.turn, rec.reply, rec.warmup = spec.index, k, [], ramp
                 await self._request(session, body, rec, None)
         finally:
             rec.reply = None

@@ -1,0 +1,164 @@
+"""loadgen --search: the bracketing-then-bisection rule against a latency that is a known
+function of the rate, the stage verdict, a start read from `scaletui simulate`, and one search
+against the mock server, whose one slot makes TTFT grow once the rate passes 1 / service time."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from mock_openai import MockConfig, MockServer
+
+from scaletui.loadgen import search
+from scaletui.loadgen.cli import main
+from scaletui.loadgen.report import Slo
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def p99_ttft_ms(rate: float) -> float:
+    """The fake server: p99 TTFT grows 50 ms per req/s from 100 ms; SLO 400 ms -> max 6."""
+    return 100 + 50 * rate
+
+
+def passes(rate: float) -> bool:
+    return p99_ttft_ms(rate) <= 400
+
+
+def test_cold_search_brackets_by_doubling_then_bisects_to_five_percent():
+    history = search.replay(search.config_for(None), passes)
+    assert history == [
+        (1.0, True),
+        (2.0, True),
+        (4.0, True),
+        (8.0, False),
+        (6.0, True),  # (4 + 8) / 2
+        (7.0, False),
+        (6.5, False),
+        (6.25, False),  # (6.25 - 6) / 6 = 4.2% <= 5%: stop
+    ]
+    assert search.bracket(history) == (6.0, 6.25)
+
+
+def test_a_start_near_the_answer_saves_stages_and_says_how_many():
+    cfg = search.config_for(6.0)
+    history = search.replay(cfg, passes)
+    # x1.25 from the start, then bisection of [6, 7.5]
+    assert [r for r, _ in history] == [6.0, 7.5, 6.75, 6.375, 6.1875]
+    result = search.summary_of(cfg, [{"rate": r, "passed": ok} for r, ok in history])
+    assert result["max_rate"] == 6.0 and result["converged"]
+    assert (result["stages_run"], result["stages_cold"], result["stages_saved"]) == (5, 8, 3)
+
+
+def test_a_start_far_below_widens_its_steps():
+    cfg = search.config_for(0.01)
+    history = search.replay(cfg, passes)
+    rates = [r for r, _ in history]
+    # steps x1.25, x1.25^2, x1.25^3, ...: 0.01 -> past 6 in the 9th stage, not the 30th
+    assert rates[:3] == pytest.approx([0.01, 0.0125, 0.01953125])
+    first_fail = next(i for i, (_, ok) in enumerate(history) if not ok)
+    assert first_fail == 8
+    lo, hi = search.bracket(history)
+    assert lo <= 6 < hi and (hi - lo) / lo <= 0.05
+
+
+def test_nothing_passes_ends_at_the_floor_with_no_max_rate():
+    history = search.replay(search.config_for(None), lambda r: False)
+    assert history[-1][0] >= search.MIN_RATE and all(not ok for _, ok in history)
+    assert search.bracket(history) == (None, history[-1][0])
+    assert search.summary_of(search.config_for(None), [])["max_rate"] is None
+
+
+def test_a_noisy_pass_above_a_fail_does_not_move_the_bracket():
+    assert search.bracket([(4.0, True), (8.0, False), (10.0, True), (6.0, True)]) == (6.0, 8.0)
+    assert search.next_rate(search.config_for(None), [(4.0, True), (8.0, False)]) == 6.0
+
+
+def test_stage_size_rule():
+    assert search.min_requests(99, 5) == 500
+    assert search.min_requests(90, 2) == 20
+    assert search.min_requests(50, 5) == 10
+    with pytest.raises(ValueError, match="--slo-percentile must be in"):
+        search.min_requests(100, 5)
+
+
+def test_verdict_names_every_reason():
+    slo = Slo(ttft=300, tpot=20)
+    kw = dict(percentile=99, needed=500, max_failure_rate=0.01, saturation=None)
+    ok = search.verdict({"ttft": 250.0, "tpot": 20.0}, slo, completed=500, failure_rate=0, **kw)
+    assert ok["passed"] and ok["reasons"] == [] and ok["slo_ms"] == {"ttft": 300, "tpot": 20}
+    bad = search.verdict({"ttft": 301.0, "tpot": None}, slo, completed=499, failure_rate=0.02, **kw)
+    assert not bad["passed"]
+    assert bad["reasons"] == [
+        "only 499 completed; p99 needs 500",
+        "p99 ttft 301.0 ms > 300 ms",
+        "no tpot sample",
+        "failure rate 2.0% > 1.0%",
+    ]
+
+
+def _sim(rate: float, p99_ttft: float, saturated: bool = False, kept: float | None = None):
+    return {
+        "config": {"simulated": True},
+        "requested_rate": rate,
+        "p90_ttft_ms": p99_ttft * 0.8,
+        "p99_ttft_ms": p99_ttft,
+        "saturated": saturated,
+        "sustained_rate": kept,
+    }
+
+
+def test_start_from_a_simulate_result(tmp_path):
+    slo = Slo(ttft=400)
+    f = tmp_path / "sim.json"
+    f.write_bytes(orjson.dumps({"stages": [_sim(2, 200), _sim(4, 390), _sim(8, 900, True, 5)]}))
+    assert search.start_from_simulation(str(f), slo, 99) == 4.0  # the highest passing
+    f.write_bytes(orjson.dumps(_sim(8, 900, True, 5.0)))
+    assert search.start_from_simulation(str(f), slo, 99) == 5.0  # what it kept up with
+    f.write_bytes(orjson.dumps(_sim(8, 900)))
+    with pytest.raises(ValueError, match="no p97_ttft_ms"):
+        search.start_from_simulation(str(f), slo, 97)
+    f.write_bytes(orjson.dumps({"completed": 3}))
+    with pytest.raises(ValueError, match="not a `scaletui simulate --out` result"):
+        search.start_from_simulation(str(f), slo, 99)
+
+
+def test_search_flags_that_do_not_go_together_are_one_line(capsys):
+    for argv, needle in (
+        (["--search"], "--search needs --slo"),
+        (["--search", "--slo", "ttft=100", "--qps", "5"], "drop --qps"),
+        (["--search", "--slo", "ttft=100", "--slo-percentile", "100"], "in (0, 100)"),
+        (["--qps", "inf", "--ramp-up", "2"], "finite rate"),
+        (["--concurrency", "4", "--ramp-up", "2"], "--ramp-up needs an offered rate"),
+    ):
+        assert main(["--url", "http://127.0.0.1:9", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], (argv, err)
+
+
+def test_search_against_a_server_with_one_slot(tmp_path, capsys):
+    """One slot, 20 ms per request: it serves at most 50 req/s (less with the HTTP and this
+    process's own work); above that requests queue and the 90th percentile of 20 of them
+    passes 40 ms within a few % (40 req/s failed on this busy 2-core box at times)."""
+    sim = tmp_path / "sim.json"  # a prediction of 30 req/s passing
+    sim.write_bytes(orjson.dumps(_sim(30, 25)))
+    out = tmp_path / "search.json"
+    with MockServer(MockConfig(ttft=0.02, capacity=1)) as srv:
+        argv = ["--url", srv.url, "--search", "--slo", "ttft=40", "--slo-percentile", "90",
+                "--search-tail", "2", "--search-start", str(sim), "--arrival", "constant",
+                "--output-len", "1", "--input-len", "8", "--metrics-interval", "0",
+                "--out", str(out)]  # fmt: skip
+        assert main(argv) == 0
+    printed = capsys.readouterr().out
+    result = orjson.loads(out.read_bytes())
+    s = result["search"]
+    assert 20 <= result["max_rate"] <= 55 and s["max_rate"] == result["max_rate"]
+    assert s["start"] == 30.0 and s["start_from"] == str(sim)
+    assert len(result["stages"]) == s["stages_run"] == len(s["history"]) <= 8
+    assert s["stages_saved"] == s["stages_cold"] - s["stages_run"]
+    for stage, step in zip(result["stages"], s["history"], strict=True):
+        assert stage["requested_rate"] == step["rate"] and stage["completed"] == 20
+        assert stage["slo_check"]["passed"] == step["passed"]
+    lo, hi = s["bracket"]
+    assert (hi - lo) / lo <= 0.05
+    assert f"search: max_rate {result['max_rate']:.4g} req/s" in printed
+    assert "pass" in printed and "FAIL" in printed  # the stage table's slo column
