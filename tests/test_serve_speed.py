@@ -43,9 +43,10 @@ async def run_two(client) -> None:
         assert r.status == 200, await r.text()
 
 
-async def test_a_stored_fit_prices_every_call_and_the_factor_is_measured_over_predicted():
+@pytest.mark.parametrize("mode", ["interleaved", "disaggregated"])
+async def test_a_stored_fit_prices_every_call_and_the_factor_is_measured_over_predicted(mode):
     path = save_fit(fake_fit())  # where `auto` finds it: this host, tiny f32 tp1 dp1
-    async with fake_server(step_s=STEP_S, decode_steps=4) as (client, _):
+    async with fake_server(step_s=STEP_S, decode_steps=4, mode=mode) as (client, _):
         await run_two(client)
         stats = (await (await client.get("/stats")).json())["speed"]
         metrics = await (await client.get("/metrics")).text()
