@@ -152,3 +152,43 @@ def test_simulate_table_shows_the_band_beside_each_figure(tmp_path, capsys):
     assert "no width: host spread unknown" in out
     line = next(x for x in out.splitlines() if x.startswith("Median TPOT (ms):"))
     assert "[" not in line  # a band without width is the point: nothing beside it
+
+
+def test_simulate_as_run_is_simulate_at_at_those_factors(tmp_path, capsys, monkeypatch):
+    """`--as-run decode=2,prefill=1`: one `simulate_at` call at those factors, its summary
+    printed as is, no band; alone on the server (concurrency 1, no host time) TPOT doubles."""
+    import scaletui.commands.simulate as cli
+
+    calls = []
+
+    def spy(*args, **kw):
+        calls.append((args, kw, simulate_at(*args, **kw)))
+        return calls[-1][2]
+
+    monkeypatch.setattr(cli, "simulate_at", spy)
+    argv = [*ARGS, "--hardware", _spec(tmp_path, HOST), "--concurrency", "1", "--gap-ms", "0",
+            "--gap-per-row-ms", "0", "--intake-ms", "0", "--json"]  # fmt: skip
+    assert simulate_main(argv) == 0
+    point = orjson.loads(capsys.readouterr().out)
+    calls.clear()
+    assert simulate_main([*argv, "--as-run", "decode=2, prefill=1"]) == 0
+    s = orjson.loads(capsys.readouterr().out)
+    ((args, _, got),) = calls  # one simulation: no band's ends
+    assert args[3] == SpeedFactors(decode=2.0, prefill=1.0, host=1.0)
+    assert "band" not in s and s["config"]["as_run"] == {"decode": 2.0, "prefill": 1.0, "host": 1.0}
+    numbers = {k: v for k, v in got.summary.items() if isinstance(v, int | float)}
+    assert len(numbers) > 20 and {k: s[k] for k in numbers} == pytest.approx(numbers)
+    assert s["median_tpot_ms"] == pytest.approx(2 * point["median_tpot_ms"])
+    # a prefill's weight read follows the decode factor (CostModel.scaled): no faster
+    assert s["median_ttft_ms"] >= point["median_ttft_ms"]
+    assert simulate_main([*argv, "--as-run", "decode=fast"]) == 2
+    assert "speed factor decode should be a number" in capsys.readouterr().err
+
+
+def test_speed_factors_parse_names_what_is_wrong():
+    assert SpeedFactors.parse("decode=1.12,prefill=0.95,host=1.0") == SpeedFactors(1.12, 0.95)
+    assert SpeedFactors.parse("prefill=2") == SpeedFactors(prefill=2.0)
+    with pytest.raises(ValueError, match="decode=F,prefill=F,host=F"):
+        SpeedFactors.parse("gpu=2")
+    with pytest.raises(ValueError, match="decode should be > 0"):
+        SpeedFactors.parse("decode=0")

@@ -139,6 +139,10 @@ def test_layers_import_only_what_they_may():
             "scaletui.serve.engine.engine_api",
             "scaletui.policy",
             "scaletui.pages",
+            # the engine fit that prices each call (the speed factor): pure, no JAX
+            "scaletui.roofline.callcost",
+            "scaletui.roofline.costmodel",
+            "scaletui.roofline.fitstore",
         },
         "scaletui.serve.http": {
             *serve_base,

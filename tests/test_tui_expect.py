@@ -394,3 +394,48 @@ def test_expected_carries_its_band_from_the_fits_residuals():
     assert views.build_view(m).band_note.startswith("exp p10-p90: host spread unknown")
     # a sweep's curve asks for the point alone: no ends simulated
     assert m.expectation_or_error(knobs, band=False).ends is None
+
+
+def speed(fit: str | None, decode: float | None = None, prefill: float | None = None) -> dict:
+    """/stats `speed` as the server writes it (serve/http/stats.py)."""
+    out = {"fit": fit, "reason": None if fit else "--fit none", "window_calls": 256}
+    for kind, f in (("decode", decode), ("prefill", prefill)):
+        if f is not None:
+            out[kind] = {"factor": f, "calls": 40, "seconds": f, "predicted_seconds": 1.0}
+    return out
+
+
+def test_the_kpis_show_the_servers_speed_factor_and_exp_as_run(monkeypatch):
+    """/stats says the engine runs its generate calls 2x its fit's time: the run column is the
+    same load simulated at that speed (on the hand fit, each request's 47 ms of calls becomes
+    94 ms: TPOT doubles, tok/s halves), and the line under the table says the factor."""
+    for name in ("INTAKE_S", "HOST_GAP_S", "HOST_GAP_PER_ROW_S"):
+        monkeypatch.setattr(tui_expect, name, 0.0)
+    path = save_fit(hand_fit())
+    m = SessionState(KNOBS, "tiny")
+    m.add(Record(1.0, "stats", stats().data | {"speed": speed(str(path), 2.0, 1.03)}))
+    v = views.build_view(m)
+    kpi = {k.key: k for k in v.kpis}
+    assert kpi["tpot_p50"].as_run == pytest.approx(94 / 31, rel=1e-6)
+    assert kpi["tpot_p50"].expected == pytest.approx(47 / 31, rel=1e-6)
+    assert kpi["tok_s"].as_run == pytest.approx(4 * 32 / 0.094, rel=1e-6)
+    assert kpi["decode_step"].as_run == pytest.approx(2 * kpi["decode_step"].expected)
+    assert kpi["mem"].as_run is None
+    assert v.speed_line == (
+        "speed vs fit (last 256 calls): decode ×2.00, prefill ×1.03; run = exp simulated at "
+        "that speed"
+    )
+
+
+def test_without_a_factor_the_kpis_say_why_and_show_no_run_column():
+    path = save_fit(hand_fit())
+    for got, line in (
+        (speed(None), "speed vs fit: none (--fit none)"),
+        (speed(str(path)), "speed vs fit: no engine call priced yet"),
+        (speed("/elsewhere/other.yaml", 1.5), "no as-run: the server's fit is another one"),
+    ):
+        m = SessionState(KNOBS, "tiny")
+        m.add(Record(1.0, "stats", stats().data | {"speed": got}))
+        v = views.build_view(m)
+        assert line in v.speed_line and all(k.as_run is None for k in v.kpis)
+    assert views.build_view(serving()).speed_line is None  # a server that does not say

@@ -59,6 +59,9 @@ class StatsSnapshot:
     weight_bytes_per_device: float | None = None
     kv_bytes_per_device: float | None = None
     kv_pages: dict = field(default_factory=dict)  # pages used / free / cached, prefix hits
+    # the engine's speed against its fit: {fit, reason, window_calls, decode|prefill: {factor,
+    # calls, seconds, predicted_seconds}}; {} from a server that does not say (not ours)
+    speed: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -82,6 +85,7 @@ class StatsSnapshot:
             weight_bytes_per_device=number(obj, "memory", "weight_bytes_per_device"),
             kv_bytes_per_device=number(obj, "memory", "kv_cache_bytes_per_device"),
             kv_pages=_dict(obj, "kv_pages"),
+            speed=_dict(obj, "speed"),
             raw=obj,
         )
 

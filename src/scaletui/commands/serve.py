@@ -30,6 +30,7 @@ from scaletui.serve.http.api import SCHEDULER, WATCHDOG, ApiSettings, create_app
 from scaletui.serve.http.connections import quiet_accept_errors, raise_fd_limit, start_site
 from scaletui.serve.http.tokenizer import Tokenizer, load_tokenizer
 from scaletui.serve.scheduling.scheduler import Scheduler
+from scaletui.serve.scheduling.speed import find_speed_model
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.shape_flags import add_flags
 from scaletui.specs import ModelSpec, SpecError, hf_config, load_model
@@ -80,6 +81,13 @@ def parser() -> argparse.ArgumentParser:
         default=PROCESSED,
         help="what logprobs score: the logits a sampled token was drawn from (after temperature, "
         "top-k, top-p) or the model's raw logits (vLLM v1's default); the same when greedy",
+    )
+    a(
+        "--fit",
+        default="auto",
+        metavar="auto|PATH|none",
+        help="the engine fit each call is priced by, for the speed factor (/metrics, /stats "
+        "speed): auto = the stored fit for this shape on this host",
     )
     a("--host-devices", type=int, help="JAX CPU: number of virtual host devices (XLA flag)")
     a("--fake", action="store_true", help="serve the hand-computable FakeEngine (tests, demos)")
@@ -263,6 +271,8 @@ def main(argv: list[str]) -> int:
         tok = load_tokenizer(args.tokenizer, model.vocab_size, args.chat_template)
         factory = engine_factory(args, tok, eos_ids_for(model, tok))
         factory.check(config)  # the plan on these devices and its memory, before binding
+        if args.fit not in ("auto", "none"):
+            find_speed_model(config, args.fit)  # a --fit FILE that is not this shape's fit
     except ConfigError as e:
         return _error(e.flag_line())
     except (SpecError, ValueError, ImportError) as e:
@@ -287,7 +297,7 @@ def main(argv: list[str]) -> int:
         keepalive_timeout_s=args.keepalive_timeout,
         served_model_name=args.served_model_name or served_default(args.model, model),
     )
-    sched = Scheduler(config, factory)
+    sched = Scheduler(config, factory, fit=args.fit)
     app = create_app(sched, tok, settings)
     banner = (
         f"model {model.name}{' (fake engine)' if args.fake else ''}, slots {config.slots}, "

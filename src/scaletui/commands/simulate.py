@@ -25,7 +25,7 @@ from scaletui.dtypes import cpu_bf16_pairs, default_compute_dtype
 from scaletui.loadgen import flags as loadgen_flags
 from scaletui.loadgen.output import table
 from scaletui.loadgen.workload import PROMPT_FORMATS, Workload, schedule
-from scaletui.roofline.band import SpeedSpread
+from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.fitstore import load_fit, stored_fits_for
 from scaletui.roofline.simband import band_of, simulate_at
@@ -38,7 +38,6 @@ from scaletui.roofline.simrecords import (
     SimResult,
     SimTiming,
 )
-from scaletui.roofline.simulate import simulate
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.shape_flags import add_flags
 from scaletui.specs import ModelSpec, SpecError, load_hardware, load_model
@@ -92,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="text: the server prefills one BOS token more; ids: none",
     )
     a("--no-band", action="store_true", help="the point alone: no p10-p90 band (one simulation)")
+    a(
+        "--as-run",
+        metavar="FACTORS",
+        help="simulate at a run's measured speed factors, e.g. decode=1.12,prefill=0.95,host=1.0 "
+        "(time multipliers; one left out is 1): the 'as run' figure, no band",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     o.add_argument("--out", help="write the summary JSON here")
@@ -218,6 +223,8 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     growing = n is None and workload.closed_loop  # how many a closed loop sends: run and see
     take = 1000 if growing else n
     bos = BOS_TOKENS if args.prompt_format == "text" or args.dataset else 0  # BOS, then the prompt
+    as_run = SpeedFactors.parse(args.as_run) if args.as_run else None  # ValueError: which part
+    speed = as_run or SpeedFactors()
     t0 = time.perf_counter()
     while True:
         offsets, inp, out = schedule(workload, take, args.duration, MAX_REQUESTS)
@@ -233,17 +240,18 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
             prefix_groups=args.prefix_groups,
             prefix_len=args.prefix_len and args.prefix_len + bos,
         )
-        result = simulate(shape, decode, load, prefill, seed=args.seed, timing=timing)
+        result = simulate_at(shape, decode, load, speed, prefill, args.seed, timing)
         if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
             break
         take = min(take * 4, MAX_REQUESTS)
     point_s = time.perf_counter() - t0
-    spread = SpeedSpread() if args.no_band else speed_spread(args, decode)
+    banded = not (args.no_band or as_run)
+    spread = speed_spread(args, decode) if banded else SpeedSpread()
     runs = [result.summary]
     for speed in (spread.fast, spread.slow) if spread.width else ():  # the same load and seed
         runs.append(simulate_at(shape, decode, load, speed, prefill, args.seed, timing).summary)
     seconds = time.perf_counter() - t0
-    if not args.no_band:
+    if banded:
         result.summary["band"] = band_of(runs)
     result.summary["config"] = {
         "simulated": True,
@@ -255,7 +263,9 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         "cost_model": decode.to_dict(),
         "cost_source": words,
         # the band's ends as speed factors (time multipliers) and where they came from
-        "speed_spread": {**spread.to_dict(), "band": not args.no_band},
+        "speed_spread": {**spread.to_dict(), "band": banded},
+        # the speed factors simulated at (--as-run; None: the fit's own speed)
+        "as_run": vars(as_run) if as_run else None,
         "seconds": {"point": round(point_s, 3), "with_band": round(seconds, 3)},
     }
     return result, words, seconds
@@ -285,6 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     if "band" in s:
         print(f"band: p10-p90 [in brackets] over the measured spread; {spread_words(s)}")
+    if s["config"]["as_run"]:
+        f = s["config"]["as_run"]
+        print(
+            f"as run: at speed factors decode x{f['decode']:g}, prefill x{f['prefill']:g}, "
+            f"host x{f['host']:g} (no band)"
+        )
     print(table(s))
     batch = s.get("mean_running_batch")
     print(

@@ -98,6 +98,25 @@ class SpeedFactors:
     def unit(self) -> bool:
         return self.decode == self.prefill == self.host == 1.0
 
+    @classmethod
+    def parse(cls, text: str) -> SpeedFactors:
+        """'decode=1.12,prefill=0.95,host=1.0' (any of them; one left out is 1.0), as
+        `scaletui simulate --as-run` takes a run's measured factors. ValueError naming the
+        bad part."""
+        got: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, eq, value = part.partition("=")
+            name = name.strip()
+            if not eq or name not in ("decode", "prefill", "host") or name in got:
+                raise ValueError(
+                    f"speed factors are decode=F,prefill=F,host=F (each at most once), got {part!r}"
+                )
+            try:
+                got[name] = float(value)
+            except ValueError:
+                raise ValueError(f"speed factor {name} should be a number, got {value!r}") from None
+        return cls(**got)
+
 
 def _slow_over_p50(s: Spread | None, time_like: bool) -> tuple[float, float]:
     """(fast, slow) time factors of one host figure against its p50: a rate's p90 is fast (time

@@ -1,5 +1,6 @@
 """The state of one simulated run (the client, the waiting queue, the running requests, the
-clocks and counters) and the server's verbs on it, each engine call priced by the cost model:
+clocks and counters) and the server's verbs on it, each engine call priced by `CallCosts` (the
+server prices its own calls with it too):
 `simulate`'s loops drive it.
 """
 
@@ -13,11 +14,10 @@ from collections.abc import Callable
 import numpy as np
 
 from scaletui import policy
+from scaletui.roofline.callcost import CallCosts
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.simrecords import Load, SimTiming
 from scaletui.shape import ServerShape
-
-ROW_GRAIN = 8  # native kernels: a running row's attention cost at its length rounded up to this
 
 
 class SimState:
@@ -62,14 +62,9 @@ class SimState:
         self.gap_s, self.gaps = 0.0, 0  # host time charged before engine calls, and how often
         self.per_step_s = 0.0  # sum over generate calls of the call's time / its steps
         self.prefill_calls, self.prefill_call_s = 0, 0.0  # prefill calls (pieces) and time
-        self._prefill_memo: dict[tuple[int, int], float] = {}
-        self._call_memo: dict[tuple[int, int, int], float] = {}  # (batch, bucket, steps)
-        self._row_memo: dict[tuple[int, int], tuple] = {}  # native: (batch, steps) -> _row_costs
-        buckets = shape.prefill_buckets
-        self._pbuckets, self._chunk = buckets, buckets[-1]
-        self._dbuckets = shape.decode_buckets
-        # the native kernels' attention skips inactive rows (they attend position 0 only)
-        self._live_rows = timing.padded_decode and decode.kernels == "native"
+        # each engine call's expected time: the same pricing the server compares itself with
+        self.costs = CallCosts(shape, decode, prefill, timing.padded_decode)
+        self.prefill_s, self.piece_s = self.costs.prefill_s, self.costs.piece_s
         cap = load.concurrency if load.concurrency else n
         for _ in range(min(cap, n)):
             self._send_next(0.0)
@@ -136,32 +131,6 @@ class SimState:
             self._uniform = self._rng.random(4096).tolist()
         return seconds * spread[int(self._uniform.pop() * len(spread))]
 
-    def prefill_s(self, n: int, cached: int = 0) -> float:
-        """Prefill of an n-token prompt whose first `cached` tokens are in cached pages."""
-        s = self._prefill_memo.get((n, cached))
-        if s is None:
-            cost, chunk, left = self.prefill_cost, self._chunk, n - cached
-            if left <= chunk:
-                s = cost.prefill_s(next(b for b in self._pbuckets if b >= left), cached)
-            else:
-                s = sum(cost.prefill_s(chunk, start) for start in range(cached, n, chunk))
-            self._prefill_memo[(n, cached)] = s
-        return s
-
-    def piece_s(self, start: int, stop: int) -> float:
-        """Prefill of prompt tokens start..stop-1 of a sequence whose earlier ones are in its
-        pages (a budget's piece): the engine's bucket-sized chunks from `start`."""
-        key = (-start - 1, stop)  # apart from prefill_s's (n, cached) keys
-        s = self._prefill_memo.get(key)
-        if s is None:
-            cost, chunk = self.prefill_cost, self._chunk
-            s = sum(
-                cost.prefill_s(next(b for b in self._pbuckets if b >= min(chunk, stop - c)), c)
-                for c in range(start, stop, chunk)
-            )
-            self._prefill_memo[key] = s
-        return s
-
     def pop_prefill(self, now: float) -> tuple[int, float] | None:
         """FCFS: the next waiting request and when its prefill (and first token) ends."""
         if not self.waiting:
@@ -201,50 +170,12 @@ class SimState:
         self._done(i, t, "ok")
         return True
 
-    def _call_s(self, batch: int, ctx: int, steps: int, active: list[int]) -> float:
-        """One generate call at `batch` rows over bucket `ctx` for the `active` requests. XLA's
-        engine computes every row over the bucket; the native attention reads each running
-        row's own positions (0..pos, `kernels.cc`), so there the call is the `batch`-row call at
-        the smallest bucket plus, per running row, 1 / batch of what `batch` rows at that row's
-        mid-call length add to it (charging each row the bucket over-read the server's calls:
-        docs/roofline.md, "Three levels of prediction")."""
-        key = (batch, ctx, steps)
-        if not self._live_rows:
-            full = self._call_memo.get(key)
-            if full is None:
-                full = self._call_memo[key] = self.decode.decode_call_s(batch, ctx, steps)
-            return full
-        table = self._row_memo.get((batch, steps))
-        if table is None:
-            table = self._row_memo[batch, steps] = self._row_costs(batch, steps)
-        base, rows = table
-        length, up = self.length, steps // 2 + ROW_GRAIN - 1  # mid-call, rounded up
-        return base + sum(rows[(length[i] + up) // ROW_GRAIN] for i in active)
-
-    def _row_costs(self, batch: int, steps: int) -> tuple[float, list[float]]:
-        """(the call at the smallest bucket, each running row's share by its positions //
-        ROW_GRAIN, never below the smallest bucket's): one table for every bucket, as a row's
-        cost is its own length's (rounded up, it may pass its bucket by < ROW_GRAIN)."""
-        base = self.decode.decode_call_s(batch, self._dbuckets[0], steps)
-        top = self.shape.max_seq_len // ROW_GRAIN + steps + 2
-        return base, [
-            max(self.decode.decode_call_s(batch, k * ROW_GRAIN, steps) - base, 0.0) / batch
-            for k in range(top)
-        ]
-
     def generate(self, now: float, steps: int = 0) -> float:
         """One generate call from `now` (of `steps` steps; 0: as the policy says); returns when
         its tokens reach the clients."""
         active, left, length = self.active, self.left, self.length
         steps = steps or policy.decode_steps([left[i] for i in active], self.shape.decode_steps)
-        if self.timing.padded_decode:
-            need = max(length[i] for i in active) + steps
-            ctx = next((b for b in self._dbuckets if b >= need), self._dbuckets[-1])
-            batch = self.shape.slots
-        else:
-            ctx = sum(length[i] for i in active) // len(active) + steps // 2
-            batch = len(active)
-        dt = self.varied(self._call_s(batch, ctx, steps, active), self.decode)
+        dt = self.varied(self.costs.generate_s(steps, [length[i] for i in active]), self.decode)
         t = now + dt
         self.calls += 1
         self.per_step_s += dt / steps

@@ -28,7 +28,7 @@ What it replays, as the server does it:
    On the native CPU kernels (the cost model's `kernels`), every slot row runs the matmuls but
    attention reads only the active rows, each over its own positions: a call costs the S-row
    call at the smallest bucket plus, per active row, 1 / S of what S rows at that row's
-   mid-call length (rounded up to ROW_GRAIN positions) add to it.
+   mid-call length (rounded up to ROW_GRAIN positions, callcost.py) add to it.
 5. A call's time is the cost model's expected (median) time, times a draw from its fitted
    `call_spread` (how much one call varies on the host that made the fit; seeded): a run at
    concurrency 1 has a p99 TTFT above its p50, and a closed loop's waves break up as they do

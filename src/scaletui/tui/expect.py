@@ -26,7 +26,7 @@ from pathlib import Path
 from scaletui import specs
 from scaletui.dtypes import Precision
 from scaletui.loadgen.workload import Lengths, Workload, schedule
-from scaletui.roofline.band import SpeedSpread
+from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.fitstore import fits_dir, load_fit
 from scaletui.roofline.simband import band_of, simulate_at
@@ -230,9 +230,11 @@ def expect(
     use_fits: str | None = None,
     budget: int = TOKEN_CHUNKS,
     band: bool = True,
+    speed: SpeedFactors | None = None,
 ) -> Expectation:
     """Simulate the knobs' load on the server they describe, `shape` (`server_shape`; ValueError:
-    why not); with `band`, at the measured spread's two ends too."""
+    why not); with `band`, at the measured spread's two ends too; at `speed` (the server's
+    measured factors: "as run"), the point alone at that speed."""
     decode, prefill, choice = cost_models(hardware, knobs, shape, use_fits)
     if knobs.longest + BOS > shape.max_seq_len:
         raise ValueError(
@@ -241,9 +243,12 @@ def expect(
         )
     load = tui_load(knobs, shape, budget)
     host = SimTiming(intake_s=INTAKE_S, gap_s=HOST_GAP_S, gap_per_row_s=HOST_GAP_PER_ROW_S)
-    result = simulate(shape, decode, load, prefill, timing=host)  # as our server's host pays
+    if speed is None:
+        result = simulate(shape, decode, load, prefill, timing=host)  # as our server's host pays
+    else:  # the same request list, each call's time by its kind's measured factor
+        result = simulate_at(shape, decode, load, speed, prefill, timing=host)
     s = result.summary
-    spread = spread_of(hardware, decode) if band else SpeedSpread()
+    spread = spread_of(hardware, decode) if band and speed is None else SpeedSpread()
     ends = [
         simulate_at(shape, decode, load, speed, prefill, timing=host)
         for speed in ((spread.fast, spread.slow) if spread.width else ())
@@ -261,7 +266,7 @@ def expect(
         run=SimRun.of(result, load.output_len),
         band=band_of([s, *(r.summary for r in ends)]),
         ends=tuple(SimRun.of(r, load.output_len) for r in ends) or None,  # type: ignore[arg-type]
-        band_note=spread.note if band else "",
+        band_note=spread.note if band and speed is None else "",
     )
 
 
@@ -288,15 +293,16 @@ def expect_cached(
     generation: int = 0,
     budget: int = TOKEN_CHUNKS,
     band: bool = True,
+    speed: SpeedFactors | None = None,
 ) -> Expectation | str:
     """`expect`, memoized (the render tick asks for the same few every second; `generation`
     changes when a fit is written), or why there is none, in words."""
-    key = (repr(hardware), knobs, shape, use_fits, generation, budget, band, fits_dir())
+    key = (repr(hardware), knobs, shape, use_fits, generation, budget, band, speed, fits_dir())
     if key not in _MEMO:
         if len(_MEMO) >= MEMO_ENTRIES:
             _MEMO.clear()
         try:
-            _MEMO[key] = expect(hardware, knobs, shape, use_fits, budget, band)
+            _MEMO[key] = expect(hardware, knobs, shape, use_fits, budget, band, speed)
         except (ValueError, KeyError, specs.SpecError) as exc:
             _MEMO[key] = f"no expectation: {exc}"
     return _MEMO[key]

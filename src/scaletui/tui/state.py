@@ -23,6 +23,7 @@ from scaletui.records import (
     StatsSnapshot,
     number,
 )
+from scaletui.roofline.band import SpeedFactors
 from scaletui.shape import ServerShape
 from scaletui.tui.expect import (
     TOKEN_CHUNKS,
@@ -285,11 +286,16 @@ class SessionState:
         return None
 
     def expectation_or_error(
-        self, knobs: Knobs | None = None, budget: int = TOKEN_CHUNKS, band: bool = True
+        self,
+        knobs: Knobs | None = None,
+        budget: int = TOKEN_CHUNKS,
+        band: bool = True,
+        speed: SpeedFactors | None = None,
     ) -> Expectation | str:
         """Our scheduler simulated on the cost model for `knobs` (default: what is shown): the
-        fit for that server configuration, else assumed efficiencies on the shown spec; or why
-        there is none. Pure: memoized by `expect_cached`, nothing here changes."""
+        fit for that server configuration, else assumed efficiencies on the shown spec; at
+        `speed` (as run), the point at those factors; or why there is none. Pure: memoized by
+        `expect_cached`, nothing here changes."""
         knobs = replace(knobs or self.knobs, hardware=self.knobs.hardware)
         if self.spec is None:
             return f"no expectation: {self.spec_error or 'no model spec yet'}"
@@ -305,6 +311,7 @@ class SessionState:
             self.fit_generation,
             budget,
             band,
+            speed,
         )
 
     def expectation(self, knobs: Knobs | None = None) -> Expectation | None:

@@ -21,20 +21,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from scaletui.latency import pooled
 from scaletui.records import LoadSummary, LoadWindow, StatsSnapshot, number
 from scaletui.tui.expect import Expectation
 from scaletui.tui.knobs import Knobs, Precision
-from scaletui.tui.kpi import Kpi, band_words, with_bands
+from scaletui.tui.kpi import (
+    Kpi,
+    band_words,
+    speed_factors,
+    speed_note,
+    speed_words,
+    with_as_run,
+    with_bands,
+)
 from scaletui.tui.predict import Prediction
 from scaletui.tui.rows import RunRow, SweepPoint
 from scaletui.tui.state import SessionState
 
 POOL_WINDOWS = 5  # measured KPIs pool the run's last 5 loadgen windows (5 s)
-# the server's own decode step this far off its fit's gets a note: past the spread of two fits
-# made a minute apart on a shared host (docs/tui.md, "Floor, expected, measured")
-SPEED_NOTE_AT = 0.15
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class View:
     expected_note: str | None  # why the expectation is assumed, or why there is none
     speed_note: str | None  # the engine runs far off its fit's speed (the host's speed moved)
     band_note: str | None  # what the expected column's p10-p90 bands come from, or why none
+    speed_line: str | None  # the server's speed factor against its fit, and the run column
     slots_used: int | None
     run: int
     run_elapsed: float | None
@@ -197,8 +204,12 @@ def build_view(m: SessionState) -> View:
         # memory is counted, not timed: what the server allocates is the expectation too
         Kpi("mem", "mem/chip", "B", p and p.mem_per_chip, p and p.mem_per_chip, mem),
     )
+    parts = (first, counts if pool else None, span if recent else None)
     if e is not None:  # each expected figure's band: the same part of the ends' runs
-        kpis = with_bands(kpis, e, first, counts if pool else None, span if recent else None)
+        kpis = with_bands(kpis, e, *parts)
+    as_run, why_not = as_run_of(m, e)
+    if as_run is not None:  # the same part of the run simulated at the measured speed
+        kpis = with_as_run(kpis, as_run, *parts)
     fit, expected_note = fit_words(m, exp_got)
     series = [(t, w) for t, w, _ in m.windows if w.ttft_ms.p50 is not None]
     capacity = stats.device_bytes_limit
@@ -237,6 +248,7 @@ def build_view(m: SessionState) -> View:
         expected_note=expected_note,
         speed_note=speed_note(decode, e is not None and e.fit.source == "fit" and not m.pending),
         band_note=e and e.band_note and band_words(e.band_note, any(k.band for k in kpis)),
+        speed_line=speed_words(stats.speed, as_run is not None, why_not),
         slots_used=None if stats.slots_used is None else int(stats.slots_used),
         run=m.run_id,
         run_elapsed=last_t,
@@ -280,21 +292,19 @@ def fit_words(m: SessionState, got: Expectation | str) -> tuple[str, str | None]
     return label, note
 
 
-def speed_note(decode: Kpi, fitted: bool) -> str | None:
-    """When the server's own decode step (/stats, its last 5 s) is more than SPEED_NOTE_AT off
-    what the fit says for the applied knobs: the engine itself runs at another speed than when
-    it was timed, so every m/e carries that (the host's speed moved, the fit is stale, or the
-    slots are a batch the fit interpolates), not the scheduling. None for an assumed
-    expectation (its note says so already)."""
-    r = decode.ratio
-    if not fitted or r is None or abs(r - 1) <= SPEED_NOTE_AT:
-        return None
-    way = "slower" if r > 1 else "faster"
-    return (
-        f"the engine's decode step runs ×{r:.2f} its fit's, and latency and tok/s m/e "
-        f"carry that: a host {way} than at fit time, or a batch the fit did not time "
-        f"(refit: palette)"
-    )
+def as_run_of(m: SessionState, e: Expectation | None) -> tuple[Expectation | None, str | None]:
+    """(the run's expectation at the server's measured speed factors, or why there is none)."""
+    factors = speed_factors(m.stats.speed)
+    if factors is None or e is None:
+        return None, None
+    if m.pending:
+        return None, "pending knobs"
+    if e.fit.source != "fit" or e.fit.path is None:
+        return None, "the expectation is not on this host's fit"
+    if Path(m.stats.speed["fit"]) != e.fit.path:
+        return None, f"the server's fit is another one ({Path(m.stats.speed['fit']).name})"
+    got = m.expectation_or_error(m.run_knobs, speed=factors)
+    return (got, None) if isinstance(got, Expectation) else (None, got)
 
 
 def backend_label(stats: StatsSnapshot) -> str:
@@ -306,6 +316,7 @@ def backend_label(stats: StatsSnapshot) -> str:
 def redraw_keys(v: View) -> dict[str, tuple]:
     """Per panel (by CSS id), the view fields it draws from: a panel is redrawn only when its
     key changed (the App adds the sizes of the panels that draw to their size)."""
+    notes = (v.prediction_note, v.expected_note, v.speed_note, v.band_note, v.speed_line)
     return {
         "#status": (
             v.phase,
@@ -323,7 +334,7 @@ def redraw_keys(v: View) -> dict[str, tuple]:
             v.precision_applied,
         ),
         "#knobs": (v.applied, v.knobs, v.hardware, v.precision_applied, v.precision),
-        "#kpis": (v.kpis, v.pending, v.prediction_note, v.expected_note, v.speed_note, v.band_note),
+        "#kpis": (v.kpis, v.pending, *notes),
         "#memory": (v.mem_weights, v.mem_kv, v.mem_capacity, v.mem_max_slots, v.prediction),
         "#latency": (v.xs, v.ttft_p50, v.exp_ttft_ms, v.exp_tpot_ms),
         "#strips": (v.spark_tok_s, v.spark_queue, v.spark_occupancy, v.spark_kv),

@@ -93,4 +93,17 @@ def build_stats(sched: Scheduler, window_s: float = 5.0) -> dict:
         },
         **sched.metrics.window(window_s),
         "compile": {**sched.compile, "buckets": list(c.prefill_buckets)},
+        "speed": speed(sched),
+    }
+
+
+def speed(sched: Scheduler) -> dict:
+    """The engine's speed against its fit: per kind (decode, prefill) measured / predicted over
+    the last `window_calls` calls of it, with which fit, or why none (then no kinds)."""
+    model = sched.speed
+    return {
+        "fit": model.fit,
+        "reason": model.reason,
+        "window_calls": sched.metrics.speed.calls,
+        **(sched.metrics.speed.summary() if model.fit else {}),
     }

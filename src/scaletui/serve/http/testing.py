@@ -23,15 +23,20 @@ from scaletui.specs import load_model
 
 @contextlib.asynccontextmanager
 async def fake_server(
-    step_s: float = 0.002, warmup_s: float = 0.0, settings: ApiSettings | None = None, **config
+    step_s: float = 0.002,
+    warmup_s: float = 0.0,
+    settings: ApiSettings | None = None,
+    fit: str = "auto",
+    **config,
 ):
-    """(client, scheduler) for a FakeEngine server on tiny with the byte tokenizer."""
+    """(client, scheduler) for a FakeEngine server on tiny with the byte tokenizer; `fit`:
+    the engine fit its calls are priced by (`scaletui serve --fit`: auto, a path, none)."""
     config.setdefault("max_seq_len", 128)
     cfg = ServerShape(load_model("tiny"), **config)
     tok = load_tokenizer(None, cfg.model.vocab_size)
 
     factory = FakeEngineFactory(tok.vocab_size, (tok.eos_id,), step_s, step_s, warmup_s)
-    sched = Scheduler(cfg, factory)
+    sched = Scheduler(cfg, factory, fit=fit)
     app = create_app(sched, tok, settings or ApiSettings(log_interval_s=0))
     async with TestClient(TestServer(app)) as client:
         for _ in range(500):

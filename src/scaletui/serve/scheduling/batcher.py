@@ -21,6 +21,7 @@ from scaletui.serve.scheduling.book import RequestBook
 from scaletui.serve.scheduling.events import Request, resume_input
 from scaletui.serve.scheduling.metrics import ServerMetrics
 from scaletui.serve.scheduling.paging import PageTables
+from scaletui.serve.scheduling.speed import SpeedModel
 from scaletui.shape import ServerShape
 
 log = logging.getLogger("scaletui.serve")
@@ -76,9 +77,11 @@ class Batcher:
         pages: PageTables,
         metrics: ServerMetrics,
         on_plan: Callable[[policy.StepPlan], None] | None = None,
+        speed: SpeedModel | None = None,  # each call's predicted seconds by the fit, if any
     ) -> None:
         self.config, self.engine, self.book, self.pages = config, engine, book, pages
         self.metrics, self.on_plan = metrics, on_plan
+        self.speed = speed or SpeedModel()
         self.state = engine.init_decode_state()
         self.jobs: list[PrefillJob] = []  # FCFS, each in its slot, prefilling into its pages
         self.clock = GapClock(metrics)
@@ -146,6 +149,7 @@ class Batcher:
         the slot active (or given back, when that token ends it)."""
         req, slot = job.req, job.slot
         self.plan.chunks.append((req.id, n))
+        predicted = self.speed.piece_s(job.done, job.done + n)
         t0 = self.clock.start()
         try:
             self.state, prefix = self.engine.prefill_pages(
@@ -161,7 +165,7 @@ class Batcher:
             return
         now = self.clock.end()
         job.done += n
-        self.metrics.record_step("prefill", now - t0, n)
+        self.metrics.record_step("prefill", now - t0, n, predicted=predicted)
         if prefix is None:
             return
         if self.config.prefix_cache:  # its full prompt pages, for the next request to reuse
@@ -265,10 +269,16 @@ class Batcher:
         running = decoding()
         if not running:  # every sequence was preempted (a pool smaller than their steps)
             return
+        predicted = None
+        if self.speed.costs is not None:  # what the fit says this call takes
+            kv = book.kv_lengths
+            lengths = [kv[b] for b, r in enumerate(book.slots) if r and b not in prefilling]
+            predicted = self.speed.generate_s(steps, lengths)
         t0 = self.clock.start()
         self.state, out = self.engine.generate(self.state, steps, self.pages.table)
         now = self.clock.end()
-        self.metrics.record_step("generate", now - t0, int(out.valid.sum()), len(running), steps)
+        valid = int(out.valid.sum())
+        self.metrics.record_step("generate", now - t0, valid, len(running), steps, predicted)
         book.deliver(out, now)
         self.plan.steps = steps
         self.plan.finished += [r.id for r in running if r.finished]

@@ -15,6 +15,8 @@ from collections import deque
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from scaletui.serve.scheduling.speed import WINDOW_CALLS, SpeedWindow
+
 P = "scaletui:"
 _LATENCY = (
     0.001,
@@ -41,6 +43,7 @@ _LATENCY = (
 _STEP = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _COMPILE = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 PHASES = ("prefill", "generate", "transfer")  # engine calls
+STEP_KINDS = {"generate": "decode", "prefill": "prefill"}  # phase -> speed.KINDS
 GAP = "host_gap"  # the scheduler worker's host time between two engine calls while it has work
 
 
@@ -115,6 +118,28 @@ class ServerMetrics:
             buckets=_COMPILE,
             registry=r,
         )
+        # the server's speed against its fit (speed.py), per step kind: decode = generate
+        # calls, prefill = prefill calls; a scraper's delta ratio is the factor over its window
+        self.step_seconds = Counter(
+            P + "step_seconds",
+            "Engine call seconds by kind (decode: generate calls; prefill: prefill calls).",
+            ["kind"],
+            registry=r,
+        )
+        self.step_predicted = Counter(
+            P + "step_predicted_seconds",
+            "The engine fit's predicted seconds for the same calls (only with a fit).",
+            ["kind"],
+            registry=r,
+        )
+        self.speed_factor = Gauge(
+            P + "speed_factor",
+            f"step_seconds / step_predicted_seconds over the last {WINDOW_CALLS} calls of a kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.speed = SpeedWindow()
+        self._children: dict[tuple, Counter | Gauge] = {}  # (metric, kind) -> its child
         self._lock = threading.Lock()
         # (t, phase, seconds, tokens, active_slots, steps)
         self._steps: deque[tuple[float, str, float, int, int, int]] = deque(maxlen=ring)
@@ -123,10 +148,25 @@ class ServerMetrics:
         return Histogram(P + name, doc, buckets=_LATENCY, registry=self.registry)
 
     def record_step(
-        self, phase: str, seconds: float, tokens: int, active: int = 0, steps: int = 1
+        self,
+        phase: str,
+        seconds: float,
+        tokens: int,
+        active: int = 0,
+        steps: int = 1,
+        predicted: float | None = None,
     ) -> None:
-        """One engine call: prefill (tokens = prompt tokens), generate or transfer."""
+        """One engine call: prefill (tokens = prompt tokens), generate or transfer; with
+        `predicted`, the fit's seconds for the same call (speed.SpeedModel)."""
         self.step.labels(phase=phase).observe(seconds)
+        kind = STEP_KINDS.get(phase)
+        if kind is not None:
+            self._child(self.step_seconds, kind).inc(seconds)
+            if predicted is not None:
+                self._child(self.step_predicted, kind).inc(predicted)
+                factor = self.speed.add(kind, seconds, predicted)
+                if factor == factor:  # not nan (a prediction of 0 s)
+                    self._child(self.speed_factor, kind).set(factor)
         if phase == "prefill":
             self.prompt_tokens.inc(tokens)
         elif phase == "transfer":
@@ -136,6 +176,22 @@ class ServerMetrics:
             self.generation_tokens.inc(tokens)
         with self._lock:
             self._steps.append((time.perf_counter(), phase, seconds, tokens, active, steps))
+
+    def _child(self, metric: Counter | Gauge, kind: str) -> Counter | Gauge:
+        """`metric.labels(kind=kind)`, kept: the look-up costs more than the increment. A
+        child is made on first use, so with no fit no predicted sample is exported."""
+        key = (metric, kind)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(kind=kind)
+        return child
+
+    def reset_speed(self) -> None:
+        """Another fit prices the calls from now on: the factor's window starts afresh (the
+        counters, monotonic, go on: a scraper's window spanning the change mixes both fits)."""
+        self.speed.reset()
+        self.speed_factor.clear()
+        self._children = {k: c for k, c in self._children.items() if k[0] is not self.speed_factor}
 
     def record_gap(self, seconds: float) -> None:
         """The scheduler worker's host time from one engine call's end to the next one's start

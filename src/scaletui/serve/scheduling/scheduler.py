@@ -46,6 +46,7 @@ from scaletui.serve.scheduling.book import RequestBook
 from scaletui.serve.scheduling.events import Busy, Request, TooLong, Unavailable, resume_input
 from scaletui.serve.scheduling.metrics import ServerMetrics
 from scaletui.serve.scheduling.paging import PageTables
+from scaletui.serve.scheduling.speed import SpeedModel, speed_model
 from scaletui.shape import ServerShape
 
 log = logging.getLogger("scaletui.serve")
@@ -60,8 +61,10 @@ class Scheduler:
         factory: EngineFactory,
         metrics: ServerMetrics | None = None,
         on_plan: Callable[[StepPlan], None] | None = None,  # each pass's decisions (tests)
+        fit: str = "auto",  # the engine fit its calls are priced by: auto | none | a YAML path
     ) -> None:
-        self.config, self.on_plan = config, on_plan
+        self.config, self.on_plan, self.fit = config, on_plan, fit
+        self.speed = SpeedModel(reason="the engines are not built yet")
         self.factory = factory
         self.metrics = metrics or ServerMetrics()
         self.book = RequestBook(self.metrics)
@@ -118,9 +121,19 @@ class Scheduler:
         }
         log.info("compiled %d shapes and ran each once in %.1f s", total, seconds)
         self.engines, self.config = (prefill, generate), config
+        self._price(config, generate.describe().kernels)
         self.pages = PageTables(generate)
         self.book.reset(generate.slots, generate.eos_ids)
         self.metrics.slots_total.set(generate.slots)
+
+    def _price(self, config: ServerShape, kernels: str) -> None:
+        """The fit that prices this shape's calls (speed.py), or why none; a new fit starts
+        the speed factor's window afresh."""
+        speed = speed_model(config, self.fit, kernels)
+        if speed.fit != self.speed.fit:
+            self.metrics.reset_speed()
+        self.speed = speed
+        log.info("engine calls priced by %s", speed.fit or f"no fit: {speed.reason}")
 
     def _progress(self, before: int, t0: float) -> Callable[[int, int], None]:
         """An engine's warmup callback: shapes done so far in /stats, a log line every ~2 s."""
@@ -209,6 +222,7 @@ class Scheduler:
         if not req.preempted:
             self.metrics.queue.observe(req.t_scheduled - req.t_arrival)
         tokens, params = resume_input(req)
+        predicted = self.speed.prefill_s(len(tokens))
         try:
             prefix = engine.prefill(tokens, params)
         except ValueError as e:  # this request's input, not the device: fail it alone
@@ -216,7 +230,7 @@ class Scheduler:
             self.book.rejected(req, e)
             return None
         now = time.perf_counter()
-        self.metrics.record_step("prefill", now - req.t_scheduled, len(tokens))
+        self.metrics.record_step("prefill", now - req.t_scheduled, len(tokens), predicted=predicted)
         self.metrics.generation_tokens.inc()
         self.metrics.prefill.observe(now - req.t_scheduled)
         return self.book.prefilled(req, prefix, now)
@@ -232,7 +246,8 @@ class Scheduler:
 
     def _batcher(self) -> Batcher:
         engine = self.engines[1]
-        return Batcher(self.config, engine, self.book, self.pages, self.metrics, self.on_plan)
+        c, m = self.config, self.metrics
+        return Batcher(c, engine, self.book, self.pages, m, self.on_plan, self.speed)
 
     def _prefill_loop(self) -> None:
         prefill_engine, generate_engine = self.engines

@@ -32,6 +32,9 @@ Every number comes in three levels, **floor | exp | meas**, then **m/e** = measu
   the KPIs says when the server's own decode step runs more than 15 % off its fit: the host's
   speed moved since the fit (shared hosts drift 10-20 % in minutes) or the slots are a batch
   the fit did not time, and every m/e carries that, not the scheduling.
+- **run**: when the server prices its calls by this host's fit, a green line gives its speed
+  factor (its calls' time ÷ the fit's, per kind) and the `run` column is exp simulated again
+  at that speed ("as run"): meas near run means the host was slow, not the model wrong.
 `*` after floor / exp means both are for **pending** knobs not yet applied (`a` applies them).
 
 ## Glossary
