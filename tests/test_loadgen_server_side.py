@@ -11,7 +11,7 @@ import orjson
 import pytest
 from mock_openai import MockConfig, MockServer
 
-from scaletui.loadgen import cli, overhead
+from scaletui.loadgen import cli, output, overhead
 from scaletui.loadgen.cli import main
 from scaletui.loadgen.server_metrics import deltas, histogram_quantile, parse
 
@@ -131,6 +131,28 @@ def test_our_names_and_a_server_with_none_of_them():
     m = deltas(parse(OURS % (0, 0, 0)), parse(OURS % (30, 120, 3)), [])
     assert m["flavour"] == "scaletui" and m["prefix_cache_hit_rate"] == 0.25
     assert deltas(parse("x_total 1\n"), parse("x_total 2\n"), []) is None
+
+
+def speed_text(decode: float, predicted: float, prefill: float = 0.0) -> str:
+    """Our step counters by kind; the prefill calls have no prediction (no fit for them)."""
+    return f"""# TYPE scaletui:step_seconds_total counter
+scaletui:step_seconds_total{{kind="decode"}} {decode}
+scaletui:step_seconds_total{{kind="prefill"}} {prefill}
+# TYPE scaletui:step_predicted_seconds_total counter
+scaletui:step_predicted_seconds_total{{kind="decode"}} {predicted}
+# TYPE scaletui:num_requests_waiting gauge
+scaletui:num_requests_waiting 0
+"""
+
+
+def test_our_speed_factor_is_the_stages_ratio_of_step_seconds_to_predicted():
+    """Decode: 3 s spent where the fit said 2.4 s over the stage -> 1.25; before the stage the
+    counters had run up 10 s and 20 s (a fast earlier stage), which must not count."""
+    m = deltas(parse(speed_text(10.0, 20.0, 1.0)), parse(speed_text(13.0, 22.4, 2.0)), [])
+    assert m["speed_factor"] == {"decode": pytest.approx(1.25)}
+    line = next(x for x in output._server_side({"server_metrics": m}) if "its fit" in x)
+    assert line.startswith("Step time over its fit (decode):") and line.endswith("1.25")
+    assert "speed_factor" not in deltas(parse(OURS % (0, 0, 0)), parse(OURS % (1, 2, 0)), [])
 
 
 def test_a_stage_carries_the_servers_deltas_beside_the_clients(tmp_path, capsys):

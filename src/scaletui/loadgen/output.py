@@ -179,6 +179,9 @@ def _server_side(s: dict) -> list[str]:
         ):
             if m.get(key) is not None:
                 out.append(f"{label:<44}{_fmt(float(m[key]), digits):>16}")
+        for kind, factor in (m.get("speed_factor") or {}).items():
+            label = f"Step time over its fit ({kind}):"
+            out.append(f"{label:<44}{_fmt(factor, 2):>16}")
         out.append(f"{'(ms)':<12}{'server p50':>12}{'client p50':>12}{'server p99':>12}"
                    f"{'client p99':>12}")  # fmt: skip
         rows = (("TTFT", "ttft"), ("ITL", "itl"), ("E2EL", "e2el"), ("Queue", "queue_time"))

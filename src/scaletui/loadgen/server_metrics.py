@@ -124,6 +124,13 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ),
     ),
 }
+# ours alone: each engine call's seconds and the seconds the server's fit predicted for it, by
+# `kind` (decode, prefill); a stage's ratio of their deltas is the server's speed against its
+# fit over the stage (docs/serve.md, "The speed factor"), `speed_factor` in the result
+BY_KIND = {
+    "step_seconds": "scaletui:step_seconds",
+    "step_predicted_seconds": "scaletui:step_predicted_seconds",
+}
 QUANTILES = (0.5, 0.9, 0.99)
 FLAVOURS = {"scaletui:": "scaletui", "vllm:": "vllm", "sglang:": "sglang", "tgi_": "tgi"}
 
@@ -164,6 +171,12 @@ def parse(text: str) -> Snapshot:
         values = [s.value for s in fam.samples if s.name in keep]
         if values:
             snap.values[canon] = sum(values) / (len(values) if how == "mean" else 1)
+    for canon, name in BY_KIND.items():
+        fam = families.get(name)
+        for sample in fam.samples if fam else ():
+            if sample.name == name + "_total" and "kind" in sample.labels:
+                key = f"{canon}.{sample.labels['kind']}"
+                snap.values[key] = snap.values.get(key, 0.0) + sample.value
     return snap
 
 
@@ -219,6 +232,17 @@ def deltas(before: Snapshot, after: Snapshot, during: list[Snapshot]) -> dict | 
     elif "prefix_cache_hit_rate" in after.values:  # the server's own rate, at the end
         out["prefix_cache_hit_rate"] = after.values["prefix_cache_hit_rate"]
     out.pop("prefix_cache_hit_rate_peak", None)
+    factors = {}
+    for key, predicted in after.values.items():
+        if key.startswith("step_predicted_seconds."):
+            kind = key.split(".", 1)[1]
+            spent = after.values.get(f"step_seconds.{kind}", 0.0)
+            spent -= before.values.get(f"step_seconds.{kind}", 0.0)
+            predicted -= before.values.get(key, 0.0)
+            if predicted > 0:
+                factors[kind] = spent / predicted
+    if factors:
+        out["speed_factor"] = factors
     return out
 
 
