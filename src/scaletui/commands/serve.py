@@ -29,6 +29,7 @@ from scaletui.serve.engine.engine_api import LOGPROBS_MODES, PROCESSED, EngineFa
 from scaletui.serve.http.api import SCHEDULER, WATCHDOG, ApiSettings, create_app
 from scaletui.serve.http.connections import quiet_accept_errors, raise_fd_limit, start_site
 from scaletui.serve.http.tokenizer import Tokenizer, load_tokenizer
+from scaletui.serve.multihost import launch as multihost
 from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.serve.scheduling.speed import find_speed_model
 from scaletui.shape import ConfigError, ServerShape
@@ -92,6 +93,7 @@ def parser() -> argparse.ArgumentParser:
     a("--host-devices", type=int, help="JAX CPU: number of virtual host devices (XLA flag)")
     a("--fake", action="store_true", help="serve the hand-computable FakeEngine (tests, demos)")
     a("--fake-step-ms", type=float, default=2.0, help="--fake: milliseconds per decode step")
+    multihost.add_flags(p)
     return p
 
 
@@ -262,6 +264,9 @@ def main(argv: list[str]) -> int:
         xla_env.set_host_devices(args.host_devices)
         warn_oversubscribed(args.host_devices)
     try:
+        cluster = multihost.Cluster.from_args(args)
+        if cluster:
+            multihost.initialize(cluster)  # before anything else uses JAX
         model = load_model(args.model)
         checkpoint_defaults(args, model)
         config = ServerShape.from_args(args, model=model, dtype=args.dtype or default_dtype(args))
@@ -273,6 +278,8 @@ def main(argv: list[str]) -> int:
         factory.check(config)  # the plan on these devices and its memory, before binding
         if args.fit not in ("auto", "none"):
             find_speed_model(config, args.fit)  # a --fit FILE that is not this shape's fit
+        if cluster:
+            multihost.check_spans(config)
     except ConfigError as e:
         return _error(e.flag_line())
     except (SpecError, ValueError, ImportError) as e:
@@ -280,6 +287,8 @@ def main(argv: list[str]) -> int:
     for name in ("header_timeout", "body_timeout", "keepalive_timeout"):
         if not vars(args)[name] > 0:
             return _error(f"--{name.replace('_', '-')} must be > 0, got {vars(args)[name]}")
+    if cluster and not cluster.leader:  # no HTTP: it runs the passes process 0 sends
+        return multihost.follow(cluster, config, factory)
     try:
         sock = _listen(args.host, args.port)
     except OSError as e:  # the port is taken, or the address is not this host's
@@ -297,7 +306,10 @@ def main(argv: list[str]) -> int:
         keepalive_timeout_s=args.keepalive_timeout,
         served_model_name=args.served_model_name or served_default(args.model, model),
     )
-    sched = Scheduler(config, factory, fit=args.fit)
+    if cluster:
+        sched = multihost.lockstep(cluster, config, factory, fit=args.fit)
+    else:
+        sched = Scheduler(config, factory, fit=args.fit)
     app = create_app(sched, tok, settings)
     banner = (
         f"model {model.name}{' (fake engine)' if args.fake else ''}, slots {config.slots}, "

@@ -55,6 +55,7 @@ HTTP_ERRORS: dict[ErrorKind, tuple[int, str, str, str]] = {
     ErrorKind.BUSY: (409, "invalid_request_error", "conflict", "{}"),
     ErrorKind.ABORTED: (503, "server_error", "aborted", "{}"),
     ErrorKind.FAILED: (500, "server_error", "aborted", "{}"),
+    ErrorKind.PROCESS_LOST: (503, "server_error", "process_lost", "{}"),
 }
 
 

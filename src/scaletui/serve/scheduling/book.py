@@ -45,20 +45,36 @@ class RequestBook:
 
     def admit(self, req: Request, max_waiting: int, max_waiting_tokens: int) -> None:
         """Queue `req`, or raise Overloaded. Callers hold `cv` (with their state check)."""
+        self.room(req, max_waiting, max_waiting_tokens)
+        self.enqueue(req)
+
+    def room(
+        self,
+        req: Request,
+        max_waiting: int,
+        max_waiting_tokens: int,
+        ahead: int = 0,
+        ahead_tokens: int = 0,
+    ) -> None:
+        """Overloaded unless the waiting queue, with `ahead` requests of `ahead_tokens` prompt
+        tokens admitted but not yet queued, has room for `req`. Callers hold `cv`."""
         # The token bound applies to a non-empty queue only: a single prompt longer than
         # max_waiting_tokens would otherwise get 429 (retry later) forever.
-        if len(self.waiting) >= max_waiting or (
-            self.waiting and self.waiting_tokens + len(req.prompt) > max_waiting_tokens
-        ):
+        n, tokens = len(self.waiting) + ahead, self.waiting_tokens + ahead_tokens
+        if n >= max_waiting or (n and tokens + len(req.prompt) > max_waiting_tokens):
             self.metrics.rejected.inc()
             raise Overloaded(
-                f"{len(self.waiting)} requests / {self.waiting_tokens} prompt tokens waiting "
+                f"{n} requests / {tokens} prompt tokens waiting "
                 f"(limits {max_waiting} / {max_waiting_tokens})"
             )
-        self.waiting.append(req)
-        self.waiting_tokens += len(req.prompt)
-        self.inflight.add(req)
-        self.cv.notify_all()
+
+    def enqueue(self, req: Request) -> None:
+        """`req` joins the waiting queue (admitted: `room` said yes)."""
+        with self.cv:
+            self.waiting.append(req)
+            self.waiting_tokens += len(req.prompt)
+            self.inflight.add(req)
+            self.cv.notify_all()
 
     def cancel(self, req: Request, reason: str) -> None:
         with self.cv:
@@ -244,7 +260,7 @@ class RequestBook:
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening
             req.loop.call_soon_threadsafe(req.events.put_nowait, event)
 
-    def fail_all(self, message: str) -> None:
+    def fail_all(self, message: str, kind: ErrorKind = ErrorKind.FAILED) -> None:
         with self.cv:
             pending = list(self.inflight)
             self.waiting.clear()
@@ -256,7 +272,7 @@ class RequestBook:
                 if not req.finished:
                     req.finished = True
                     self.metrics.aborted.inc()
-                    self.post(req, Failed(ErrorKind.FAILED, message))
+                    self.post(req, Failed(kind, message))
             self.inflight.clear()
             self.cv.notify_all()
 

@@ -29,6 +29,7 @@ class ErrorKind(Enum):
     BUSY = "busy"  # a reconfiguration is already running (409)
     ABORTED = "aborted"  # aborted by a reconfiguration's drain timeout (503)
     FAILED = "failed"  # a worker died or the server shuts down (500)
+    PROCESS_LOST = "process_lost"  # multi-host: another process died or hung (503)
 
 
 @dataclass(frozen=True)

@@ -198,17 +198,21 @@ class Scheduler:
     def submit(self, req: Request) -> None:
         """Queue a request; Unavailable when not serving, Overloaded past the queue bounds."""
         with self.book.cv:
-            if self.state != "serving":
-                raise Unavailable(self.error if self.state == "failed" else self.state)
-            need = min(len(req.prompt) + req.params.max_tokens, self.config.max_seq_len)
-            pool = self.pages.whole_pool_tokens() if self.pages else need
-            if need > pool:
-                raise TooLong(
-                    f"the request needs {need} tokens of KV (prompt {len(req.prompt)} + "
-                    f"max_tokens {req.params.max_tokens}), but the whole KV pool holds {pool} "
-                    "tokens; send fewer tokens or start the server with more --kv-pages"
-                )
+            self.check_admissible(req)
             self.book.admit(req, self.config.max_waiting, self.config.max_waiting_tokens)
+
+    def check_admissible(self, req: Request) -> None:
+        """Unavailable when not serving, TooLong past the KV pool. Callers hold `book.cv`."""
+        if self.state != "serving":
+            raise Unavailable(self.error if self.state == "failed" else self.state)
+        need = min(len(req.prompt) + req.params.max_tokens, self.config.max_seq_len)
+        pool = self.pages.whole_pool_tokens() if self.pages else need
+        if need > pool:
+            raise TooLong(
+                f"the request needs {need} tokens of KV (prompt {len(req.prompt)} + "
+                f"max_tokens {req.params.max_tokens}), but the whole KV pool holds {pool} "
+                "tokens; send fewer tokens or start the server with more --kv-pages"
+            )
 
     def cancel(self, req: Request, reason: str = "abort") -> None:
         """Client gone ("abort") or stop string seen ("stop"); the slot frees by the next step."""

@@ -125,6 +125,8 @@ def unusable(config: ServerShape, devices: list, *, dp: int, tp: int) -> str | N
     m = config.model
     if any(d.platform != "cpu" for d in devices):
         return "they are CPU kernels and the devices are " + devices[0].platform
+    if len({d.process_index for d in devices}) > 1:
+        return "they run on one process's device and this mesh spans processes (jax.distributed)"
     if tp * dp != 1:
         return f"they run unsharded (tp=1, dp=1), got tp={tp} dp={dp}"
     if m.head_dim % 16 or m.head_dim > 256:

@@ -1,0 +1,251 @@
+"""The scheduler of a multi-process server: every process runs the same passes on the same inputs.
+
+Multi-controller SPMD, as sglang-jax and tpu-inference run it: each process holds its own
+`Scheduler` (the same request book, pages and policy) and calls the same compiled engine
+programs in the same order, which XLA's collectives (gloo on CPU) join into one computation over
+the global mesh. What could make the processes' decisions differ is kept off them:
+
+1. Process 0 takes requests and cancels from its HTTP API into an inbox instead of the book;
+   nothing else touches the book between two passes.
+2. Before each pass, process 0 packs the inbox (wire.py) with a run or stop word into one
+   fixed-size array and sends it to every process (link.py); every process, process 0
+   included, unpacks that same array and applies it: arrivals join the waiting queue, cancels
+   mark their requests. No process reads its own clock to decide anything.
+3. Every process runs `Batcher.interleaved_pass`; the engine's sampled tokens are replicated,
+   so every book ends the pass identical. Only process 0's requests have a client listening.
+4. A watchdog thread turns a lost process (its connection closed) or a pass that does not end
+   within --step-timeout into `fatal`: in-flight requests fail with a 503 naming the process,
+   /health fails, and the process exits non-zero (process 0 after a short grace, so the 503s
+   and /health are seen; its exit closes the others' connections, and they exit too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+from scaletui.serve.engine.engine_api import EngineFactory
+from scaletui.serve.multihost import wire
+from scaletui.serve.multihost.cluster import Cluster
+from scaletui.serve.multihost.link import FollowerLink, LeaderLink
+from scaletui.serve.scheduling.book import RequestBook
+from scaletui.serve.scheduling.events import ErrorKind, Request
+from scaletui.serve.scheduling.metrics import ServerMetrics
+from scaletui.serve.scheduling.scheduler import Scheduler
+from scaletui.shape import ServerShape
+
+log = logging.getLogger("scaletui.serve")
+
+IDLE_S = 0.25  # process 0 sends an empty pass at least this often: the others' heartbeat
+GRACE_S = 3.0  # process 0 answers 503 and a failed /health this long before it exits
+FOLLOWER_SLACK_S = 5.0  # followers wait this much longer: process 0 names the culprit first
+
+
+def _exit(code: int) -> None:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # a thread may sit in a collective that will never return: no clean exit
+
+
+class _Book(RequestBook):
+    """The request book, where an engine error is fatal when a process is lost: across
+    processes a collective that failed (gloo's read error) can reach the batcher as the
+    ValueError of a request the engine refused, and that request must not get a 400 alone."""
+
+    def __init__(self, metrics: ServerMetrics, link: LeaderLink | FollowerLink) -> None:
+        super().__init__(metrics)
+        self.link = link
+
+    def rejected(self, req: Request, why: Exception) -> None:
+        deadline = time.monotonic() + 0.5  # the connection's reader sees a loss at once
+        while not self.link.lost and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self.link.lost:
+            raise RuntimeError(f"an engine call failed: {why}") from why
+        super().rejected(req, why)
+
+
+class LockstepScheduler(Scheduler):
+    """A `Scheduler` whose inputs reach every process by one broadcast per pass."""
+
+    def __init__(
+        self,
+        config: ServerShape,
+        factory: EngineFactory,
+        cluster: Cluster,
+        link: LeaderLink | FollowerLink,
+        barrier: Callable[[], None],
+        exit_process: Callable[[int], None] = _exit,
+        fit: str = "auto",  # Scheduler's: the engine fit its calls are priced by
+    ) -> None:
+        if config.mode != "interleaved":
+            raise ValueError("a multi-process server runs --mode interleaved only")
+        super().__init__(config, factory, fit=fit)
+        self.cluster, self.link, self.barrier = cluster, link, barrier
+        self.exit_process = exit_process
+        self.wire = wire.WireShape.for_server(config.max_seq_len)
+        self.loop: asyncio.AbstractEventLoop | None = None  # followers' requests post here
+        self._inbox: list[wire.Event] = []  # process 0: not yet sent (guarded by book.cv)
+        self._arrivals: dict[int, Request] = {}  # process 0: its requests in the inbox
+        self._known: weakref.WeakValueDictionary[int, Request] = weakref.WeakValueDictionary()
+        self.number = 0  # the pass being run
+        self._moved = time.monotonic()  # the last pass start or end
+        self._armed = False  # passes are running: the step timeout applies
+        self._dead = threading.Event()
+        self.book = _Book(self.metrics, link)
+        link.on_lost = self.fatal
+        timeout = cluster.step_timeout_s + (0 if cluster.leader else FOLLOWER_SLACK_S)
+        self._timeout_s = timeout
+        threading.Thread(target=self._watch, name="scaletui-watchdog", daemon=True).start()
+
+    # -- process 0's API ------------------------------------------------------------------------
+
+    def submit(self, req: Request) -> None:
+        """Into the inbox, after the same checks and queue bounds as one process's `submit`."""
+        with self.book.cv:
+            self.check_admissible(req)
+            ahead = self._arrivals.values()
+            tokens = sum(len(r.prompt) for r in ahead)
+            c = self.config
+            self.book.room(req, c.max_waiting, c.max_waiting_tokens, len(ahead), tokens)
+            self._arrivals[req.id] = req
+            self._inbox.append(wire.Arrival(req.id, tuple(req.prompt), req.params))
+            self.book.cv.notify_all()
+
+    def cancel(self, req: Request, reason: str = "abort") -> None:
+        """Into the inbox: the cancel takes effect at the next pass, on every process."""
+        with self.book.cv:
+            if not req.finished:
+                self._inbox.append(wire.Cancel(req.id, reason))
+                self.book.cv.notify_all()
+
+    def reconfigure(self, changes: dict, drain_timeout_s: float = 60.0) -> dict:
+        raise ValueError(
+            "live reconfiguration is not implemented across processes yet; restart every "
+            "process with the new flags"
+        )
+
+    # -- the pass loop (every process) -------------------------------------------------------
+
+    def _interleaved_loop(self) -> None:
+        batcher, never = self._batcher(), threading.Event()  # only the stop word stops a pass
+        self.barrier()  # every process compiled: from here a slow pass means a stuck one
+        self._mark(armed=True)
+        try:
+            while True:
+                got = self._exchange()
+                if got is None:  # process 0 lost: the watchdog is ending this process
+                    return
+                self._mark()
+                if got.number != self.number % 2**31:
+                    raise RuntimeError(f"pass {got.number} arrived, {self.number} expected")
+                self._apply(got)
+                if got.word == wire.STOP:
+                    return
+                busy = batcher.interleaved_pass(never)
+                self._mark()
+                if isinstance(self.link, FollowerLink):
+                    self.link.finished(got.number)
+                self.number += 1
+                if not busy:
+                    batcher.clock.idle()
+                    self._idle()
+        finally:
+            self._armed = False
+
+    def _exchange(self) -> wire.PassInput | None:
+        """The next pass's inputs: packed and sent (process 0) or received (the others)."""
+        if isinstance(self.link, LeaderLink):
+            with self.book.cv:
+                word = wire.STOP if self._stop.is_set() else wire.RUN
+                array, taken = wire.pack(self.wire, word, self.number, self._inbox)
+                del self._inbox[:taken]
+            self.link.send(array)
+        else:
+            while (array := self.link.recv(IDLE_S)) is None:
+                if self._dead.is_set() or self.link.lost:
+                    return None
+        return wire.unpack(self.wire, array)
+
+    def _apply(self, got: wire.PassInput) -> None:
+        """The pass's arrivals join the waiting queue and its cancels mark their requests, in
+        the order process 0 received them; process 0 and the others run this same code."""
+        for e in got.events:
+            if isinstance(e, wire.Arrival):
+                with self.book.cv:
+                    req = self._arrivals.pop(e.id, None)
+                if req is None:  # a follower: the same request, nobody listening
+                    req = Request(list(e.prompt), e.params, self.loop, id=e.id)
+                req.params = e.params  # as sent (the seed mod 2^31, f32 floats): identical
+                self._known[e.id] = req
+                self.book.enqueue(req)
+            elif (req := self._known.get(e.id)) is not None:  # gone: it had finished
+                self.book.cancel(req, e.reason)
+
+    def _idle(self) -> None:
+        """Process 0 with nothing to do waits for a request (at most IDLE_S: the others'
+        heartbeat); the others wait in `_exchange`."""
+        if isinstance(self.link, LeaderLink):
+            with self.book.cv:
+                if not (self._inbox or self.book.waiting or self._stop.is_set()):
+                    self.book.cv.wait(IDLE_S)
+
+    def _mark(self, armed: bool | None = None) -> None:
+        self._moved = time.monotonic()
+        if armed is not None:
+            self._armed = armed
+
+    # -- failure -------------------------------------------------------------------------------
+
+    def _guard(self, loop: Callable[[], None]) -> None:
+        try:
+            loop()
+        except BaseException as e:
+            log.exception("scheduler worker died")
+            deadline = time.monotonic() + 1.0  # a lost peer is the likelier cause: let it show
+            while not self.link.lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.fatal(self.link.lost or f"process {self.cluster.process_id}'s worker died: {e}")
+
+    def _watch(self) -> None:
+        while not self._dead.wait(0.25):
+            if self._armed and time.monotonic() - self._moved > self._timeout_s:
+                self.fatal(self._stuck())
+
+    def _stuck(self) -> str:
+        n, me = self.number, self.cluster.process_id
+        waited = f"pass {n} has not finished within {self._timeout_s:g} s (--step-timeout)"
+        if isinstance(self.link, LeaderLink):
+            behind = sorted(p for p, k in self.link.finished.items() if k < n - 1)
+            if behind:
+                return f"{waited}: process {', '.join(map(str, behind))} hung before it"
+            return f"{waited}: a process hung in it"
+        return f"process {me}: {waited}; process 0 or another process hung"
+
+    def fatal(self, why: str) -> None:
+        """Fail every request with a 503 naming the lost process, fail /health, exit non-zero
+        (process 0 after GRACE_S; it closes the others' connections, so they exit at once)."""
+        with self.book.cv:
+            if self._dead.is_set():
+                return
+            self._dead.set()
+        log.error("multihost: %s; exiting", why)
+        self.state, self.error = "failed", why
+        self._stop.set()
+        self.book.fail_all(why, ErrorKind.PROCESS_LOST)
+        if isinstance(self.link, LeaderLink):
+            self.link.close()
+            threading.Timer(GRACE_S, self.exit_process, (1,)).start()
+        else:
+            self.exit_process(1)
+
+    def running(self) -> bool:
+        """Whether the pass loop still runs (a follower's main thread waits on it)."""
+        return any(t.is_alive() for t in self._threads) and not self._dead.is_set()

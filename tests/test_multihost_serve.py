@@ -1,0 +1,158 @@
+"""`scaletui serve` on 2 processes x 1 CPU device (jax.distributed, gloo): process 0 answers
+with the tokens of a one-process server of the same shape on 2 devices, and a lost process
+fails the requests in flight with a 503 naming it, fails /health, and process 0 exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from scaletui import xla_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multihost")]
+
+SHAPE = ["--model", "tiny", "--dtype", "f32", "--max-seq-len", "32", "--slots", "4", "--tp", "2"]
+BODIES = [  # greedy and seeded sampling, sent together
+    {"prompt": "the quick brown fox", "max_tokens": 10, "temperature": 0},
+    {"prompt": [5, 9, 200, 17, 3], "max_tokens": 12, "temperature": 0, "ignore_eos": True},
+    {"prompt": "jumps over", "max_tokens": 10, "temperature": 0.9, "top_p": 0.8, "seed": 5},
+    {"prompt": "the lazy dog", "max_tokens": 8, "temperature": 1.2, "top_k": 20, "seed": 11},
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(devices: int, *flags: str) -> subprocess.Popen:
+    argv = ["scaletui", "serve", "--log-interval", "0", "--host-devices", str(devices), *flags]
+    code = f"import sys; sys.argv = {argv!r}; from scaletui.cli import main; sys.exit(main())"
+    env = {**xla_env.child_env(devices), "JAX_PLATFORMS": "cpu"}
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+def _line(proc: subprocess.Popen, pattern: str) -> str:
+    """The first stdout line matching `pattern` (gloo prints its own lines there too)."""
+    seen = []
+    for line in proc.stdout:
+        if found := re.search(pattern, line):
+            return found.group(0)
+        seen.append(line)
+    raise AssertionError((seen, proc.wait(), proc.stderr.read()))
+
+
+def _url(proc: subprocess.Popen) -> str:
+    return _line(proc, r"http://[\d.]+:\d+")
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _healthy(url: str, procs: list[subprocess.Popen], timeout: float = 240) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert all(p.poll() is None for p in procs), [p.stderr.read() for p in procs]
+        try:
+            if _get(url + "/health")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} not healthy after {timeout} s")
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    data = json.dumps({"model": "tiny", **body}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _together(url: str, bodies: list[dict]) -> list[tuple[int, dict]]:
+    out: list = [None] * len(bodies)
+
+    def one(i: int) -> None:
+        out[i] = _post(url, bodies[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def _answers(results: list[tuple[int, dict]]) -> list[tuple]:
+    assert all(status == 200 for status, _ in results), results
+    return [
+        (b["choices"][0]["text"], b["choices"][0]["finish_reason"], b["usage"]) for _, b in results
+    ]
+
+
+def test_two_processes_serve_the_one_process_tokens_and_fail_loudly() -> None:
+    coordinator = f"127.0.0.1:{_free_port()}"
+    cluster = ["--coordinator", coordinator, "--num-processes", "2"]
+    leader = _serve(1, *SHAPE, *cluster, "--process-id", "0", "--port", "0")
+    follower = _serve(1, *SHAPE, *cluster, "--process-id", "1")
+    single = _serve(2, *SHAPE, "--port", "0")
+    procs = [leader, follower, single]
+    try:
+        url, ref = _url(leader), _url(single)
+        _line(follower, "process 1 of 2 follows process 0")
+        _healthy(url, procs)
+        _healthy(ref, procs)
+        stats = _get(url + "/stats")[1]
+        assert stats["config"]["kernels_running"] == "xla"  # native kernels: one device only
+        got = _answers(_together(url, BODIES))
+        assert got == _answers(_together(ref, BODIES))
+        assert got[1][2]["completion_tokens"] == 12
+
+        # a hung follower holds the leader's next pass in flight; then it dies
+        follower.send_signal(signal.SIGSTOP)
+        pending: list = []
+        hung = threading.Thread(target=lambda: pending.append(_post(url, BODIES[1])))
+        hung.start()
+        time.sleep(1.0)
+        assert not pending  # in flight: the pass waits on process 1
+        follower.kill()
+        killed = time.monotonic()
+        hung.join(timeout=20)
+        status, body = pending[0]
+        assert status == 503 and "process 1" in body["error"]["message"], body
+        health, why = _get(url + "/health")
+        assert health != 200 and "process 1" in why["error"], why
+        status, body = _post(url, BODIES[0])  # a new request: refused, naming process 1 too
+        assert status == 503 and "process 1" in body["error"]["message"], body
+        leader.wait(timeout=30)
+        assert leader.returncode not in (0, None)
+        assert time.monotonic() - killed < 30
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
