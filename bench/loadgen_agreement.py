@@ -27,6 +27,9 @@ Clients' own result files, by the fields their docs define:
     python bench/loadgen_agreement.py                      # starts the server, all three clients
     python bench/loadgen_agreement.py --keep DIR           # and keep every file it compared
     python bench/loadgen_agreement.py --report DIR         # the table again from a kept DIR
+
+Exit status: 0 every client agreed, 1 one did not (or could not run: its row says why), 2 an
+error (the server did not start, a file that is not what it should be).
 """
 
 from __future__ import annotations
@@ -259,7 +262,11 @@ def run(args: argparse.Namespace, work: Path) -> list[dict]:
             warm = argparse.Namespace(**{**vars(args), "num_requests": args.warmup,
                                          "loadgen_args": []})  # fmt: skip
             cmd = client_cmd("loadgen", warm, url, work / "warmup.json")
-            subprocess.run(cmd, check=True, capture_output=True)
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode:
+                tail = done.stderr[-LOG_TAIL:]
+                raise ag.AgreementError(f"the warm-up ({shlex.join(cmd)}) exited with status "
+                                        f"{done.returncode}:\n{tail}")  # fmt: skip
         return [run_client(c, args, url, work, pid) for c in args.clients]
 
 

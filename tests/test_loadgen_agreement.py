@@ -144,3 +144,23 @@ def test_a_result_without_a_field_names_the_file_and_the_field(ag, bench, tmp_pa
         ag.read_aiperf(tmp_path)
     with pytest.raises(ag.AgreementError, match="none of"):
         bench.report(tmp_path / "empty")
+
+
+def test_every_client_is_given_the_same_workload(bench, tmp_path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    argv = ["--concurrency", "3", "--num-requests", "7", "--input-len", "64", "--output-len", "5"]
+    args = bench.parse([*argv, "--tokenizer", str(tok), "--peers", str(tmp_path)])
+    url, out = "http://h:1", tmp_path / "o"
+    cmds = {c: " ".join(bench.client_cmd(c, args, url, out)) for c in bench.CLIENTS}
+    assert "--concurrency 3 --num-requests 7 --input-len 64 --output-len 5" in cmds["loadgen"]
+    assert "--prompt-input-tokens-mean 64 --prompt-input-tokens-stddev 0" in cmds["aiperf"]
+    assert "--prompt-output-tokens-mean 5" in cmds["aiperf"]
+    assert "--concurrency 3 --request-count 7" in cmds["aiperf"]
+    assert "--warmup-request-count" not in cmds["aiperf"]  # its warm-up would be in the deltas
+    assert "prompt_tokens=64,output_tokens=5" in cmds["guidellm"]
+    assert "profile.streams 3" in cmds["guidellm"] and "count=7" in cmds["guidellm"]
+    assert all(str(tok) in cmd for cmd in cmds.values())
+    assert "install_loadgens.sh" in bench.installed("aiperf", tmp_path)  # no venv there
+    assert bench.installed("loadgen", tmp_path) is None
