@@ -189,6 +189,16 @@ def test_peer_vllm_our_side_and_the_report(smoke, capsys):
     assert rows and all(r["shape"] == "tiny" and r["ours_tok_s"] > 0 for r in rows)
 
 
+def test_loadgen_agreement_report_of_a_recorded_run(smoke, capsys):
+    """The table from a kept run (tests/fixtures/make_loadgen_agreement.sh recorded it with
+    the real clients); the run itself needs aiperf, guidellm and minutes, not done here."""
+    kept = Path(__file__).parent / "fixtures" / "loadgen_agreement"
+    code = _main("loadgen_agreement", ["--report", str(kept), "--json"])
+    rows = [orjson.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["client"] for r in rows] == ["loadgen", "aiperf", "guidellm"]
+    assert code == (0 if all(r["ttft_ok"] and r["itl_ok"] for r in rows) else 1)
+
+
 def test_peer_vllm_vllm_side():
     pytest.skip(
         "vLLM's side needs vLLM installed and minutes; not run in the suite (its smoke "
