@@ -109,3 +109,33 @@ def test_unknown_dcn_is_null_and_fails_only_where_needed(tmp_path: Path):
 def test_placement_must_match_the_mesh():
     with pytest.raises(ValueError, match=r"placement is for tp=4 dp=2, not tp=8 dp=1"):
         estimate(LLAMA70, H100, chips=8, placement=place(4, 2, Layout(2, 4)))
+
+
+def _json_of(main, argv, capsys) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_roofline_cli_shows_the_dcn_term(capsys):
+    from scaletui.commands import roofline
+
+    argv = ["--model", "llama3-70b", "--hardware", "h100", "--chips", "16", "--batch", "32"]
+    over = _json_of(roofline.main, [*argv, "--hosts", "2", "--tp-over-hosts"], capsys)
+    assert over["placement"]["crosses_slices"] == ["model"]
+    assert over["decode_comm_dcn_s"] == pytest.approx(80 * 2 * 2 * (32 * 8192 * 2 / 8) / 2 / 50e9)
+    assert roofline.main([*argv, "--hosts", "2"]) == 2  # tp over hosts only when asked
+    assert "--tp-over-hosts" in capsys.readouterr().err
+    assert roofline.main([*argv, "--devices-per-host", "8"]) == 2
+    assert "--devices-per-host needs --hosts N" in capsys.readouterr().err
+
+
+def test_simulate_adds_the_dcn_term_to_each_decode_step(capsys):
+    from scaletui.commands import simulate
+
+    argv = ["--model", "llama3-70b", "--hardware", "h100", "--tp", "16", "--slots", "32"]
+    argv += ["--concurrency", "32", "--num-requests", "32", "--no-band", "--output-len", "64"]
+    one_box = _json_of(simulate.main, argv, capsys)  # 16 GPUs on one NVLink domain (what-if)
+    two = _json_of(simulate.main, [*argv, "--hosts", "2", "--tp-over-hosts"], capsys)
+    dcn = two["config"]["dcn_step_s_at_slots"]
+    assert dcn == pytest.approx(80 * 2 * 2 * (32 * 8192 * 2 / 8) / 2 / 50e9)
+    assert two["median_tpot_ms"] == pytest.approx(one_box["median_tpot_ms"] + dcn * 1e3, rel=0.02)

@@ -12,13 +12,26 @@ A slice is one ICI domain: a GPU box (NVLink ends there) or a TPU slice (its hos
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scaletui.placement import Placement
 from scaletui.roofline.collectives import Link, all_reduce_s, all_reduce_split_s
+from scaletui.roofline.costmodel import CostModel
 from scaletui.specs import HardwareSpec, ModelSpec
 
-__all__ = ["TpComms", "dcn_step_terms", "tp_comms", "transfer_link"]
+__all__ = [
+    "TpComms",
+    "activation_bytes",
+    "dcn_step_terms",
+    "tp_comms",
+    "transfer_link",
+    "with_dcn",
+]
+
+
+def activation_bytes(compute_dtype: str) -> int:
+    """Bytes of one activation on the wire: the compute dtype's (f32 4, else 2)."""
+    return 4 if compute_dtype == "f32" else 2
 
 
 @dataclass(frozen=True)
@@ -74,3 +87,17 @@ def transfer_link(hardware: HardwareSpec, placement: Placement | None) -> tuple[
     if placement is not None and "transfer" in placement.crosses_slices:
         return "dcn", Link.dcn(hardware)
     return "ici", Link.ici(hardware)
+
+
+def with_dcn(
+    cost: CostModel, model: ModelSpec, hardware: HardwareSpec, placement: Placement | None
+) -> CostModel:
+    """`cost` with the placement's DCN term: each decode step's DCN all-reduces added (a fit
+    made on one host cannot hold them; they sit between a layer's matmuls, so they add), and
+    the KV hand-over at the DCN bandwidth when prefill and generate are on different slices."""
+    if placement is None:
+        return cost
+    fixed, per_row = dcn_step_terms(model, hardware, placement, activation_bytes(cost.dtype))
+    link_name, link = transfer_link(hardware, placement)
+    transfer_bw = link.bw if link_name == "dcn" else cost.transfer_bw
+    return replace(cost, dcn_step_s=fixed, dcn_row_s=per_row, transfer_bw=transfer_bw)

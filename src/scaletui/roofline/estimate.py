@@ -25,7 +25,7 @@ from scaletui.roofline.collectives import (
     all_to_all_s,
     point_to_point_s,
 )
-from scaletui.roofline.dcn import tp_comms, transfer_link
+from scaletui.roofline.dcn import activation_bytes, tp_comms, transfer_link
 from scaletui.specs import HardwareSpec, ModelSpec, SpecError
 
 __all__ = ["Estimate", "estimate", "full_hbm_step_s"]
@@ -142,7 +142,7 @@ def estimate(
         raise ValueError(f"compute_dtype {compute_dtype!r}: {exc}") from exc
     W = hardware.hbm_bw
     D = model.d_model
-    act_bytes = 4 if compute_dtype == "f32" else 2  # activations travel in the compute dtype
+    act_bytes = activation_bytes(compute_dtype)
 
     parts = costs.params_by_part(model)
     P = sum(parts.values())
@@ -201,6 +201,8 @@ def estimate(
             "kv_bytes": kv_bytes,
             "compute_dtype": compute_dtype,
             "mfu": mfu,
+            # whether the spec gives a DCN latency (else the DCN term is bandwidth only)
+            "dcn_latency_known": hardware.extra.get("dcn_latency_s") is not None,
         },
         params=P,
         params_by_part=parts,
