@@ -10,6 +10,7 @@ import sys
 
 import orjson
 
+from scaletui.commands.layout_flags import add_layout_flags, placement_from
 from scaletui.dtypes import DTYPE_BYTES
 from scaletui.roofline.costinputs import describe_precision
 from scaletui.roofline.costmodel import CostModel
@@ -37,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chips", type=int, default=1, help="chips holding one replica (default 1)")
     p.add_argument("--tp", type=int, default=None, help="tensor parallelism (default chips / dp)")
     p.add_argument("--dp", type=int, default=1, help="data parallelism inside the replica")
+    p.add_argument(
+        "--prefill-devices",
+        type=int,
+        default=0,
+        help="with --hosts: disaggregated prefill devices beside the replica (0: interleaved)",
+    )
+    add_layout_flags(p)
     p.add_argument("--weight-bytes", type=float, default=2, help="bytes per weight (int4: 0.5)")
     p.add_argument("--kv-bytes", type=float, default=2, help="bytes per KV cache element")
     p.add_argument("--compute-dtype", default="bf16", choices=tuple(DTYPE_BYTES))
@@ -108,6 +116,7 @@ def format_table(e: Estimate) -> str:
             if c["tp"] > 1
             else "none (tp=1)",
         ),
+        *_dcn_rows(e),
         (
             "decode tokens/s",
             f"{e.decode_tokens_per_s:,.1f} ({e.decode_tokens_per_s_per_chip:,.1f} / chip)",
@@ -123,13 +132,39 @@ def format_table(e: Estimate) -> str:
         ("prefill tokens/s", f"{e.prefill_tokens_per_s:,.0f}"),
         (
             "KV transfer",
-            f"{_si(e.kv_transfer_s, 's')} ICI/NVLink, {_si(e.kv_transfer_dcn_s, 's')} DCN "
-            "(one prompt)",
+            f"{_si(e.kv_transfer_s, 's')} ICI/NVLink, "
+            + (
+                f"{_si(e.kv_transfer_dcn_s, 's')} DCN"
+                if e.kv_transfer_dcn_s is not None
+                else "DCN unknown"
+            )
+            + (
+                f" (one prompt; the placement's: {e.kv_transfer_link})"
+                if e.placement
+                else " (one prompt)"
+            ),
         ),
         ("prefill:generate", f"{e.prefill_generate_ratio:.2f} replicas (disaggregated)"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" if k else "" for k, v in rows)
+
+
+def _dcn_rows(e: Estimate) -> list[tuple[str, str]]:
+    """The placement and the DCN term of the step, when the estimate has a placement."""
+    p = e.placement
+    if p is None:
+        return []
+    crossing = ", ".join(p["crosses_slices"]) or "nothing"
+    where = (
+        f"{p['hosts']} hosts x {p['devices_per_host']} ({p['hosts'] // p['hosts_per_slice']} "
+        f"slice(s)); tp spans {p['tp_hosts']} host(s); over DCN: {crossing}"
+    )
+    latency = "" if e.config["dcn_latency_known"] else " (bandwidth only: dcn_latency_s unknown)"
+    return [
+        ("placement", where),
+        ("DCN / step", f"{_si(e.decode_comm_dcn_s, 's')} of the TP comms{latency}"),
+    ]
 
 
 FIT_CONFIG = ("model", "hardware", "dtype", "weight_dtype", "kv_dtype", "tp", "dp")
@@ -188,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = load_model(args.model)
         hardware = load_hardware(args.hardware)
+        tp = args.tp or args.chips // max(args.dp, 1)
+        placement = placement_from(args, hardware, tp, args.dp, args.prefill_devices)
         est = estimate(
             model,
             hardware,
@@ -202,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_bytes=args.kv_bytes,
             compute_dtype=args.compute_dtype,
             mfu=args.mfu,
+            placement=placement,
         )
         exp = expected(est, load_fit(args.fit)) if args.fit else None
     except (SpecError, ValueError) as exc:

@@ -21,12 +21,14 @@ from pathlib import Path
 
 import orjson
 
+from scaletui.commands.layout_flags import add_layout_flags, placement_from
 from scaletui.dtypes import cpu_bf16_pairs, default_compute_dtype
 from scaletui.loadgen import flags as loadgen_flags
 from scaletui.loadgen.output import table
 from scaletui.loadgen.workload import PROMPT_FORMATS, Workload, schedule
 from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.dcn import with_dcn
 from scaletui.roofline.fitstore import load_fit, stored_fits_for
 from scaletui.roofline.simband import band_of, simulate_at
 from scaletui.roofline.simrecords import (
@@ -80,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=HOST_GAP_PER_ROW_S * 1e3,
         help="and its growth per running request",
     )
+    add_layout_flags(p.add_argument_group("layout over hosts (priced at the spec's DCN bandwidth)"))
     g = p.add_argument_group("workload (loadgen's flags)")
     g.add_argument("--qps", type=float, help="offered request rate (req/s)")
     loadgen_flags.add_arrival_flags(g)
@@ -218,6 +221,14 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     ms = {"intake_s": args.intake_ms, "gap_s": args.gap_ms, "gap_per_row_s": args.gap_per_row_ms}
     timing = SimTiming(**{k: v / 1e3 for k, v in ms.items()})
     decode, prefill, words = cost_models(args, model, shape)
+    placement = None
+    if args.hosts is not None:  # the DCN term: what the layout sends across hosts, every step
+        if not args.hardware:
+            raise ValueError("--hosts needs --hardware (its dcn_bw and chips_per_host)")
+        hw = load_hardware(args.hardware)
+        pre = args.prefill_devices or args.tp * args.dp if shape.mode == "disaggregated" else 0
+        placement = placement_from(args, hw, args.tp, args.dp, pre)
+        decode, prefill = (with_dcn(c, model, hw, placement) for c in (decode, prefill))
     workload = workload_from(args)
     n = args.num_requests or (None if args.duration else 200)
     growing = n is None and workload.closed_loop  # how many a closed loop sends: run and see
@@ -267,6 +278,9 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         # the speed factors simulated at (--as-run; None: the fit's own speed)
         "as_run": vars(as_run) if as_run else None,
         "seconds": {"point": round(point_s, 3), "with_band": round(seconds, 3)},
+        # the layout over hosts and the decode step's DCN term (None: one host)
+        "placement": placement.to_dict() if placement else None,
+        "dcn_step_s_at_slots": decode.dcn_decode_s(shape.slots) if placement else None,
     }
     return result, words, seconds
 
@@ -301,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
             f"as run: at speed factors decode x{f['decode']:g}, prefill x{f['prefill']:g}, "
             f"host x{f['host']:g} (no band)"
         )
+    if p := s["config"]["placement"]:
+        dcn_ms, rows = s["config"]["dcn_step_s_at_slots"] * 1e3, s["config"]["server"]["slots"]
+        over = ", ".join(p["crosses_slices"]) or "nothing"
+        print(f"layout: {p['hosts']} hosts x {p['devices_per_host']}, over DCN: {over}; DCN term "
+              f"{dcn_ms:.3f} ms per decode step at {rows} rows")  # fmt: skip
     print(table(s))
     batch = s.get("mean_running_batch")
     print(

@@ -16,7 +16,9 @@ from scaletui.specs import HardwareSpec
 __all__ = [
     "Link",
     "all_gather_s",
+    "all_gather_split_s",
     "all_reduce_s",
+    "all_reduce_split_s",
     "all_to_all_s",
     "collective_intensity",
     "generate_tp_limit",
@@ -60,8 +62,18 @@ class Link:
 
     @classmethod
     def dcn(cls, hw: HardwareSpec) -> Link:
-        """Off the slice / node (DCN, InfiniBand); latency from an optional `dcn_latency_s`."""
-        return cls(bw=hw.dcn_bw, latency_s=float(hw.extra.get("dcn_latency_s", 0.0)), switched=True)
+        """One chip's share of the network off the host / slice (DCN, InfiniBand: its own NIC on
+        a GPU box); latency from an optional `dcn_latency_s`. Fails on a spec whose dcn_bw is
+        unknown (null)."""
+        if hw.dcn_bw is None:
+            note = hw.extra.get("dcn_note") or "no note"
+            raise ValueError(
+                f"hardware {hw.name!r} has dcn_bw null (unknown: {note}); a layout that "
+                "crosses hosts needs it: give dcn_bw in a spec YAML (--hardware FILE)"
+            )
+        return cls(
+            bw=hw.dcn_bw, latency_s=float(hw.extra.get("dcn_latency_s") or 0.0), switched=True
+        )
 
 
 def _hops(n: int, link: Link) -> int:
@@ -92,6 +104,30 @@ def reduce_scatter_s(bytes_: float, n: int, link: Link, *, exact: bool = True) -
 def all_reduce_s(bytes_: float, n: int, link: Link, *, exact: bool = True) -> float:
     """AllReduce = ReduceScatter + AllGather: twice an AllGather."""
     return 2 * all_gather_s(bytes_, n, link, exact=exact)
+
+
+def all_gather_split_s(
+    bytes_: float, per_slice: int, slices: int, ici: Link, dcn: Link, *, exact: bool = True
+) -> tuple[float, float]:
+    """(ICI part, DCN part) of an AllGather of V bytes over `slices` x `per_slice` chips, the
+    book's two-level tree (Part 12, "cross-node collectives"): within a slice V(g-1)/g over ICI;
+    across slices each chip moves its 1/g of V over its own DCN share, V/g * (h-1)/h / W_dcn, so
+    a host's g NICs carry V(h-1)/h together (the book's V / W_node_egress). The levels pipeline:
+    the collective takes the larger, V / min_i(D_i W_i / (D_i - 1)) as `hierarchical_bw`."""
+    _check(bytes_, per_slice)
+    return (
+        all_gather_s(bytes_, per_slice, ici, exact=exact),
+        all_gather_s(bytes_ / per_slice, slices, dcn, exact=exact),
+    )
+
+
+def all_reduce_split_s(
+    bytes_: float, per_slice: int, slices: int, ici: Link, dcn: Link, *, exact: bool = True
+) -> tuple[float, float]:
+    """(ICI part, DCN part) of an AllReduce over slices x per_slice chips: twice each of
+    `all_gather_split_s`'s (ReduceScatter up the tree, AllGather down)."""
+    ici_s, dcn_s = all_gather_split_s(bytes_, per_slice, slices, ici, dcn, exact=exact)
+    return 2 * ici_s, 2 * dcn_s
 
 
 def all_to_all_s(bytes_: float, n: int, link: Link, *, exact: bool = True) -> float:

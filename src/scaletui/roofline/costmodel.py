@@ -81,6 +81,10 @@ class CostModel:
     # every timed call; the simulator draws each call's from it. Empty: calls take their
     # expected time
     call_spread: tuple = ()
+    # the DCN term (roofline.dcn): a tp group over hosts all-reduces across them every step,
+    # which no one-host fit holds: seconds per decode step, fixed and per row of a replica
+    dcn_step_s: float = 0.0
+    dcn_row_s: float = 0.0
     info: dict = field(default_factory=dict, compare=False)  # fit quality, date, host, notes
 
     def __post_init__(self) -> None:
@@ -156,9 +160,16 @@ class CostModel:
 
     def decode_step_s(self, batch: float, context: float) -> float:
         """One decode step of `batch` rows reading `context` KV positions each."""
-        if self.decode_knots:
-            return decode_at(self.decode_knots, batch, context)
-        return self.linear_decode_step_s(batch, context)
+        base = (
+            decode_at(self.decode_knots, batch, context)
+            if self.decode_knots
+            else self.linear_decode_step_s(batch, context)
+        )
+        return base + self.dcn_decode_s(batch)
+
+    def dcn_decode_s(self, batch: float) -> float:
+        """The decode step's DCN term: 0 unless a tp group spans hosts (`with_dcn`)."""
+        return self.dcn_step_s + batch / self.dp * self.dcn_row_s
 
     def linear_decode_step_s(self, batch: float, context: float) -> float:
         """The physical form's decode step (the fitted or assumed rates, no knots)."""
@@ -292,6 +303,8 @@ class CostModel:
             "kv_dtype",
             "prefill_knots",
             "call_spread",
+            "dcn_step_s",
+            "dcn_row_s",
         }
         missing = names - set(d) - optional
         if missing:

@@ -6,12 +6,17 @@ KV cache / chips. Decode step = KV time + max(weight-load, matmul), the book's f
 all-reduces (2 per layer of the B*D activations) reported as `decode_comm_s` and bounding the step
 only when larger. Prefill runs one prompt on one tp group; `prefill_s` adds causal attention
 FLOPs and a memory floor to the book's 2*P*T/(N*C*MFU), which `prefill_matmul_s` keeps exact.
+With a `placement` over hosts (`scaletui.placement.place`), every axis that leaves a slice is
+priced at the spec's DCN bandwidth (`roofline.dcn`): the tp all-reduces' DCN part beside their
+ICI part (`decode_comm_dcn_s`), the KV hand-over when prefill and generate sit on different
+hosts (`kv_transfer_link`); dp across hosts costs nothing per step.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from scaletui.placement import Placement
 from scaletui.roofline import basics, costs
 from scaletui.roofline.collectives import (
     Link,
@@ -20,6 +25,7 @@ from scaletui.roofline.collectives import (
     all_to_all_s,
     point_to_point_s,
 )
+from scaletui.roofline.dcn import activation_bytes, tp_comms, transfer_link
 from scaletui.specs import HardwareSpec, ModelSpec, SpecError
 
 __all__ = ["Estimate", "estimate", "full_hbm_step_s"]
@@ -51,6 +57,7 @@ class Estimate:
     decode_kv_s: float
     decode_matmul_s: float
     decode_comm_s: float  # 2 all-reduces of B/dp*D activations per layer over tp chips
+    decode_comm_dcn_s: float  # their part between hosts (slices) at DCN speed; 0 within one
     decode_step_s: float  # max(kv + max(weight, matmul), comm)
     decode_bound: str  # memory | compute | comms
     decode_tokens_per_s: float  # batch / step
@@ -60,15 +67,18 @@ class Estimate:
     prefill_s: float  # max(compute at mfu, weight + KV-write memory time, TP comms)
     prefill_matmul_s: float  # the book's 2*P*T / (tp * C * mfu)
     prefill_comm_s: float
+    prefill_comm_dcn_s: float  # its part between hosts (slices) at DCN speed
     prefill_tokens_per_s: float  # dp groups each prefilling one prompt
     ttft_s: float  # = prefill_s (no queueing)
     kv_transfer_s: float  # one prompt's KV over ICI/NVLink, tp shards in parallel
-    kv_transfer_dcn_s: float  # the same over DCN (prefill and generate on different hosts)
+    kv_transfer_dcn_s: float | None  # the same over DCN (None: the spec's dcn_bw is unknown)
+    kv_transfer_link: str  # ici | dcn: the one the placement's hand-over meets
     prefill_generate_ratio: float  # prefill replicas per generate replica (disaggregated)
     collective_bytes: float  # one decode TP all-reduce: B/dp * D * activation bytes
     all_gather_s: float  # of collective_bytes over tp chips on ICI
     all_reduce_s: float
     all_to_all_s: float
+    placement: dict | None  # the placement's view (Placement.to_dict); None: all on one host
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict: the `scaletui roofline --json` object."""
@@ -100,9 +110,11 @@ def estimate(
     compute_dtype: str = "bf16",
     mfu: float = 1.0,
     decode_len: int = 512,
+    placement: Placement | None = None,
 ) -> Estimate:
     """Roofline estimate for decoding `batch` sequences holding `context` KV tokens each and
-    prefilling `prompt_len`-token prompts, on one replica of `chips` chips (tp * dp)."""
+    prefilling `prompt_len`-token prompts, on one replica of `chips` chips (tp * dp), placed
+    over hosts by `placement` (None: one host, every link ICI/NVLink)."""
     _check_int("batch", batch, 1)
     _check_int("context", context, 1)
     _check_int("prompt_len", prompt_len, 1)
@@ -116,6 +128,10 @@ def estimate(
     _check_int("tp", tp, 1)
     if tp * dp != chips:
         raise ValueError(f"tp * dp should equal chips: {tp} * {dp} != {chips}")
+    if placement is not None and (placement.tp, placement.dp) != (tp, dp):
+        raise ValueError(
+            f"placement is for tp={placement.tp} dp={placement.dp}, not tp={tp} dp={dp}"
+        )
     _check_positive("weight_bytes", weight_bytes)
     _check_positive("kv_bytes", kv_bytes)
     if not 0 < mfu <= 1:
@@ -125,8 +141,8 @@ def estimate(
     except SpecError as exc:
         raise ValueError(f"compute_dtype {compute_dtype!r}: {exc}") from exc
     W = hardware.hbm_bw
-    L, D = model.n_layers, model.d_model
-    act_bytes = 4 if compute_dtype == "f32" else 2  # activations travel in the compute dtype
+    D = model.d_model
+    act_bytes = activation_bytes(compute_dtype)
 
     parts = costs.params_by_part(model)
     P = sum(parts.values())
@@ -138,7 +154,8 @@ def estimate(
 
     ici = Link.ici(hardware)
     coll_bytes = batch / dp * D * act_bytes
-    comm_s = L * 2 * all_reduce_s(coll_bytes, tp, ici)
+    decode_comm = tp_comms(model, hardware, batch / dp, tp, act_bytes, placement)
+    comm_s = decode_comm.total_s
     step = basics.decode_step_breakdown(
         params=P,
         weight_bytes=weight_bytes,
@@ -157,10 +174,15 @@ def estimate(
     T = prompt_len
     prefill_flops = fpt * T + costs.attention_flops(model, T, T, causal=True)
     prefill_matmul_s = fpt * T / (tp * C * mfu)
-    prefill_comm_s = L * 2 * all_reduce_s(T * D * act_bytes, tp, ici)
+    prefill_comm = tp_comms(model, hardware, T, tp, act_bytes, placement)
+    prefill_comm_s = prefill_comm.total_s
     prefill_mem_s = (P_bytes + T * kv_tok) / (tp * W)
     prefill_s = max(prefill_flops / (tp * C * mfu), prefill_mem_s, prefill_comm_s)
     prompt_kv = T * kv_tok
+    hand_over, _ = transfer_link(hardware, placement)
+    kv_dcn = (
+        None if hardware.dcn_bw is None else point_to_point_s(prompt_kv / tp, Link.dcn(hardware))
+    )
 
     weight_chip = P_bytes / tp
     kv_chip = kv_batch / chips
@@ -179,6 +201,8 @@ def estimate(
             "kv_bytes": kv_bytes,
             "compute_dtype": compute_dtype,
             "mfu": mfu,
+            # whether the spec gives a DCN latency (else the DCN term is bandwidth only)
+            "dcn_latency_known": hardware.extra.get("dcn_latency_s") is not None,
         },
         params=P,
         params_by_part=parts,
@@ -207,6 +231,7 @@ def estimate(
         decode_kv_s=step.kv_s,
         decode_matmul_s=step.matmul_s,
         decode_comm_s=step.comm_s,
+        decode_comm_dcn_s=decode_comm.dcn_s,
         decode_step_s=step.step_s,
         decode_bound=step.bound,
         decode_tokens_per_s=batch / step.step_s,
@@ -216,10 +241,12 @@ def estimate(
         prefill_s=prefill_s,
         prefill_matmul_s=prefill_matmul_s,
         prefill_comm_s=prefill_comm_s,
+        prefill_comm_dcn_s=prefill_comm.dcn_s,
         prefill_tokens_per_s=dp * T / prefill_s,
         ttft_s=prefill_s,
         kv_transfer_s=point_to_point_s(prompt_kv / tp, ici),
-        kv_transfer_dcn_s=point_to_point_s(prompt_kv / tp, Link.dcn(hardware)),
+        kv_transfer_dcn_s=kv_dcn,
+        kv_transfer_link=hand_over,
         prefill_generate_ratio=basics.prefill_generate_ratio(
             prefill_s, step.step_s, batch, decode_len
         ),
@@ -227,6 +254,7 @@ def estimate(
         all_gather_s=all_gather_s(coll_bytes, tp, ici),
         all_reduce_s=all_reduce_s(coll_bytes, tp, ici),
         all_to_all_s=all_to_all_s(coll_bytes, tp, ici),
+        placement=placement.to_dict() if placement else None,
     )
 
 

@@ -84,7 +84,10 @@ class HardwareSpec:
     hbm_bw: float  # memory bandwidth per chip, bytes/s
     ici_bw: float  # per-chip collective bandwidth, bytes/s, one direction (ICI / NVLink)
     ici_bidirectional: bool  # ring collectives may use both directions (wraparound)
-    dcn_bw: float  # per-chip bandwidth off the slice/node, bytes/s
+    # per-chip bandwidth off the host (GPU box) or slice (TPU), bytes/s one direction: the chip's
+    # share of its host's NICs (host egress = dcn_bw * chips_per_host). None: unknown (an
+    # explicit null in the YAML, with a note); pricing a layout that crosses hosts then fails
+    dcn_bw: float | None
     chips_per_host: int
     ici_latency_s: float = 1e-6  # per hop
     extra: dict = field(default_factory=dict, compare=False, repr=False)
@@ -136,6 +139,7 @@ _HARDWARE_TYPES = {
     "chips_per_host": int,
 }
 _HARDWARE_OPTIONAL = {"ici_latency_s": float}
+_NULLABLE = {"dcn_bw"}  # required keys that may be an explicit null (unknown)
 _KINDS = ("tpu", "gpu", "cpu")
 _DTYPES = ("bf16", "int8", "fp8", "f32")
 
@@ -222,6 +226,9 @@ def _fields(path: Path, data: dict, required: dict, optional: dict) -> tuple[dic
     for key, expected in required.items():
         if key not in data:
             raise SpecError(f"{path}: missing required key {key!r} ({expected.__name__})")
+        if data[key] is None and key in _NULLABLE:
+            values[key] = None
+            continue
         values[key] = _coerce(path, key, data[key], expected)
     for key, expected in optional.items():
         if key in data and data[key] is not None:
@@ -232,7 +239,7 @@ def _fields(path: Path, data: dict, required: dict, optional: dict) -> tuple[dic
 
 def _positive(path: Path, values: dict, keys: list[str]) -> None:
     for key in keys:
-        if values[key] <= 0:
+        if values[key] is not None and values[key] <= 0:
             raise SpecError(f"{path}: key {key!r} should be > 0, got {values[key]!r}")
 
 
