@@ -89,9 +89,7 @@ class ServerMetrics:
             P + "request_aborted", "Requests aborted (disconnect, reconfigure).", registry=r
         )
         self.rejected = Counter(P + "request_rejected", "Requests refused with 429.", registry=r)
-        self.ttft = self._hist(
-            "time_to_first_token_seconds", "HTTP arrival to first token.", _FINE
-        )
+        self.ttft = self._hist("time_to_first_token_seconds", "HTTP arrival to first token.", _FINE)
         self.itl = self._hist(
             "inter_token_latency_seconds", "Time between tokens of a request.", _FINE
         )
