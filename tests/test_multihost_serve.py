@@ -1,6 +1,8 @@
-"""`scaletui serve` on 2 processes x 1 CPU device (jax.distributed, gloo): process 0 answers
-with the tokens of a one-process server of the same shape on 2 devices, and a lost process
-fails the requests in flight with a 503 naming it, fails /health, and process 0 exits non-zero.
+"""`scaletui serve` on 2 processes x 2 CPU devices (jax.distributed, gloo) at tp 2 dp 2: tp
+within each process, dp across them; process 0 answers with the tokens of a one-process server
+of the same shape on 4 devices and /stats lists both processes with their devices; a lost
+process fails the requests in flight with a 503 naming it, fails /health, and process 0 exits
+non-zero. One set of processes serves every assertion (each start compiles).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from scaletui import xla_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multihost")]
 
-SHAPE = ["--model", "tiny", "--dtype", "f32", "--max-seq-len", "32", "--slots", "4", "--tp", "2"]
+SHAPE = ["--model", "tiny", "--dtype", "f32", "--max-seq-len", "32", "--slots", "4"]
+SHAPE += ["--tp", "2", "--dp", "2"]
 BODIES = [  # greedy and seeded sampling, sent together
     {"prompt": "the quick brown fox", "max_tokens": 10, "temperature": 0},
     {"prompt": [5, 9, 200, 17, 3], "max_tokens": 12, "temperature": 0, "ignore_eos": True},
@@ -117,9 +120,9 @@ def _answers(results: list[tuple[int, dict]]) -> list[tuple]:
 def test_two_processes_serve_the_one_process_tokens_and_fail_loudly() -> None:
     coordinator = f"127.0.0.1:{_free_port()}"
     cluster = ["--coordinator", coordinator, "--num-processes", "2"]
-    leader = _serve(1, *SHAPE, *cluster, "--process-id", "0", "--port", "0")
-    follower = _serve(1, *SHAPE, *cluster, "--process-id", "1")
-    single = _serve(2, *SHAPE, "--port", "0")
+    leader = _serve(2, *SHAPE, *cluster, "--process-id", "0", "--port", "0")
+    follower = _serve(2, *SHAPE, *cluster, "--process-id", "1")
+    single = _serve(4, *SHAPE, "--port", "0")
     procs = [leader, follower, single]
     try:
         url, ref = _url(leader), _url(single)
@@ -128,6 +131,14 @@ def test_two_processes_serve_the_one_process_tokens_and_fail_loudly() -> None:
         _healthy(ref, procs)
         stats = _get(url + "/stats")[1]
         assert stats["config"]["kernels_running"] == "xla"  # native kernels: one device only
+        procs_seen = stats["processes"]
+        assert [(p["id"], len(p["devices"])) for p in procs_seen] == [(0, 2), (1, 2)]
+        place = stats["placement"]
+        assert (place["hosts"], place["devices_per_host"]) == (2, 2)
+        assert place["crosses_hosts"] == ["data"] and place["tp_hosts"] == 1  # tp in a process
+        mesh = stats["mesh"]["generate"]  # dp rows of tp devices: each row one process's
+        assert (mesh["data"], mesh["model"]) == (2, 2), mesh
+        assert mesh["devices"] == procs_seen[0]["devices"] + procs_seen[1]["devices"], mesh
         got = _answers(_together(url, BODIES))
         assert got == _answers(_together(ref, BODIES))
         assert got[1][2]["completion_tokens"] == 12

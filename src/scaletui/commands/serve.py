@@ -98,7 +98,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def engine_factory(
-    args: argparse.Namespace, tok: Tokenizer, eos_ids: tuple[int, ...]
+    args: argparse.Namespace,
+    tok: Tokenizer,
+    eos_ids: tuple[int, ...],
+    cluster: multihost.Cluster | None = None,
 ) -> EngineFactory:
     """The real or fake engine factory, never sampling past the tokenizer. Its `check` raises
     ConfigError for a sharding the devices cannot hold or a config that does not fit in their
@@ -111,7 +114,8 @@ def engine_factory(
         return FakeEngineFactory(tok.vocab_size, eos_ids, step_s=step, prefill_s=step)
     from scaletui.serve.engine.build import JaxEngineFactory  # imports JAX: after the XLA flags
 
-    return JaxEngineFactory(tok.vocab_size, eos_ids, args.logprobs_mode)
+    place = multihost.placed_devices(cluster) if cluster else None  # tp within a process
+    return JaxEngineFactory(tok.vocab_size, eos_ids, args.logprobs_mode, place)
 
 
 def checkpoint_defaults(args: argparse.Namespace, model: ModelSpec) -> None:
@@ -274,12 +278,10 @@ def main(argv: list[str]) -> int:
             config = _pages_from_fraction(config, args.kv_memory_fraction, args.fake)
         check_weights(config)
         tok = load_tokenizer(args.tokenizer, model.vocab_size, args.chat_template)
-        factory = engine_factory(args, tok, eos_ids_for(model, tok))
+        factory = engine_factory(args, tok, eos_ids_for(model, tok), cluster)
         factory.check(config)  # the plan on these devices and its memory, before binding
         if args.fit not in ("auto", "none"):
             find_speed_model(config, args.fit)  # a --fit FILE that is not this shape's fit
-        if cluster:
-            multihost.check_spans(config)
     except ConfigError as e:
         return _error(e.flag_line())
     except (SpecError, ValueError, ImportError) as e:

@@ -18,6 +18,7 @@ the scheduler drives (build, and check before a drain, memory included).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -239,10 +240,17 @@ class JaxEngineFactory:
     vocab_size: int | None = None  # sampling never goes beyond (default: the model's)
     eos_ids: tuple[int, ...] = ()  # sampling any of them ends a sequence
     logprobs_mode: str = PROCESSED  # what logprobs score (engine_api.LOGPROBS_MODES)
+    # the devices a config's mesh takes, in mesh order (multi-process: placed over the
+    # processes, serve/multihost/devices.py); None: jax.devices() in JAX's order
+    devices_for: Callable[[ServerShape], list] | None = None
+
+    def _devices(self, config: ServerShape) -> list:
+        return self.devices_for(config) if self.devices_for else jax.devices()
 
     def build(self, config: ServerShape) -> tuple[Engine, Engine]:
         return build_engines(
             config,
+            self._devices(config),
             vocab_size=self.vocab_size,
             eos_ids=self.eos_ids,
             logprobs_mode=self.logprobs_mode,
@@ -251,7 +259,7 @@ class JaxEngineFactory:
     def check(self, config: ServerShape, current: tuple[Engine, Engine] | None = None) -> None:
         """The plan on these devices, then the memory it needs against what they have (on CPU
         counting the bytes the `current` engines hold, which a rebuild frees)."""
-        devices = jax.devices()
+        devices = self._devices(config)
         plan = plan_engines(config, devices)
         held = sum(e.describe().held_bytes for e in distinct(current)) if current else 0
         cap = memory.capacity(devices, held)

@@ -14,13 +14,15 @@ from scaletui.serve.engine.engine_api import Engine, distinct
 from scaletui.serve.scheduling.scheduler import Scheduler
 
 
-def _devices() -> tuple[str, list[dict]]:
+def _devices() -> tuple[str, list[dict], list[dict]]:
+    """(backend, devices, processes: each JAX process's id and device ids)."""
     if "jax" not in sys.modules:  # the fake engine never loads JAX; do not load it for a poll
-        return "none", []
+        return "none", [], []
     import jax
 
-    rows = []
+    rows, processes = [], {}
     for d in jax.devices():
+        processes.setdefault(d.process_index, []).append(d.id)
         try:
             stats = d.memory_stats()
         except Exception:  # backends without memory stats (CPU)
@@ -34,7 +36,8 @@ def _devices() -> tuple[str, list[dict]]:
             else None
         )
         rows.append({"id": d.id, "kind": d.device_kind, "platform": d.platform, "memory": memory})
-    return jax.default_backend(), rows
+    procs = [{"id": p, "devices": ids} for p, ids in sorted(processes.items())]
+    return jax.default_backend(), rows, procs
 
 
 def _memory(engines: tuple[Engine, Engine] | None) -> dict:
@@ -59,7 +62,10 @@ def _memory(engines: tuple[Engine, Engine] | None) -> dict:
 def build_stats(sched: Scheduler, window_s: float = 5.0) -> dict:
     c = sched.config
     now = sched.update_gauges()
-    backend, devices = _devices()
+    backend, devices, processes = _devices()
+    # a multi-process scheduler (multihost/lockstep.py) says where its mesh is over processes
+    where = getattr(sched, "placement", None)
+    placement = where() if where else None
     engines = sched.engines
     meshes, running = {}, {"kernels_running": None, "kernels_note": None}
     if engines is not None:
@@ -76,6 +82,8 @@ def build_stats(sched: Scheduler, window_s: float = 5.0) -> dict:
         "model": model,
         "backend": backend,
         "devices": devices,
+        "processes": processes,
+        "placement": placement,
         "mesh": meshes,
         "memory": _memory(engines),
         "slots": {"total": now["slots_total"] or c.slots, "used": now["slots_used"]},

@@ -1,5 +1,5 @@
 """Where one process of a multi-process server stands: the `--coordinator`, `--num-processes`,
-`--process-id` and `--step-timeout` flags as one frozen config."""
+`--process-id`, `--step-timeout` and `--tp-over-hosts` flags as one frozen config."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class Cluster:
     num_processes: int  # processes in the server (one per host, usually)
     process_id: int  # this process: 0 serves HTTP, the others follow
     step_timeout_s: float = 20.0  # a pass longer than this means a process hung: all exit
+    tp_over_hosts: bool = False  # a tp group may span processes (its all-reduces cross hosts)
 
     def __post_init__(self) -> None:
         host, _, port = self.coordinator.rpartition(":")
@@ -57,4 +58,10 @@ class Cluster:
                 args.num_processes,
                 "a multi-process server needs --coordinator, --num-processes and --process-id",
             )
-        return cls(args.coordinator, args.num_processes, args.process_id, args.step_timeout)
+        return cls(
+            args.coordinator,
+            args.num_processes,
+            args.process_id,
+            args.step_timeout,
+            args.tp_over_hosts,
+        )

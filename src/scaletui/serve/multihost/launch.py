@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 from scaletui.serve.engine.engine_api import EngineFactory
 from scaletui.serve.multihost.cluster import Cluster
-from scaletui.shape import ConfigError, ServerShape
+from scaletui.shape import ServerShape
 
-__all__ = ["Cluster", "add_flags", "check_spans", "follow", "initialize", "lockstep"]
+__all__ = ["Cluster", "add_flags", "follow", "initialize", "lockstep", "placed_devices"]
 
 log = logging.getLogger("scaletui.serve")
 
@@ -35,6 +37,12 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=20.0,
         help="seconds a pass may take before a process counts as hung and every process exits",
+    )
+    g.add_argument(
+        "--tp-over-hosts",
+        action="store_true",
+        help="let a tp group span processes when tp is more than one process's devices (its "
+        "all-reduces then cross hosts); by default tp stays within a process, dp crosses them",
     )
 
 
@@ -61,22 +69,12 @@ def initialize(cluster: Cluster) -> None:
     )
 
 
-def check_spans(config: ServerShape) -> None:
-    """The engine's mesh (the first tp x dp devices) must hold devices of every process: a
-    process with none would have no part in the programs the others run."""
-    import jax
+def placed_devices(cluster: Cluster) -> Callable[[ServerShape], list]:
+    """The engine factory's device order for a config: `placement.place()` over the processes
+    (devices.py); ConfigError for a tp x dp it cannot place."""
+    from scaletui.serve.multihost import devices
 
-    devices = jax.devices()[: config.tp * config.dp]
-    have, want = {d.process_index for d in devices}, jax.process_count()
-    if len(have) < want:
-        per = jax.local_device_count()
-        raise ConfigError(
-            "tp",
-            config.tp,
-            f"tp {config.tp} x dp {config.dp} uses the devices of {len(have)} of the {want} "
-            f"processes",
-            f"use tp x dp = {want * per} ({want} processes x {per} devices)",
-        )
+    return functools.partial(devices.placed, tp_over_hosts=cluster.tp_over_hosts)
 
 
 def _port_to_all(port: int) -> int:

@@ -132,6 +132,12 @@ class LockstepScheduler(Scheduler):
             "process with the new flags"
         )
 
+    def placement(self) -> dict:
+        """/stats `placement`: where the mesh's devices are over the processes (devices.py)."""
+        from scaletui.serve.multihost import devices  # imports JAX, as the engines have
+
+        return devices.placement(self.config, self.cluster.tp_over_hosts).to_dict()
+
     # -- the pass loop (every process) -------------------------------------------------------
 
     def _interleaved_loop(self) -> None:
