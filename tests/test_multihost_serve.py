@@ -1,7 +1,9 @@
 """`scaletui serve` on 2 processes x 2 CPU devices (jax.distributed, gloo) at tp 2 dp 2: tp
 within each process, dp across them; process 0 answers with the tokens of a one-process server
-of the same shape on 4 devices and /stats lists both processes with their devices; a lost
-process fails the requests in flight with a 503 naming it, fails /health, and process 0 exits
+of the same shape on 4 devices and /stats lists both processes with their devices; /admin/config
+turns it into tp 4 over both processes (--tp-over-hosts) and 2 slots with streams in flight,
+none cut, and it answers with the one-process server's tokens at that shape; a lost process
+fails the requests in flight with a 503 naming it, fails /health, and process 0 exits
 non-zero. One set of processes serves every assertion (each start compiles).
 """
 
@@ -26,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multihost")]
 
 SHAPE = ["--model", "tiny", "--dtype", "f32", "--max-seq-len", "32", "--slots", "4"]
 SHAPE += ["--tp", "2", "--dp", "2"]
+CHANGES = {"tp": 4, "dp": 1, "slots": 2}  # tp over both processes, fewer slots
 BODIES = [  # greedy and seeded sampling, sent together
     {"prompt": "the quick brown fox", "max_tokens": 10, "temperature": 0},
     {"prompt": [5, 9, 200, 17, 3], "max_tokens": 12, "temperature": 0, "ignore_eos": True},
@@ -96,6 +99,69 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+def _admin(url: str, changes: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url + "/admin/config", json.dumps(changes).encode())
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=240) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _stream(url: str, body: dict, first: threading.Event) -> tuple[int, str | None]:
+    """(completion tokens, finish_reason) as the stream ends; `first` set at its first chunk."""
+    usage = {"stream_options": {"include_usage": True}}
+    data = json.dumps({"model": "tiny", "stream": True, **usage, **body}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data)
+    req.add_header("Content-Type", "application/json")
+    n, reason = 0, None
+    with urllib.request.urlopen(req, timeout=240) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk["choices"]:
+                reason = choice["finish_reason"] or reason
+            if chunk.get("usage"):
+                n = chunk["usage"]["completion_tokens"]
+            first.set()
+    return n, reason
+
+
+def _reconfigure_with_streams_in_flight(url: str, follower: subprocess.Popen) -> dict:
+    """3 streams in flight, held there by a stopped process 1 while /admin/config starts."""
+    body = {"prompt": "ab", "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+    firsts = [threading.Event() for _ in range(3)]
+    got: list = [None] * 3
+
+    def one(i: int) -> None:
+        got[i] = _stream(url, body, firsts[i])
+
+    streams = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+    for t in streams:
+        t.start()
+    assert all(f.wait(60) for f in firsts)
+    follower.send_signal(signal.SIGSTOP)  # the passes wait on process 1: the streams stay open
+    answer: list = []
+    admin = threading.Thread(target=lambda: answer.append(_admin(url, CHANGES)))
+    admin.start()
+    end = time.monotonic() + 10
+    while _get(url + "/stats")[1]["state"] != "reconfiguring":
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    assert _post(url, BODIES[0])[0] == 503  # not admitted while it drains
+    follower.send_signal(signal.SIGCONT)
+    admin.join(timeout=240)
+    for t in streams:
+        t.join(timeout=60)
+    assert got == [(20, "length")] * 3  # none cut: every stream ran to its max_tokens
+    status, result = answer[0]
+    assert status == 200 and (result["drained"], result["aborted"]) == (3, 0), result
+    return result
+
+
 def _together(url: str, bodies: list[dict]) -> list[tuple[int, dict]]:
     out: list = [None] * len(bodies)
 
@@ -119,7 +185,7 @@ def _answers(results: list[tuple[int, dict]]) -> list[tuple]:
 
 def test_two_processes_serve_the_one_process_tokens_and_fail_loudly() -> None:
     coordinator = f"127.0.0.1:{_free_port()}"
-    cluster = ["--coordinator", coordinator, "--num-processes", "2"]
+    cluster = ["--coordinator", coordinator, "--num-processes", "2", "--tp-over-hosts"]
     leader = _serve(2, *SHAPE, *cluster, "--process-id", "0", "--port", "0")
     follower = _serve(2, *SHAPE, *cluster, "--process-id", "1")
     single = _serve(4, *SHAPE, "--port", "0")
@@ -142,6 +208,18 @@ def test_two_processes_serve_the_one_process_tokens_and_fail_loudly() -> None:
         got = _answers(_together(url, BODIES))
         assert got == _answers(_together(ref, BODIES))
         assert got[1][2]["completion_tokens"] == 12
+
+        # live reconfiguration on both processes, then the one-process tokens at that shape
+        single_done: list = []
+        again = threading.Thread(target=lambda: single_done.append(_admin(ref, CHANGES)))
+        again.start()
+        result = _reconfigure_with_streams_in_flight(url, follower)
+        assert (result["config"]["tp"], result["config"]["slots"]) == (4, 2)
+        again.join(timeout=240)
+        assert single_done[0][0] == 200, single_done
+        place = _get(url + "/stats")[1]["placement"]
+        assert place["tp_hosts"] == 2 and place["crosses_hosts"] == ["model"], place
+        assert _answers(_together(url, BODIES)) == _answers(_together(ref, BODIES))
 
         # a hung follower holds the leader's next pass in flight; then it dies
         follower.send_signal(signal.SIGSTOP)

@@ -62,3 +62,15 @@ def test_an_array_of_another_shape_is_refused() -> None:
         wire.unpack(WireShape(max_events=4, token_cap=5), array)
     with pytest.raises(ValueError, match="not a pass array"):
         wire.unpack(SHAPE, np.zeros_like(array))
+
+
+def test_a_reconfiguration_rides_last_in_its_pass_with_its_changes() -> None:
+    shape = WireShape(max_events=4, token_cap=16)
+    changes = {"tp": 4, "dp": 1, "slots": 2, "dtype": "bf16"}
+    events = [Cancel(3, "reconfigure"), wire.Reconfig(changes), Cancel(5, "abort")]
+    array, taken = wire.pack(shape, wire.RUN, 9, events)
+    assert taken == 2  # the engines change after it: the cancel behind it waits a pass
+    got = wire.unpack(shape, array)
+    assert got.events == (Cancel(3, "reconfigure"), wire.Reconfig(changes))
+    with pytest.raises(ValueError, match="reconfiguration exceeds"):
+        wire.pack(SHAPE, wire.RUN, 0, [wire.Reconfig(changes)])  # 5 tokens: 20 bytes

@@ -35,7 +35,7 @@ from scaletui.serve.multihost import wire
 from scaletui.serve.multihost.cluster import Cluster
 from scaletui.serve.multihost.link import FollowerLink, LeaderLink
 from scaletui.serve.scheduling.book import RequestBook
-from scaletui.serve.scheduling.events import ErrorKind, Request
+from scaletui.serve.scheduling.events import Busy, ErrorKind, Request
 from scaletui.serve.scheduling.metrics import ServerMetrics
 from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ServerShape
@@ -99,6 +99,7 @@ class LockstepScheduler(Scheduler):
         self._moved = time.monotonic()  # the last pass start or end
         self._armed = False  # passes are running: the step timeout applies
         self._dead = threading.Event()
+        self._rebuilt = threading.Event()  # process 0: a reconfiguration's rebuild is done
         self.book = _Book(self.metrics, link)
         link.on_lost = self.fatal
         timeout = cluster.step_timeout_s + (0 if cluster.leader else FOLLOWER_SLACK_S)
@@ -127,10 +128,67 @@ class LockstepScheduler(Scheduler):
                 self.book.cv.notify_all()
 
     def reconfigure(self, changes: dict, drain_timeout_s: float = 60.0) -> dict:
-        raise ValueError(
-            "live reconfiguration is not implemented across processes yet; restart every "
-            "process with the new flags"
-        )
+        """As one process's (stop admitting, drain, rebuild, compile, resume), with the rebuild
+        at one pass on every process: process 0 checks the changes, drains (a request still
+        running after `drain_timeout_s` is cancelled through the inbox, like a client gone),
+        then sends a `Reconfig` event; every process rebuilds at that pass (`_rebuild`)."""
+        with self.book.cv:
+            if self._reconfiguring:
+                raise Busy("a reconfiguration is already under way")
+            if self.state != "serving":
+                raise Busy(f"the server is {self.state}; try again when it is serving")
+            new = self.config.updated(**changes)  # ValueError names the value
+            if new.mode != "interleaved":
+                raise ValueError("a multi-process server runs --mode interleaved only")
+            event = wire.Reconfig(dict(changes))
+            if event.words > self.wire.token_cap:
+                raise ValueError(f"the changes {changes} do not fit in a pass's array")
+            self.factory.check(new, self.engines)  # placement, sharding, memory: before a drain
+            self._reconfiguring, self.state = True, "reconfiguring"
+            draining = set(self.book.inflight) | set(self._arrivals.values())
+            self._rebuilt = threading.Event()
+        try:
+            aborted = self._drain(draining, drain_timeout_s)
+            with self.book.cv:
+                self._inbox.append(event)
+                self.book.cv.notify_all()
+            while not self._rebuilt.wait(0.25):
+                if self._dead.is_set():
+                    raise RuntimeError(f"reconfigure failed: {self.error}")
+            return {
+                "config": self.config.to_json(),
+                "compile_s": self.compile["seconds"],
+                "drained": len(draining) - aborted,
+                "aborted": aborted,
+            }
+        finally:
+            self._reconfiguring = False
+
+    def _drain(self, requests: set[Request], timeout_s: float) -> int:
+        """Wait for `requests` to end; cancel those still running after `timeout_s` on every
+        process (a cancel event), then wait for the passes to release them."""
+        with self.book.cv:
+            end = time.monotonic() + timeout_s
+            while any(not r.finished for r in requests) and time.monotonic() < end:
+                self.book.cv.wait(0.05)
+            late = [r for r in requests if not r.finished]
+            self._inbox += [wire.Cancel(r.id, "reconfigure") for r in late]
+            self.book.cv.notify_all()
+            while any(not r.finished for r in late) and not self._dead.is_set():
+                self.book.cv.wait(0.05)
+        return len(late)
+
+    def _rebuild(self, changes: dict) -> None:
+        """Every process, at the pass that carries the `Reconfig`: build and compile the new
+        engines (the watchdog waits: a compile is not a hung pass), then meet the others. A
+        process that cannot build is lost to the others: every process exits (`fatal`)."""
+        self._mark(armed=False)
+        self._build(self.config.updated(**changes))
+        self.barrier()
+        self._mark(armed=True)
+        if isinstance(self.link, LeaderLink):
+            self.state = "serving"
+            self._rebuilt.set()
 
     def placement(self) -> dict:
         """/stats `placement`: where the mesh's devices are over the processes (devices.py)."""
@@ -155,6 +213,10 @@ class LockstepScheduler(Scheduler):
                 self._apply(got)
                 if got.word == wire.STOP:
                     return
+                if got.events and isinstance(got.events[-1], wire.Reconfig):
+                    batcher = None  # the old engines go with it: the new ones take their memory
+                    self._rebuild(got.events[-1].changes)
+                    batcher = self._batcher()
                 busy = batcher.interleaved_pass(never)
                 self._mark()
                 if isinstance(self.link, FollowerLink):
@@ -192,6 +254,8 @@ class LockstepScheduler(Scheduler):
                 req.params = e.params  # as sent (the seed mod 2^31, f32 floats): identical
                 self._known[e.id] = req
                 self.book.enqueue(req)
+            elif isinstance(e, wire.Reconfig):
+                continue  # after the pass's other events: the loop rebuilds
             elif (req := self._known.get(e.id)) is not None:  # gone: it had finished
                 self.book.cancel(req, e.reason)
 

@@ -3,8 +3,10 @@ process before each pass (pure numpy, no JAX, no sockets).
 
 A pass's inputs are a control word (run or stop), the pass number, and an ordered list of
 events that reached process 0 since the last pass: new requests (id, prompt token ids,
-sampling parameters) and cancels (id, why). Every process applies them in that order, so their
-request books stay identical. The array's layout, for a `WireShape` (sizes fixed at start-up):
+sampling parameters), cancels (id, why) and a reconfiguration (the `/admin/config` changes, as
+JSON bytes in the token area; the last event of its pass). Every process applies them in that
+order, so their request books and engines stay identical. The array's layout, for a
+`WireShape` (sizes fixed at start-up):
 
     header    [HEADER]                       magic, word, pass number, events, tokens used
     events    [max_events, EVENT_FIELDS]     kind, request id, then the kind's fields
@@ -20,13 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 
 from scaletui.serve.engine.engine_api import SamplingParams
 
 MAGIC = 0x5C7A  # a frame that does not start with it is not ours (a torn read, a stray peer)
 RUN, STOP = 1, 2  # control words
-NEW, CANCEL = 1, 2  # event kinds
-REASONS = ("abort", "stop")  # a cancel's reason, sent as its index + 1
+NEW, CANCEL, RECONFIG = 1, 2, 3  # event kinds
+REASONS = ("abort", "stop", "reconfigure")  # a cancel's reason, sent as its index + 1
 HEADER = 5  # magic, word, pass number, events, tokens used
 EVENT_FIELDS = 12  # kind, id, offset, length, temperature, top_k, top_p, seed, max, min, eos, lp
 
@@ -70,7 +73,23 @@ class Cancel:
     reason: str
 
 
-Event = Arrival | Cancel
+@dataclass(frozen=True)
+class Reconfig:
+    """Rebuild the engines with `changes` (ServerShape.updated's keys) at this pass."""
+
+    changes: dict
+
+    @property
+    def data(self) -> bytes:
+        return orjson.dumps(self.changes, option=orjson.OPT_SORT_KEYS)
+
+    @property
+    def words(self) -> int:
+        """int32 values of the token area it takes."""
+        return -(-len(self.data) // 4)
+
+
+Event = Arrival | Cancel | Reconfig
 
 
 @dataclass(frozen=True)
@@ -109,6 +128,17 @@ def pack(
     for e in events[: shape.max_events]:
         if isinstance(e, Cancel):
             rows[taken, :3] = (CANCEL, e.id, REASONS.index(e.reason) + 1)
+        elif isinstance(e, Reconfig):
+            data, n = e.data, e.words
+            if used + n > shape.token_cap:
+                if n > shape.token_cap:
+                    raise ValueError(f"a {len(data)}-byte reconfiguration exceeds the wire")
+                break
+            tokens[used : used + n] = np.frombuffer(data.ljust(4 * n, b" "), "<i4")
+            rows[taken, :4] = (RECONFIG, 0, used, len(data))
+            used += n
+            taken += 1
+            break  # the engines change after it: nothing else rides in its pass
         else:
             n = len(e.prompt)
             if used + n > shape.token_cap:
@@ -149,6 +179,11 @@ def unpack(shape: WireShape, array: np.ndarray) -> PassInput:
     for r in rows[:n].tolist():
         if r[0] == CANCEL:
             events.append(Cancel(r[1], REASONS[r[2] - 1]))
+            continue
+        if r[0] == RECONFIG:
+            off, nbytes = r[2], r[3]
+            data = tokens[off : off + -(-nbytes // 4)].astype("<i4").tobytes()[:nbytes]
+            events.append(Reconfig(orjson.loads(data)))
             continue
         kind, rid, off, length, temp, top_k, top_p, seed, most, least, eos, lps = r
         assert kind == NEW, f"unknown event kind {kind}"
