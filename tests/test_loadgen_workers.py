@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
 import time
 
 import orjson
@@ -181,3 +182,14 @@ def test_records_convert_to_the_wall_clock(tmp_path):
     assert block.header["shard"] == "0/1" and block.header["start_at"] is None
     sends = [block.header["t_start_epoch"] + r["t_send"] for r in block.records]
     assert before <= min(sends) and max(sends) <= after and not math.isnan(sum(sends))
+
+
+def test_a_worker_that_cannot_start_stops_the_run_with_its_error(capsys):
+    """Spawns 2 processes: a dead port fails each worker before the start."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["--url", f"http://127.0.0.1:{port}", "--qps", "5", "--workers", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("loadgen: error: worker "), err
+    assert "exited 2 before the start" in err[0] and "cannot reach" in err[0]

@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="loadgen",
         description=DESCRIPTION,
         epilog="loadgen report RESULT.json... --html OUT.html [--png OUT.png]: the results as "
-        "one self-contained HTML report (see loadgen report --help)",
+        "one self-contained HTML report (see loadgen report --help). loadgen merge A.jsonl "
+        "B.jsonl ... [--out R.json]: the --shard runs' records as one run's summary",
     )
     a = p.add_argument
     a("--url", help="server base URL (default: start an embedded scaletui server)")

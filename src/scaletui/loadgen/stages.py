@@ -131,8 +131,14 @@ class Stages:
             # prompts would find them in the server's prefix cache
             seed = wl.seed + stage * args.repeat + k
             run_wl = replace(wl, seed=seed)
+            # a --workers child shows no window and streams none: it spends no time on them
+            quiet = self.shard is not None and args.quiet and not args.jsonl
             self.runner = Runner(
-                cfg, run_wl, on_window=on_window, shard=self.shard, start=self.start
+                cfg,
+                run_wl,
+                on_window=None if quiet else on_window,
+                shard=self.shard,
+                start=self.start,
             )
             if self.stopped:  # a signal while /metrics was read: a partial, empty stage
                 self.runner.stop()
