@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, url: str) -> tuple[dict, bool]:
                             stderr=err,
                         )
                     )
-            _wait_ready(procs, errs)
+            _wait_ready(procs, errs, lambda: stopped)
             epoch = f"{time.time() + START_LEAD_S!r}\n".encode()
             for p in procs:
                 p.stdin.write(epoch)
@@ -92,8 +92,9 @@ def run(args: argparse.Namespace, url: str) -> tuple[dict, bool]:
     return summary, stopped
 
 
-def _wait_ready(procs: list[subprocess.Popen], errs: list[Path]) -> None:
-    """Block until every child printed "ready"; RuntimeError if one exits or hangs first."""
+def _wait_ready(procs: list[subprocess.Popen], errs: list[Path], stopped) -> None:
+    """Block until every child printed "ready"; RuntimeError if one exits or hangs first,
+    KeyboardInterrupt on a signal (the children, waiting for their start, are then killed)."""
     sel = selectors.DefaultSelector()
     for i, p in enumerate(procs):
         sel.register(p.stdout, selectors.EVENT_READ, i)
@@ -103,11 +104,15 @@ def _wait_ready(procs: list[subprocess.Popen], errs: list[Path]) -> None:
         left = deadline - time.monotonic()
         if left <= 0:
             raise RuntimeError(f"worker {min(waiting)} not ready after {READY_TIMEOUT_S:g} s")
-        for key, _ in sel.select(timeout=left):
+        if stopped():
+            raise KeyboardInterrupt
+        for key, _ in sel.select(timeout=min(left, 0.2)):
             i = key.data
             line = procs[i].stdout.readline()
             if line.strip() != b"ready":
                 code = procs[i].wait()
+                if stopped():
+                    raise KeyboardInterrupt
                 raise RuntimeError(
                     f"worker {i}/{len(procs)} exited {code} before the start: {_tail(errs[i])}"
                 )
