@@ -26,7 +26,7 @@ def base(url: str, seed: int = 0, quiet: bool = True) -> list[str]:
     """Poisson at 400 req/s, 40 requests of uniform prompt lengths: the schedule to split."""
     return ["--url", url, "--qps", "400", "--num-requests", "40", "--output-len", "3",
             "--input-len", "32", "--input-dist", "uniform", "--input-spread", "16",
-            "--seed", str(seed)] + ["--quiet"] * quiet  # fmt: skip
+            "--seed", str(seed), "--slo", "ttft=2000"] + ["--quiet"] * quiet  # fmt: skip
 
 
 def schedule(paths) -> list[tuple]:
@@ -102,6 +102,10 @@ def test_four_shards_merged_equal_one_process(tmp_path):
     merged = orjson.loads(out.read_bytes())
     assert {k: merged[k] for k in COUNTS} == {k: single[k] for k in COUNTS}
     assert merged["config"]["workload"] == single["config"]["workload"]
+    judged = ("passed", "reasons", "slo_ms", "percentile", "min_completed")  # as one process
+    check, one = merged["slo_check"], single["slo_check"]
+    assert {k: check[k] for k in judged} == {k: one[k] for k in judged}
+    assert merged["slo_check"]["reasons"] == ["only 40 completed; p99 needs 500"]
     rows = merged["workers"]
     assert [r["sent"] for r in rows] == [10, 10, 10, 10]  # index % 4
     assert all(r["start_late_ms"] == 0.0 for r in rows)  # ready before the start

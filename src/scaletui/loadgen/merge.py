@@ -19,8 +19,9 @@ import numpy as np
 
 from scaletui.loadgen import output
 from scaletui.loadgen.client import RequestRecord
-from scaletui.loadgen.report import Slo, summarize
+from scaletui.loadgen.report import Slo, latencies, summarize
 from scaletui.loadgen.results import Block, InputError, flatten, load_blocks
+from scaletui.loadgen.search import min_requests, percentiles_ms, verdict
 
 LATE_MS = 1.0  # a shard ready this long after start_at sent its first requests late
 ONE_CLOCK = "one host: every shard read the same clock (skew 0)"
@@ -137,6 +138,18 @@ def merged(blocks: Sequence[Block]) -> dict:
         partial_message=stopped and stopped["partial_message"],
         tokenizer=h0["schedule"]["workload"]["tokenizer"],
     )
+    rule = h0.get("slo_rule")
+    if slo and rule:  # judged as the one process judges its stage (stages.py)
+        summary["slo_check"] = verdict(
+            percentiles_ms(latencies([r for r in records if not r.warmup]), rule["percentile"]),
+            Slo(**slo),
+            percentile=rule["percentile"],
+            completed=summary["completed"],
+            needed=min_requests(rule["percentile"], rule["tail"]),
+            failure_rate=summary["failure_rate"],
+            max_failure_rate=rule["max_failure_rate"],
+            saturation=summary["saturation"],
+        )
     rows = [worker_row(b) for b in blocks]
     summary["command"] = h0["command"]  # the load's, as one process's summary has it
     summary["workers"] = rows

@@ -227,6 +227,7 @@ def header(
     repeat: int,
     rate: float | None,
     summary: dict,
+    slo_rule: dict | None = None,
 ) -> dict:
     """The `"type": "run"` line before a run's records in --save-requests. Record times are
     seconds after `t_start_epoch` (the measured window's start on this host's wall clock)."""
@@ -247,6 +248,7 @@ def header(
         "partial": result.partial,
         "partial_reason": result.stop_reason,
         "partial_message": result.stop_message,
+        "slo_rule": slo_rule,  # with --slo: percentile, tail, max_failure_rate of slo_check
         **{k: summary.get(k) for k in SHARED},
     }
 

@@ -205,6 +205,7 @@ class Stages:
                 repeat=k,
                 rate=rate,
                 summary=summary,
+                slo_rule=self._slo_rule(),
             )
             f = self.requests_file
             output.write_requests_to(f, result.records, result.t_start, stage, head)
@@ -213,6 +214,14 @@ class Stages:
         if not args.quiet:
             print(output.table(summary), file=self.human, flush=True)
         return summary
+
+    def _slo_rule(self) -> dict | None:
+        """How `slo_check` was judged, for a merge to judge the merged records alike."""
+        a = self.args
+        if a.slo is None:
+            return None
+        return {"percentile": a.slo_percentile, "tail": a.search_tail,
+                "max_failure_rate": a.max_failure_rate}  # fmt: skip
 
     def _aborted(self, stage: int, result) -> None:
         t_stop = (result.t_stop or result.t_start) - result.t_start
