@@ -34,7 +34,7 @@ HOSTS = (
 def check(blocks: Sequence[Block]) -> list[Block]:
     """The runs, by shard, once they are shown to be every shard of one schedule."""
     if not blocks:
-        raise InputError("merge: give the shards' --save-requests files")
+        raise InputError("give the shards' --save-requests files")
     for b in blocks:
         if b.header is None:
             raise InputError(
@@ -71,7 +71,7 @@ def check(blocks: Sequence[Block]) -> list[Block]:
         by_shard[index] = b
     missing = [i for i in range(count) if i not in by_shard]
     if missing:
-        raise InputError(f"merge: shard {missing[0]}/{count} is missing (given: "
+        raise InputError(f"shard {missing[0]}/{count} is missing (given: "
                          f"{', '.join(sorted({b.path for b in blocks}))})")  # fmt: skip
     return [by_shard[i] for i in range(count)]
 
