@@ -216,6 +216,14 @@ def test_loadgen_overhead(tmp_path):
     assert orjson.loads((tmp_path / "o.json").read_bytes())["stages"]
 
 
+def test_loadgen_workers(tmp_path):
+    """A subprocess: it starts a server and `loadgen --workers` processes."""
+    proc = _script("loadgen_workers", tmp_path, "--json", str(tmp_path / "w.json"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = orjson.loads((tmp_path / "w.json").read_bytes())["stages"]
+    assert [r["workers"] for r in rows] == [1, 2] and len(rows[1]["per_worker"]) == 2
+
+
 def test_accelerator_serving(tmp_path):
     """A subprocess: its SIGTERM handler stays set."""
     out = tmp_path / "serving.json"

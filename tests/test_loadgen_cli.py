@@ -16,6 +16,7 @@ from mock_openai import MockConfig, MockServer
 
 from scaletui.loadgen.cli import main
 from scaletui.loadgen.embedded import EmbeddedServer
+from scaletui.loadgen.results import load_requests
 
 pytestmark = pytest.mark.timeout(120)
 MOCK = Path(__file__).with_name("mock_openai.py")
@@ -74,7 +75,7 @@ def test_outputs_json_jsonl_csv_requests(tmp_path, capsys):
     assert lines[0]["type"] == "start" and lines[0]["model"] == "mock-model"
     assert lines[-1]["type"] == "summary" and lines[-1]["completed"] == 12
     assert all(x["type"] == "window" for x in lines[1:-1])
-    per_request = [orjson.loads(x) for x in reqs.read_bytes().splitlines()]
+    per_request = load_requests(str(reqs))
     assert len(per_request) == 12 and all(r["outcome"] == "ok" for r in per_request)
     assert all(sum(r["chunk_tokens"]) == 8 for r in per_request)
     csv_lines = rows.read_text().splitlines()

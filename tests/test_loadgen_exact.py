@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scaletui.loadgen.cli import main
 from scaletui.loadgen.report import summarize
+from scaletui.loadgen.results import load_requests
 from scaletui.loadgen.run_config import RunConfig, make_session
 from scaletui.loadgen.runner import Runner
 from scaletui.loadgen.tokens import WORDS
@@ -190,6 +191,6 @@ def test_tokenizer_server_counts_with_the_servers_tokenize(tmp_path):
         args = ["--url", url, "--qps", "50", "--num-requests", "6", "--tokenizer", "server"]
         args += ["--input-len", "40", "--input-dist", "uniform", "--input-spread", "20"]
         assert main([*args, "--output-len", "3", "--turns", "2", "--save-requests", str(out)]) == 0
-    rows = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+    rows = load_requests(str(out))
     assert len(rows) == 12 and len({r["input_len"] for r in rows}) > 2
     assert all(r["prompt_tokens"] == r["input_len"] for r in rows)

@@ -13,6 +13,7 @@ from mock_openai import STATE, MockConfig, MockServer
 from scaletui.loadgen.cli import main
 from scaletui.loadgen.ramp import ramp_offsets
 from scaletui.loadgen.repeat import pool, t_interval
+from scaletui.loadgen.results import load_requests
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -100,7 +101,7 @@ def test_ramp_requests_are_sent_first_and_counted_nowhere(tmp_path):
         assert main(argv) == 0
         served = srv.requests
     s = orjson.loads(out.read_bytes())
-    rows = [orjson.loads(x) for x in reqs.read_bytes().splitlines()]
+    rows = load_requests(str(reqs))
     ramp = [r for r in rows if r["warmup"]]
     # R S / 2 = 5: arrivals k = 1..4 at sqrt(2 * 0.5 * k / 20) s, before the window
     assert len(ramp) == 4 and served == 12
@@ -119,7 +120,7 @@ def test_repeat_pools_records_and_reports_intervals(tmp_path, capsys):
         assert main(argv) == 0
     s = orjson.loads(out.read_bytes())
     assert s["completed"] == 18 and s["repeat"]["n"] == 3
-    rows = [orjson.loads(x) for x in reqs.read_bytes().splitlines()]
+    rows = load_requests(str(reqs))
     ttft_ms = np.array([r["t_first"] - r["t_send"] for r in rows]) * 1e3
     assert len(rows) == 18
     assert s["p99_ttft_ms"] == pytest.approx(np.percentile(ttft_ms, 99))  # pooled

@@ -4,6 +4,8 @@ Without --url it starts an embedded `scaletui serve --model small` (a subprocess
 afterwards. --sweep runs one stage per rate and prints latency against throughput; --search
 picks the stages' rates itself (search.py) and reports max_rate. Each stage is stages.py's.
 `loadgen report RESULT.json... --html OUT` writes results as an HTML report (html_report.py).
+--workers N sends one schedule from N local processes (workers.py; each runs this module as
+`worker`); --shard I/N --start-at EPOCH sends one shard of it; `loadgen merge` joins shards.
 Errors a user can cause (bad flags, a dead port, a wrong URL) are one line on stderr and a
 non-zero exit. Exit: 0 ok, 1 no request completed, 2 usage or connection error, 3 failure rate
 over --max-failure-rate, 4 the server went away mid-run (partial result), 5 loadgen itself was
@@ -15,19 +17,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import pickle
 import signal
 import sys
 from dataclasses import replace
 
 import aiohttp
 
-from scaletui.loadgen import output, search
+from scaletui.loadgen import output, search, workers
 from scaletui.loadgen.client import get_json
 from scaletui.loadgen.embedded import EmbeddedServer
 from scaletui.loadgen.flags import build_parser, check_usage, preflight, workload_from
 from scaletui.loadgen.replay import trace_size
+from scaletui.loadgen.results import InputError
 from scaletui.loadgen.run_config import RunConfig, make_session
 from scaletui.loadgen.search import min_requests
+from scaletui.loadgen.shard import STDIN, Shard, StartAt
 from scaletui.loadgen.stages import Stages
 from scaletui.loadgen.tokens import SERVER, load_counter
 
@@ -100,7 +105,10 @@ async def run(args: argparse.Namespace, url: str) -> int:
                 ignore_eos=args.ignore_eos,
                 max_connection_failures=args.max_connection_failures,
             )
-            stages = Stages(args, session, cfg, workload, sink, human, requests_file)
+            start = StartAt(args.start_at) if args.shard else None
+            stages = Stages(
+                args, session, cfg, workload, sink, human, requests_file, args.shard, start
+            )
             stages.stopped = stopped
             if args.search:
                 found = await _search(stages, args)
@@ -150,6 +158,53 @@ async def _search(stages: Stages, args: argparse.Namespace) -> dict:
     result = search.summary_of(rule, history)
     result["start_from"] = args.search_start if isinstance(args.search_start, str) else None
     return {"max_rate": result["max_rate"], "search": result}
+
+
+def run_workers(args: argparse.Namespace, url: str) -> int:
+    """--workers N: the shards' merged summary, printed and written as one process's."""
+    summary, stopped = workers.run(args, url)
+    human = sys.stderr if args.jsonl == "-" else sys.stdout
+    sink = output.JsonlSink(args.jsonl)
+    sink.write({"type": "summary", "stage": 0, **summary})
+    sink.close()
+    if args.out:
+        output.write_json(args.out, summary)
+    if args.csv:
+        output.write_csv(args.csv, [summary])
+    if not args.quiet:
+        print(output.table(summary), file=human, flush=True)
+    return _exit_status([summary], stopped, _gone(summary), args.max_failure_rate, args.strict)
+
+
+def _gone(summary: dict) -> str | None:
+    if summary["partial_reason"] != "server_gone":
+        return None
+    return summary["partial_message"]
+
+
+def _merge(argv: list[str]) -> int:
+    from scaletui.loadgen import merge
+
+    try:
+        summary, args = merge.run(argv)
+    except (InputError, OSError) as exc:
+        print(f"loadgen merge: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _exit_status([summary], False, _gone(summary), args.max_failure_rate, False)
+
+
+def _worker(argv: list[str]) -> int:
+    """One of --workers' children: `worker ARGS.pickle I N FILE` (workers.py writes ARGS)."""
+    flags, index, count, path = argv
+    with open(flags, "rb") as f:
+        args = pickle.load(f)  # written by our parent into its private folder
+    args.shard, args.start_at, args.save_requests = Shard(int(index), int(count)), STDIN, path
+    args.workers, args.quiet, args.out, args.csv, args.jsonl = None, True, None, None, None
+    try:
+        return _asyncio_run(run(args, args.url))
+    except (UserError, ValueError, RuntimeError, OSError) as exc:
+        print(f"loadgen: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _exit_status(
@@ -204,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         from scaletui.loadgen import html_report  # matplotlib only for the report
 
         return html_report.main(argv[1:])
+    if argv[:1] == ["merge"]:
+        return _merge(argv[1:])
+    if argv[:1] == ["worker"]:
+        return _worker(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     args.command = ["loadgen", *argv]
@@ -231,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 url = stack.enter_context(srv).url
             elif not url.startswith(("http://", "https://")):
                 raise UserError(f"--url must start with http:// or https://, got {url!r}")
-            code = _asyncio_run(run(args, url))
+            code = run_workers(args, url) if args.workers else _asyncio_run(run(args, url))
             if srv is not None:
                 srv.finish(clean=code == EXIT_OK)
             return code

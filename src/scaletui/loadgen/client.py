@@ -106,6 +106,22 @@ class RequestRecord:
             "chunk_tokens": self.chunk_tokens,
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> RequestRecord:
+        """A record as to_dict (or --save-requests, with its times shifted) wrote it."""
+        rec = cls(d["index"], d["t_sched"], d["input_len"], d["max_tokens"])
+        for key in ("t_send", "t_hdr", "t_done"):
+            setattr(rec, key, _NAN if d.get(key) is None else d[key])
+        for key in _KEPT:
+            if key in d:
+                setattr(rec, key, d[key])
+        rec.chunk_times, rec.chunk_tokens = list(d["chunk_times"]), list(d["chunk_tokens"])
+        return rec
+
+
+_KEPT = ("outcome", "status", "error", "kind", "prompt_tokens", "output_tokens",
+         "tokens_from_usage", "warmup", "session", "turn")  # fmt: skip
+
 
 def _num(x: float) -> float | None:
     return None if math.isnan(x) else x

@@ -8,6 +8,7 @@ import math
 from scaletui.loadgen.replay import load_trace
 from scaletui.loadgen.report import Slo
 from scaletui.loadgen.search import min_requests, start_from_simulation
+from scaletui.loadgen.shard import add_scale_flags, check_split
 from scaletui.loadgen.tokens import SERVER
 from scaletui.loadgen.workload import (
     ARRIVALS,
@@ -163,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="loadgen",
         description=DESCRIPTION,
         epilog="loadgen report RESULT.json... --html OUT.html [--png OUT.png]: the results as "
-        "one self-contained HTML report (see loadgen report --help)",
+        "one self-contained HTML report (see loadgen report --help). loadgen merge A.jsonl "
+        "B.jsonl ... [--out R.json]: the --shard runs' records as one run's summary",
     )
     a = p.add_argument
     a("--url", help="server base URL (default: start an embedded scaletui server)")
@@ -217,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         "server is gone, stop with a partial result and exit 4 (0 = never)",
     )
     add_search_flags(p)
+    add_scale_flags(p)
     o = p.add_argument_group("outputs")
     o.add_argument(
         "--slo", type=Slo.parse, help="SLOs in ms (goodput; --search): ttft=500,tpot=50,e2el=5000"
@@ -265,6 +268,7 @@ def check_usage(args: argparse.Namespace) -> None:
         min_requests(args.slo_percentile, args.search_tail)  # a percentile in (0, 100)
     if isinstance(args.search_start, str):  # a simulate result: read now, before any request
         start_from_simulation(args.search_start, args.slo, args.slo_percentile)
+    check_split(args)
     rates = args.sweep or [args.qps]
     if args.ramp_up and (args.trace or not (args.search or args.sweep or args.qps)):
         raise ValueError("--ramp-up needs an offered rate (--qps, --sweep or --search)")

@@ -46,9 +46,16 @@ def write_json(path: str, obj: dict) -> None:
 
 
 def write_requests_to(
-    f: IO[bytes], records: Sequence[RequestRecord], t_start: float, stage: int = 0
+    f: IO[bytes],
+    records: Sequence[RequestRecord],
+    t_start: float,
+    stage: int = 0,
+    header: dict | None = None,
 ) -> None:
-    """One line per request; times in seconds since the stage started."""
+    """One line per request; times in seconds since the stage started; the run's header line
+    (shard.header: `"type": "run"`, the wall clock of t_start) first, where given."""
+    if header is not None:
+        f.write(dumps(header) + b"\n")
     for r in records:
         d = {"stage": stage, **r.to_dict()}
         for key in ("t_sched", "t_send", "t_hdr", "t_first", "t_last", "t_done"):
@@ -143,6 +150,7 @@ def table(s: dict) -> str:
     elif lengths.get("note"):
         lines.append(f"{'Prompt lengths:':<44}{'estimated':>16}")
     lines += _server_side(s)
+    lines += _workers(s)
     if s.get("repeat"):
         lines += repeat_table(s["repeat"])
     check = s.get("slo_check")
@@ -202,6 +210,27 @@ def _server_side(s: dict) -> list[str]:
             f"{_fmt(lag.get('max'))} ms, CPU {_fmt(o['cpu_util'])} core"
             + (" (SATURATED)" if o["saturated"] else "")
         )
+    return out
+
+
+def _workers(s: dict) -> list[str]:
+    """A merged run's shards (merge.py): each one's sends, schedule delay and start."""
+    rows = s.get("workers")
+    if not rows:
+        return []
+    out = [f"{' Workers: ' + str(len(rows)) + ' shards of one schedule ':-^60}"]
+    out.append(f"{'shard':<7}{'sent':>7}{'sent/s':>9}{'sched p50':>10}{'sched p99':>10}"
+               f"{'late ms':>9}{'lag p99':>8}")  # fmt: skip
+    for r in rows:
+        d = r["schedule_delay_ms"]
+        out.append(
+            f"{r['shard']:<7}{r['sent']:>7}{_fmt(r['achieved_rate'], 0):>9}"
+            f"{_fmt(d['p50'], 3):>10}{_fmt(d['p99'], 3):>10}{_fmt(r['start_late_ms'], 1):>9}"
+            f"{_fmt(r['loop_lag_p99_ms'], 1):>8}"
+        )
+    clock = s.get("clock_skew") or {}
+    if clock.get("note"):
+        out.append(f"clock: {clock['note']}"[:200])
     return out
 
 

@@ -1,6 +1,8 @@
 """Reading what `loadgen report` is given: loadgen's result JSON (--out), `scaletui simulate`'s
-summary JSON (the same keys, `config.simulated` true) and per-request JSONL (--save-requests).
-A file that is none of these raises InputError naming the file and what was expected.
+summary JSON (the same keys, `config.simulated` true) and per-request JSONL (--save-requests:
+each run's `"type": "run"` header line, shard.header, then its records; files written before
+the header have records only). A file that is none of these raises InputError naming the file
+and what was expected.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def load_result(path: str, name: str | None = None) -> Result:
             line = orjson.loads(first)
         except orjson.JSONDecodeError:
             line = None
-        if isinstance(line, dict) and "outcome" in line:
+        if isinstance(line, dict) and ("outcome" in line or line.get("type") == "run"):
             hint = "; it looks like --save-requests' JSONL: give it with --requests"
         elif isinstance(line, dict) and "type" in line:
             hint = "; it looks like --jsonl's live stream: give the --out file"
@@ -115,9 +117,19 @@ def merge_predicted(results: Sequence[Result]) -> Result:
     return Result(path, "predicted", stages, simulated=True, command=None, max_rate=None)
 
 
-def load_requests(path: str) -> list[dict]:
-    """The records of a --save-requests file (every stage), checked line by line."""
-    records = []
+@dataclass(frozen=True)
+class Block:
+    """One run's part of a --save-requests file: its header (None in a file that predates
+    headers) and its records."""
+
+    path: str
+    header: dict | None
+    records: list[dict]
+
+
+def load_blocks(path: str) -> list[Block]:
+    """The runs of a --save-requests file, in file order, checked line by line."""
+    blocks: list[Block] = []
     for n, line in enumerate(_read(path).splitlines(), 1):
         if not line.strip():
             continue
@@ -125,12 +137,25 @@ def load_requests(path: str) -> list[dict]:
             rec = orjson.loads(line)
         except orjson.JSONDecodeError:
             raise InputError(f"{path}:{n}: not JSON, expected {RECORDS}") from None
+        if isinstance(rec, dict) and rec.get("type") == "run":
+            blocks.append(Block(path, rec, []))
+            continue
         missing = [k for k in RECORD_KEYS if not isinstance(rec, dict) or k not in rec]
         if missing:
             raise InputError(f"{path}:{n}: no {missing[0]!r}, expected {RECORDS}")
-        records.append(rec)
-    if not records:
+        if not blocks:
+            blocks.append(Block(path, None, []))
+        blocks[-1].records.append(rec)
+    if not blocks:
         raise InputError(f"{path}: empty, expected {RECORDS}")
+    return blocks
+
+
+def load_requests(path: str) -> list[dict]:
+    """The records of a --save-requests file (every stage and run)."""
+    records = [r for b in load_blocks(path) for r in b.records]
+    if not records:
+        raise InputError(f"{path}: no request in it, expected {RECORDS}")
     return records
 
 

@@ -16,6 +16,9 @@
 7. A conversation (RequestSpec.later) is one task holding one permit: each later turn is sent
    think_s after the previous reply's last token (its t_sched), with the whole history; a turn
    that fails ends its conversation. The open loop's offsets and the cap count conversations.
+8. A shard (shard.py) sends only its share of the warm-up, the ramp and the schedule, drawn
+   before t0; `start` (a coroutine function) gives t0 instead of "now": a common wall-clock
+   start of every shard.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from itertools import islice
 from time import perf_counter
@@ -37,6 +40,7 @@ from scaletui.loadgen.ramp import ramp_specs
 from scaletui.loadgen.report import Latencies, latencies, quantiles_ms
 from scaletui.loadgen.request_spec import RequestSpec
 from scaletui.loadgen.run_config import RunConfig, RunResult
+from scaletui.loadgen.shard import Shard
 from scaletui.loadgen.tokens import load_counter
 from scaletui.loadgen.workload import Workload, iter_requests
 
@@ -54,8 +58,11 @@ class Runner:
         workload: Workload,
         *,
         on_window: Callable[[dict], None] | None = None,
+        shard: Shard | None = None,
+        start: Callable[[], Awaitable[float]] | None = None,
     ) -> None:
         self.cfg, self.workload, self.on_window = cfg, workload, on_window
+        self.shard, self._start = shard, start
         self.records: list[RequestRecord] = []
         self.windows: list[dict] = []
         self._stopped = False
@@ -114,17 +121,22 @@ class Runner:
         if self._stopped:
             return self._result([], perf_counter())
         specs = iter_requests(w)
-        if cfg.num_requests is not None:
+        if self.shard is not None:  # its share of the whole stream, drawn before t0
+            specs = iter(self.shard.take(w, cfg.num_requests, cfg.duration))
+        elif cfg.num_requests is not None:
             specs = islice(specs, cfg.num_requests)
             if w.tokenizer:  # exact prompts cost encodes (or HTTP calls): made before t0
                 specs = iter(list(specs))
         sem = asyncio.Semaphore(w.concurrency) if w.concurrency else None
         ramp = ramp_specs(w, cfg.ramp_up) if cfg.ramp_up and not w.closed_loop else []
-        t0 = perf_counter() + 0.005
-        t_measure = t0 + (cfg.ramp_up if ramp else 0.0)  # the measured window starts here
+        ramped = bool(ramp)  # every shard's window starts after the ramp, its share or none
+        if self.shard is not None:
+            ramp = [s for s in ramp if self.shard.keeps(s.index)]
+        t0 = await self._start() if self._start is not None else perf_counter() + 0.005
+        t_measure = t0 + (cfg.ramp_up if ramped else 0.0)  # the measured window starts here
         self._end = t_measure + cfg.duration if cfg.duration is not None else math.inf
         ticker = asyncio.create_task(self._windows(t0)) if self.on_window else None
-        if ramp:  # the measured schedule starts after the ramp
+        if ramped:  # the measured schedule starts after the ramp
             shifted = (replace(s, offset=s.offset + cfg.ramp_up) for s in specs)
             specs, self._ramp_n = itertools.chain(ramp, shifted), len(ramp)
         self._dispatcher = asyncio.create_task(self._dispatch(session, specs, sem, t0))
@@ -287,6 +299,8 @@ class Runner:
         seed_w = replace(w, seed=w.seed + 1_000_003, cancel_rate=0.0)
         tasks = []
         for spec in islice(iter_requests(seed_w), cfg.warmup):
+            if self.shard is not None and not self.shard.keeps(spec.index):
+                continue
             rec = RequestRecord(spec.index, perf_counter(), spec.input_len, spec.max_tokens)
             rec.warmup = True
             body = self._body(spec.prompt, spec.max_tokens)

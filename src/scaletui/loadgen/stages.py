@@ -7,7 +7,10 @@
    --seed + s * repeat + k), so no stage resends another's prompts to a prefix cache;
 3. the summary is summarize() of the records (repeats pooled: repeat.pool), plus
    `server_metrics`, `client_overhead` and, with --slo, `slo_check` (search.verdict);
-4. it goes to the live JSONL, the per-request file and the terminal.
+4. it goes to the live JSONL, the per-request file (each run's records after a header line,
+   shard.header, once the stage is done) and the terminal.
+
+A shard of a schedule (--shard, --workers' children) runs its Runners with its Shard and start.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from scaletui.loadgen.run_config import RunConfig
 from scaletui.loadgen.runner import Runner
 from scaletui.loadgen.search import min_requests, percentiles_ms, verdict
 from scaletui.loadgen.server_metrics import Scraper
+from scaletui.loadgen.shard import Shard, StartAt, header, schedule_of
 from scaletui.loadgen.workload import Workload
 
 
@@ -78,8 +82,11 @@ class Stages:
         sink: output.JsonlSink,
         human: IO[str],
         requests_file: IO[bytes] | None,
+        shard: Shard | None = None,
+        start: StartAt | None = None,
     ) -> None:
         self.args, self.session, self.cfg, self.workload = args, session, cfg, workload
+        self.shard, self.start = shard, start
         self.sink, self.human, self.requests_file = sink, human, requests_file
         self.summaries: list[dict] = []
         self.stopped = False  # a signal
@@ -109,6 +116,7 @@ class Stages:
         meter = Overhead()
         meter.start()
         repeats, records, first, stats = [], [], None, [None, None]
+        runs = []  # (repeat, its workload, its result): the per-request file's blocks
         for k in range(args.repeat):
             if k and self.halted:  # the first always runs, so that a summary exists
                 break
@@ -122,7 +130,16 @@ class Stages:
             # each stage and repeat its own prompts and arrivals: a later stage sending the same
             # prompts would find them in the server's prefix cache
             seed = wl.seed + stage * args.repeat + k
-            self.runner = Runner(cfg, replace(wl, seed=seed), on_window=on_window)
+            run_wl = replace(wl, seed=seed)
+            # a --workers child shows no window and streams none: it spends no time on them
+            quiet = self.shard is not None and args.quiet and not args.jsonl
+            self.runner = Runner(
+                cfg,
+                run_wl,
+                on_window=None if quiet else on_window,
+                shard=self.shard,
+                start=self.start,
+            )
             if self.stopped:  # a signal while /metrics was read: a partial, empty stage
                 self.runner.stop()
             before = await server_stats(self.session, cfg.url)
@@ -147,8 +164,7 @@ class Stages:
             )
             repeats.append(summary)
             records += [r for r in result.records if not r.warmup]
-            if self.requests_file:
-                output.write_requests_to(self.requests_file, result.records, result.t_start, stage)
+            runs.append((k, run_wl, result))
         summary = repeats[0]
         if len(repeats) > 1:
             pooled = summarize(
@@ -179,11 +195,33 @@ class Stages:
                 max_failure_rate=args.max_failure_rate,
                 saturation=summary["saturation"],
             )
+        for k, run_wl, result in runs if self.requests_file else ():
+            head = header(
+                shard=self.shard,
+                start=self.start,
+                result=result,
+                schedule=schedule_of(cfg, run_wl),
+                stage=stage,
+                repeat=k,
+                rate=rate,
+                summary=summary,
+                slo_rule=self._slo_rule(),
+            )
+            f = self.requests_file
+            output.write_requests_to(f, result.records, result.t_start, stage, head)
         self.summaries.append(summary)
         self.sink.write({"type": "summary", "stage": stage, **summary})
         if not args.quiet:
             print(output.table(summary), file=self.human, flush=True)
         return summary
+
+    def _slo_rule(self) -> dict | None:
+        """How `slo_check` was judged, for a merge to judge the merged records alike."""
+        a = self.args
+        if a.slo is None:
+            return None
+        return {"percentile": a.slo_percentile, "tail": a.search_tail,
+                "max_failure_rate": a.max_failure_rate}  # fmt: skip
 
     def _aborted(self, stage: int, result) -> None:
         t_stop = (result.t_stop or result.t_start) - result.t_start
