@@ -37,11 +37,12 @@ from scaletui.loadgen import client
 from scaletui.loadgen.client import FAILED, RequestRecord
 from scaletui.loadgen.health import Liveness
 from scaletui.loadgen.ramp import ramp_specs
-from scaletui.loadgen.report import Latencies, latencies, quantiles_ms
+from scaletui.loadgen.report import Latencies, latencies
 from scaletui.loadgen.request_spec import RequestSpec
 from scaletui.loadgen.run_config import RunConfig, RunResult
 from scaletui.loadgen.shard import Shard
 from scaletui.loadgen.tokens import load_counter
+from scaletui.loadgen.windows import window_line
 from scaletui.loadgen.workload import Workload, iter_requests
 
 YIELD_EVERY = 128  # window work yields to the loop every this many requests
@@ -339,25 +340,6 @@ class Runner:
         out_tokens = sum(n for _, n in now_tokens)
         sent, self._window_sent = self._window_sent, 0
         delays, self._window_delays = self._window_delays, []
-        ok = sum(r.outcome == "ok" for r in done)
-        return {
-            "type": "window",
-            "t": round(t_end - t0, 6),
-            "window_s": step,
-            "sent": sent,
-            "completed": ok,
-            "failed": sum(r.outcome in FAILED for r in done),
-            "rejected": sum(r.outcome == "rejected" for r in done),
-            "cancelled": sum(r.outcome == "cancelled" for r in done),
-            "in_flight": len(self._in_flight),
-            "output_tokens": out_tokens,
-            "output_tok_s": out_tokens / step,
-            "request_rate": ok / step,
-            "ttft_ms": quantiles_ms(lat.ttft),
-            "tpot_ms": quantiles_ms(lat.tpot),
-            "itl_ms": quantiles_ms(lat.itl),
-            "e2el_ms": quantiles_ms(lat.e2el),
-            "schedule_delay_ms": quantiles_ms(delays),  # requests *sent* in the window
-            "ttft_sched_ms": quantiles_ms(lat.ttft_sched),
-            "totals": dict(self._totals),
-        }
+        return window_line(
+            t_end - t0, step, done, lat, out_tokens, sent, delays, len(self._in_flight)
+        ) | {"totals": dict(self._totals)}
