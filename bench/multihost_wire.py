@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
+from _smoke import shrink
 
 
 def _stats(us: list[float]) -> str:
@@ -87,10 +89,15 @@ def main() -> None:
     p.add_argument("--max-seq-len", type=int, default=2048)
     p.add_argument("--passes", type=int, default=300)
     p.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=24871, help="the JAX coordinator's port")
+    p.add_argument("--port", type=int, default=0, help="the JAX coordinator's port (0: a free one)")
+    shrink(p, max_seq_len=256, passes=20)  # a smoke run (bench/_smoke.py)
     args = p.parse_args()
     if args.process_id is not None:
         return run(args.process_id, args.port, args.max_seq_len, args.passes)
+    if not args.port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args.port = s.getsockname()[1]
     argv = [sys.executable, __file__, "--max-seq-len", str(args.max_seq_len)]
     argv += ["--passes", str(args.passes), "--port", str(args.port)]
     procs = [subprocess.Popen([*argv, "--process-id", str(i)]) for i in (0, 1)]

@@ -216,6 +216,13 @@ def test_loadgen_overhead(tmp_path):
     assert orjson.loads((tmp_path / "o.json").read_bytes())["stages"]
 
 
+def test_multihost_wire(tmp_path):
+    """Two processes on jax.distributed (gloo): each channel's cost per pass is printed."""
+    proc = _script("multihost_wire", tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("median") >= 2, proc.stdout
+
+
 def test_loadgen_workers(tmp_path):
     """A subprocess: it starts a server and `loadgen --workers` processes."""
     proc = _script("loadgen_workers", tmp_path, "--json", str(tmp_path / "w.json"))

@@ -102,10 +102,13 @@ def test_four_shards_merged_equal_one_process(tmp_path):
     merged = orjson.loads(out.read_bytes())
     assert {k: merged[k] for k in COUNTS} == {k: single[k] for k in COUNTS}
     assert merged["config"]["workload"] == single["config"]["workload"]
-    judged = ("passed", "reasons", "slo_ms", "percentile", "min_completed")  # as one process
+    judged = ("passed", "slo_ms", "percentile", "min_completed")  # as one process
     check, one = merged["slo_check"], single["slo_check"]
     assert {k: check[k] for k in judged} == {k: one[k] for k in judged}
-    assert merged["slo_check"]["reasons"] == ["only 40 completed; p99 needs 500"]
+    # whether the server kept up is each run's own timing (two runs on a busy box may differ);
+    # the rest of the verdict is the same rule over the same schedule
+    ruled = lambda c: [r for r in c["reasons"] if not r.startswith("saturated")]  # noqa: E731
+    assert ruled(check) == ruled(one) == ["only 40 completed; p99 needs 500"]
     rows = merged["workers"]
     assert [r["sent"] for r in rows] == [10, 10, 10, 10]  # index % 4
     assert all(r["start_late_ms"] == 0.0 for r in rows)  # ready before the start
