@@ -4,8 +4,11 @@ For a model spec (default `small`) and a hardware spec (default `local`, from `s
 calibrate`; when missing, a short inline probe measures weight-read bandwidth and matmul FLOP/s
 and says so), runs the real engine's `generate` at batch 1, 2, 4, ... up to --slots with every
 slot at the stated context, and prints measured vs predicted step time, achieved bandwidth and
-FLOP/s and efficiency = predicted / measured; then prefill time vs prediction for a few prompt
-lengths. `--json` prints one JSON object instead.
+FLOP/s and efficiency = predicted / measured; then prefill (straight into a slot's pages, as the
+server runs it) for a few prompt lengths, with its efficiency = achieved FLOP/s / the calibrated
+FLOP/s of the compute dtype, and where the native prefill attention runs the same prefill on XLA's
+attention beside it (`xla attn`, alternating repeat by repeat). `--json` prints one JSON object
+instead.
 
 The engine runs with `--kernels` (default auto, as the server does: the native CPU kernels of
 `serve/engine/native` where they build; on GPU/TPU decode attention on JAX's Pallas paged-attention
@@ -16,8 +19,9 @@ same run (`xla`, and the speedup `x`; `--baseline-batches` only at those batches
 `scaletui serve` does; the predictions read those bytes. `--batches` measures those batches
 instead of 1, 2, 4, ... `--slots`. `--compare SPEC`
 adds the predictions of a second hardware spec (say the one `scaletui calibrate` just wrote)
-beside the first; `--json-out FILE` writes the JSON and still prints the tables; `--check`
-parses the arguments and loads the specs, then exits (bench/accelerator_run.sh --check).
+beside the first; `--json-out FILE` writes the JSON and still prints the tables;
+`--prefill-only` skips the decode steps; `--check` parses the arguments and loads the specs,
+then exits (bench/accelerator_run.sh --check).
 
 Beside each decode step it times a weights-only floor: the same weights and projections (q/k/v,
 o, SwiGLU MLP, norms, lm head, argmax) through the same kernels in the same `fori_loop`, with
@@ -30,6 +34,7 @@ cost at that batch, so predicted / floor bounds what any attention or cache desi
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import statistics
 import sys
@@ -263,21 +268,45 @@ def bench_decode(args, model, hw, host_params, rows: list, save) -> list[dict]:
     return rows
 
 
+def with_xla_prefill_attention(eng):
+    """The same engine (weights, config) with XLA's prefill attention (`model._attend_chunk`) in
+    place of the native kernel: a copy with its own compiled programs, for an A/B in one run."""
+    alt = copy.copy(eng)
+    alt._exes = {}
+    alt.ops = eng.ops._replace(prefill_attention=None)
+    return alt
+
+
+def time_prefill(eng, prompt: list[int], calls: int) -> list[float]:
+    """Seconds of `calls` prefills of `prompt` straight into slot 0's pages (what the server runs
+    for a new request), after one that compiles."""
+    pages = fixed_table(eng)[0][: -(-len(prompt) // eng.page_size)]
+    state, times = eng.init_decode_state(), []
+    for _ in range(calls + 1):
+        t0 = time.perf_counter()
+        state, _prefix = eng.prefill_pages(state, prompt, SamplingParams(), 0, pages)
+        times.append(time.perf_counter() - t0)
+    return times[1:]
+
+
 def bench_prefill(args, model, hw, host_params, rows: list, save) -> list[dict]:
     # a prompt must leave one position free: room for the longest asked for
     seq = max(args.max_seq_len, max(args.prompt_lens) + 1)
     cfg = serve_config(args, model, slots=1, max_seq_len=seq)
     eng, _ = build_engines(cfg, jax.devices()[:1], host_params=host_params)
+    # XLA's prefill attention beside the native kernel's, alternating call by call
+    base = with_xla_prefill_attention(eng) if eng.ops.prefill_attention and args.baseline else None
     rng = np.random.default_rng(1)
+    roof = hw.flops(args.dtype)
     for n in args.prompt_lens:
         prompt = [int(t) for t in rng.integers(0, model.vocab_size, n)]
-        eng.prefill(prompt, SamplingParams())  # compile
-        times = []
-        for _ in range(args.calls):
-            t0 = time.perf_counter()
-            eng.prefill(prompt, SamplingParams())
-            times.append(time.perf_counter() - t0)
+        times, base_times = [], []
+        for _ in range(args.repeats):
+            times += time_prefill(eng, prompt, args.calls)
+            if base is not None:
+                base_times += time_prefill(base, prompt, args.calls)
         t = statistics.median(times)
+        tb = statistics.median(base_times) if base_times else None
         est = _estimate(model, hw, args, batch=1, context=n, prompt_len=n)
         print(f"prefill {n}: {t * 1e3:.2f} ms", file=sys.stderr, flush=True)
         rows.append(
@@ -287,6 +316,10 @@ def bench_prefill(args, model, hw, host_params, rows: list, save) -> list[dict]:
                 "predicted_ms": est.prefill_s * 1e3,
                 "gflop_per_s": est.prefill_flops / t / 1e9,
                 "efficiency": est.prefill_s / t,
+                "flops_efficiency": est.prefill_flops / t / roof,  # achieved / calibrated FLOP/s
+                "xla_attention_ms": tb * 1e3 if tb else None,
+                "xla_attention_flops_efficiency": est.prefill_flops / tb / roof if tb else None,
+                "speedup_vs_xla_attention": tb / t if tb else None,
             }
         )
         save()
@@ -342,11 +375,19 @@ def print_tables(result: dict, hw: HardwareSpec, args) -> None:
             f"{r['bound']}"
         )
     if prefill:
-        print(f"\n{'prompt':>6} {'measured':>9} {'predicted':>9} {'GFLOP/s':>8} {'eff':>5}")
+        roof = hw.flops(args.dtype) / 1e9
+        print(f"\nprefill into the pages (efficiency = achieved / calibrated {roof:.0f} "
+              "GFLOP/s; xla attn: the same on XLA's prefill attention)")  # fmt: skip
+        print(
+            f"{'prompt':>6} {'measured':>10} {'predicted':>10} {'GFLOP/s':>8} {'eff':>5} "
+            f"{'xla attn':>10} {'x.eff':>5} {'x':>5}"
+        )
         for r in prefill:
             print(
-                f"{r['prompt_len']:>6} {r['measured_ms']:>7.2f}ms {r['predicted_ms']:>7.2f}ms "
-                f"{r['gflop_per_s']:>8.1f} {r['efficiency']:>5.2f}"
+                f"{r['prompt_len']:>6} {r['measured_ms']:>8.1f}ms {r['predicted_ms']:>8.1f}ms "
+                f"{r['gflop_per_s']:>8.1f} {r['flops_efficiency']:>5.2f} "
+                f"{_ms(r['xla_attention_ms']):>10} {_x(r['xla_attention_flops_efficiency']):>5} "
+                f"{_x(r['speedup_vs_xla_attention']):>5}"
             )
     if c := result.get("compare"):
         print(f"\nagainst {c['hardware']}: {c['hbm_bw'] / 1e9:.1f} GB/s, "
@@ -374,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calls", type=int, default=6, help="timed generate calls per repeat")
     p.add_argument("--repeats", type=int, default=3, help="best median of this many repeats")
     p.add_argument("--prompt-lens", type=int, nargs="*", default=[64, 256, 512])
+    p.add_argument("--prefill-only", action="store_true", help="skip the decode steps")
     p.add_argument("--dtype", default="f32", choices=DTYPES, help="compute dtype")
     p.add_argument("--weight-dtype", choices=STORAGE_DTYPES, help="weight storage (int8: "
                    "per-channel scales; default: --dtype)")  # fmt: skip
@@ -473,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json_out, "wb") as f:
                 f.write(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
 
-    bench_decode(args, model, hw, host_params, result["decode"], save)
+    if not args.prefill_only:
+        bench_decode(args, model, hw, host_params, result["decode"], save)
     if args.prompt_lens:
         bench_prefill(args, model, hw, host_params, result["prefill"], save)
     meta["complete"] = True

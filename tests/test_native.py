@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from scaletui.serve.engine import model, native
+from scaletui.serve.engine import kv_cache, model, native
 from scaletui.serve.engine.build import build_engines
 from scaletui.serve.engine.engine_api import SamplingParams
 from scaletui.serve.engine.native import toolchain
@@ -419,6 +419,46 @@ def test_paged_decode_attention_past_the_page_table_writes_nothing():
 
 def _same(a, b):
     return (a == b) | (np.isnan(a) & np.isnan(b))
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("dtype", "groups", "hd", "size"), [("f32", 2, 16, 8), ("bf16", 4, 64, 16)]
+)
+@pytest.mark.parametrize(("t", "start"), [(7, 0), (40, 16), (70, 32)])
+def test_prefill_attention_matches_xla_and_is_the_same_whole_or_split(
+    dtype, groups, hd, size, t, start
+):
+    """The native prefill attention against XLA's `_attend_chunk` over earlier pages and the
+    chunk's own K/V; and a prompt prefilled in two chunks gives the whole prompt's bits."""
+    rng = np.random.default_rng(t + start)
+    kh, width = 2, 8
+    value = jnp.float32 if dtype == "f32" else jnp.bfloat16
+    stored = kv_cache.pool_dtype(value, bits=True)  # bf16 as the CPU pool holds it
+    arr = lambda *shape: jnp.asarray(_rand(rng, *shape), value)
+    q, k, v = arr(t, kh * groups, hd), arr(t, kh, hd), arr(t, kh, hd)
+    prior = {
+        "k": kv_cache.to_pool(arr(width, kh, hd, size), stored),
+        "v": kv_cache.to_pool(arr(width, kh, size, hd), stored),
+    }
+    want = model._attend_chunk(q, (k, v), prior, start)
+    got = native.prefill_attention(q, (k, v), prior, start)
+    assert got.shape == q.shape and got.dtype == jnp.float32
+    tol = 1e-5 if dtype == "f32" else 1e-2  # XLA's result is rounded to bf16
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want, np.float32), atol=tol, rtol=tol)
+    # whole from position 0, then the same prompt as two chunks: the second over the first's pages
+    whole = native.prefill_attention(q, (k, v), None, 0)
+    cut = size * (t // (2 * size))
+    pages = -(-t // size)
+    pad = lambda a: jnp.pad(a, [(0, pages * size - t), (0, 0), (0, 0)]).reshape(pages, size, kh, hd)
+    first = {
+        "k": kv_cache.to_pool(jnp.transpose(pad(k), (0, 2, 3, 1)), stored),
+        "v": kv_cache.to_pool(jnp.swapaxes(pad(v), 1, 2), stored),
+    }
+    second = native.prefill_attention(q[cut:], (k[cut:], v[cut:]), first, cut)
+    np.testing.assert_array_equal(np.asarray(second), np.asarray(whole[cut:]))
+    with pytest.raises(Exception, match="multiple of the page size"):
+        jax.block_until_ready(native.prefill_attention(q, (k, v), prior, size + 1))
 
 
 @needs_kernels

@@ -14,8 +14,9 @@ attention over the cache differs between them.
 The op set is an argument, picked once when the engine is built: `xla_ops(...)` (`XLA` is the
 default, over the layout above, with any weight precision of `quant.py`: plain, cast or int8
 `QTensor` matrices) or `native_ops_for(compute)` (`NATIVE` in f32; over `native.pack_params`'
-fused, packed projections in f32, bf16 or int8), whose matmuls run the native dense kernel and
-whose decode attention runs the native kernel, writing the step's K/V in place. The KV cache
+fused, packed projections in f32, bf16 or int8), whose matmuls run the native dense kernel,
+whose decode attention runs the native kernel, writing the step's K/V in place, and whose
+prefill attention runs the native one over an f32 or bf16 cache. The KV cache
 may be stored in f32, bf16 or int8 (with a scale per position and KV head); attention always
 reads it back in the compute dtype.
 """
@@ -162,6 +163,20 @@ def native_decode_attention(q, k, v, positions, pages, layer: dict) -> tuple:
     return o.astype(q.dtype), layer
 
 
+def native_prefill_attention(q: jax.Array, own: tuple, prior: dict | None, start) -> jax.Array:
+    """The native kernel over an f32 or bf16 pool (`_attend_chunk`'s arguments; prior None:
+    nothing earlier); an int8 pool's chunks run XLA's `_attend_chunk`, and a whole prompt over
+    int8 K/V (prior None) XLA's `_attend`."""
+    if len(own) == 4:
+        if prior is not None:
+            return _attend_chunk(q, own, prior, start)
+        keys, vals = quant.load_kv(own, q.dtype)
+        t = q.shape[0]
+        mask = jnp.tril(jnp.ones((t, t), bool))[None]
+        return _attend(q[None], keys[None], vals[None], mask)[0]
+    return native_ops.prefill_attention(q, own, prior, start).astype(q.dtype)
+
+
 class Ops(NamedTuple):
     """The functions a forward pass runs with, for one params layout (see the docstring)."""
 
@@ -175,6 +190,9 @@ class Ops(NamedTuple):
     # position)
     decode_attention: Callable
     layout: str = kv_cache.PAGE_MAJOR  # the pool layout decode_attention reads (kv_cache.LAYOUTS)
+    # a prompt chunk's attention, `_attend_chunk`'s signature (prior None: nothing earlier, start
+    # 0); None: XLA's, `_attend_chunk` (paged) and `_attend` (whole prompt)
+    prefill_attention: Callable | None = None
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -262,6 +280,8 @@ def prefill(
                 for a, b in zip(entry, prior[i], strict=True)
             )
             kpos = jnp.arange(entry[0].shape[0])
+        if prior is None and ops.prefill_attention is not None:
+            return ops.prefill_attention(q[0], entry, None, start)[None], entry
         keys, vals = quant.load_kv(entry, q.dtype)
         mask = (kpos[None, :] <= pos[:, None])[None]  # [1, T, S]
         return _attend(q, keys[None], vals[None], mask), entry
@@ -396,7 +416,7 @@ def prefill_paged(
     def attend(i, q, k, v):
         pool = cache[i]
         entry = quant.store_kv(k[0], v[0], kv_cache.value_dtype(pool["k"].dtype))  # [T, K, H]
-        o = _attend_chunk(q[0], entry, prior[i], start)
+        o = (ops.prefill_attention or _attend_chunk)(q[0], entry, prior[i], start)
         first = jnp.minimum(start // pool["v"].shape[2], pages.shape[0])
         ids = lax.dynamic_slice_in_dim(
             jnp.append(pages, jnp.full_like(pages, scratch)), first, -(-t // pool["v"].shape[2])
@@ -536,7 +556,15 @@ def native_ops_for(compute: jnp.dtype = jnp.float32) -> Ops:
     """The native kernels over native.pack_params' layout, activations in `compute` (f32 or
     bf16)."""
     embed = partial(native_embed, compute=jnp.dtype(compute))
-    return Ops(embed, native_qkv, native_out, native_mlp, native_logits, native_decode_attention)
+    return Ops(
+        embed,
+        native_qkv,
+        native_out,
+        native_mlp,
+        native_logits,
+        native_decode_attention,
+        prefill_attention=native_prefill_attention,
+    )
 
 
 NATIVE = native_ops_for()

@@ -1,5 +1,5 @@
-"""Native CPU kernels (`kernels.cc`): packed-panel dense, and decode attention over the paged KV
-cache in f32, bf16 or int8.
+"""Native CPU kernels (`kernels.cc`): packed-panel dense, decode attention over the paged KV
+cache in f32, bf16 or int8, and prefill attention over an f32 or bf16 one.
 
 The C++ source ships with the package and is compiled with the host's C++ compiler against the
 XLA FFI headers of the installed jaxlib (`toolchain.py`: `scaletui build-kernels` ahead of time,
@@ -30,6 +30,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from scaletui.serve.engine.native import toolchain
 from scaletui.serve.engine.native.toolchain import slower_here  # noqa: F401  (the engine asks)
@@ -52,6 +53,10 @@ ATTENTION = {
     "uint16": "scaletui_decode_attention_bf16_bits",  # bf16 stored as bits (kv_cache)
     "int8": "scaletui_decode_attention_i8",
 }
+PREFILL_ATTENTION = {
+    "float32": "scaletui_prefill_attention_f32",
+    "uint16": "scaletui_prefill_attention_bf16_bits",  # a bf16 pool, as kv_cache stores it
+}
 _SYMBOLS = {
     DENSE["float32"]: "ScaletuiDenseF32",
     DENSE["bfloat16"]: "ScaletuiDenseBF16",
@@ -63,6 +68,8 @@ _SYMBOLS = {
     ATTENTION["bfloat16"]: "ScaletuiDecodeAttentionBF16",
     ATTENTION["uint16"]: "ScaletuiDecodeAttentionBF16Bits",
     ATTENTION["int8"]: "ScaletuiDecodeAttentionI8",
+    PREFILL_ATTENTION["float32"]: "ScaletuiPrefillAttentionF32",
+    PREFILL_ATTENTION["uint16"]: "ScaletuiPrefillAttentionBF16Bits",
 }
 CACHE_PARTS = ("k", "v", "k_scale", "v_scale")  # an f32 / bf16 cache has the first two
 _panel: list[int] = []  # the loaded kernels' panel width
@@ -374,3 +381,30 @@ def decode_attention(
         q, *step, positions.astype(jnp.int32), page_table.astype(jnp.int32), *flat
     )
     return res[0], dict(zip(names, res[1:], strict=True))
+
+
+def prefill_attention(q: jax.Array, own: tuple, prior: dict | None, start) -> jax.Array:
+    """A prompt chunk's attention: q [T, N, H] at positions start..start+T-1 over the sequence's
+    earlier positions, read from its gathered pages (`prior`: {"k": [W, K, H, S], "v": [W, K,
+    S, H]} in an f32 or bf16 pool's storage, `model.gather_pages`; None: nothing earlier, start
+    0), and causally over the chunk's own K/V (`own`: (k, v) [T, K, H] as the pool will store
+    them, f32 or bf16). `start` a multiple of S within the pages. -> f32 [T, N, H].
+
+    Flash attention's online softmax in f32 over blocks of key positions from 0, so a query
+    gives the same bits whether its prompt came whole, in chunks or over a cached prefix."""
+    _require()
+    k, v = own
+    if prior is None:  # one zero page: nothing before position 0 is read
+        t, kh, hd = k.shape
+        prior = {"k": jnp.zeros((1, kh, hd, 1), k.dtype), "v": jnp.zeros((1, kh, 1, hd), k.dtype)}
+    bits = lambda a: lax.bitcast_convert_type(a, jnp.uint16) if a.dtype == jnp.bfloat16 else a
+    k, v, pk, pv = (bits(a) for a in (k, v, prior["k"], prior["v"]))
+    target = PREFILL_ATTENTION.get(k.dtype.name)
+    if target is None or not k.dtype == v.dtype == pk.dtype == pv.dtype:
+        raise ValueError(
+            f"prefill_attention: K/V and pages in one f32 or bf16 storage, got {k.dtype}, "
+            f"{v.dtype}, {pk.dtype}, {pv.dtype}"
+        )
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    start = jnp.asarray(start, jnp.int32).reshape(1)
+    return jax.ffi.ffi_call(target, out)(q.astype(jnp.float32), k, v, pk, pv, start)

@@ -953,6 +953,215 @@ ffi::Error DecodeAttentionI8(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q
                             v_scale_new.typed_data(), positions, page_table, pool, out, pool_out);
 }
 
+// ---------------------------------------------------------------------------------------------
+// prefill attention: a prompt chunk's queries over the sequence's earlier pages and, causally,
+// over the chunk's own K/V (flash attention's online softmax, f32, on the FMA units)
+
+// One KV head's keys 0..len-1 (len a multiple of kPanel) as f32: kt in blocks of kPanel keys,
+// [len / kPanel, H, kPanel] (each block's K^T contiguous: a [H, len] K^T put every row of a block
+// 4 KiB or more apart, on the same few L1 sets), and v [len, H]. Positions before `start` come
+// from the gathered pages (k [W, K, H, S], v [W, K, S, H]), start..start+t-1 from the chunk's
+// own K/V ([t, K, H]), zeros past them.
+template <typename T>
+void gather_keys(const T* own_k, const T* own_v, const T* prior_k, const T* prior_v, int64_t t,
+                 int64_t kv_heads, int64_t hd, int64_t ps, int64_t start, int64_t kh,
+                 int64_t len, float* kt, float* v) {
+  auto at = [&](int64_t j, int64_t h) -> float& {
+    return kt[(j / kPanel * hd + h) * kPanel + j % kPanel];
+  };
+  for (int64_t j = 0; j < start; j += ps) {
+    const int64_t block = (j / ps * kv_heads + kh) * hd * ps;
+    const T* kp = prior_k + block;  // [H, S]
+    const T* vp = prior_v + block;  // [S, H]
+    for (int64_t h = 0; h < hd; ++h)
+      for (int64_t s = 0; s < ps; ++s) at(j + s, h) = to_f32(kp[h * ps + s]);
+    for (int64_t i = 0; i < ps * hd; ++i) v[j * hd + i] = to_f32(vp[i]);
+  }
+  for (int64_t i = 0; i < t; ++i) {
+    const T* kr = own_k + (i * kv_heads + kh) * hd;
+    const T* vr = own_v + (i * kv_heads + kh) * hd;
+    for (int64_t h = 0; h < hd; ++h) {
+      at(start + i, h) = to_f32(kr[h]);
+      v[(start + i) * hd + h] = to_f32(vr[h]);
+    }
+  }
+  for (int64_t j = start + t; j < len; ++j)
+    for (int64_t h = 0; h < hd; ++h) at(j, h) = 0.0f;
+  std::fill(v + (start + t) * hd, v + len * hd, 0.0f);
+}
+
+// acc[r, h0 : h0 + CV lanes-vectors] += probs[r, 0:kPanel] @ v[j0 : j0 + kPanel, same columns]
+template <int CV>
+inline void prefill_values(const float* probs, const float* v, int64_t hd, int64_t h0, int64_t j0,
+                           float* acc) {
+  vf a[kRowBlock][CV];
+  for (int r = 0; r < kRowBlock; ++r)
+    for (int c = 0; c < CV; ++c) a[r][c] = load(acc + r * hd + h0 + c * kLanes);
+  for (int64_t j = 0; j < kPanel; ++j) {
+    vf vv[CV];
+    for (int c = 0; c < CV; ++c) vv[c] = load(v + (j0 + j) * hd + h0 + c * kLanes);
+    for (int r = 0; r < kRowBlock; ++r) {
+      const vf p = splat(probs[r * kPanel + j]);
+      for (int c = 0; c < CV; ++c) a[r][c] += p * vv[c];
+    }
+  }
+  for (int r = 0; r < kRowBlock; ++r)
+    for (int c = 0; c < CV; ++c) store(acc + r * hd + h0 + c * kLanes, a[r][c]);
+}
+
+struct PrefillShape {
+  int64_t t, heads, kv_heads, groups, head_dim, start, len;  // len: keys held, kPanel-aligned
+};
+
+// Rows r0 .. r0 + rows - 1 (rows <= kRowBlock) of KV head kh (row r: query r / G, head
+// kh G + r % G, at position start + r / G) over keys 0..its position, kPanel keys a block from
+// key 0. A row's arithmetic depends only on its position and the keys, not on the rows beside it
+// (a block wholly past its position adds exact zeros and scales by exactly 1), so a prompt gives
+// the same bits whole, in chunks or over a cached prefix's pages.
+void prefill_tile(const PrefillShape& s, int64_t kh, int64_t r0, int64_t rows, const float* q,
+                  const float* kt, const float* v, float* out) {
+  constexpr int MR = kRowBlock;
+  const int64_t hd = s.head_dim;
+  alignas(64) float qs[kMaxHeadDim * MR];  // [H, MR]: q scaled by 1/sqrt(H)
+  alignas(64) float acc[MR * kMaxHeadDim];  // [MR, H]
+  alignas(64) float probs[MR * kPanel];
+  float m[MR], l[MR];
+  int32_t pos[MR];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  int64_t last = 0;
+  for (int r = 0; r < MR; ++r) {
+    m[r] = -1e30f, l[r] = 0.0f;
+    std::fill(acc + r * hd, acc + (r + 1) * hd, 0.0f);
+    if (r >= rows) {  // a spare row: every key masked, never written out
+      pos[r] = -1;
+      for (int64_t h = 0; h < hd; ++h) qs[h * MR + r] = 0.0f;
+      continue;
+    }
+    const int64_t t = (r0 + r) / s.groups, head = kh * s.groups + (r0 + r) % s.groups;
+    pos[r] = static_cast<int32_t>(s.start + t);
+    last = std::max<int64_t>(last, pos[r]);
+    const float* qh = q + (t * s.heads + head) * hd;
+    for (int64_t h = 0; h < hd; ++h) qs[h * MR + r] = qh[h] * scale;
+  }
+  vi iota;
+  for (int i = 0; i < kLanes; ++i) iota[i] = i;
+  for (int64_t j0 = 0; j0 <= last; j0 += kPanel) {
+    vf sc[MR][kVecs] = {};
+    const float* kb = kt + j0 * hd;  // this block's K^T [H, kPanel]
+    for (int64_t h = 0; h < hd; ++h) {
+      vf kv[kVecs];
+      for (int c = 0; c < kVecs; ++c) kv[c] = load(kb + h * kPanel + c * kLanes);
+      for (int r = 0; r < MR; ++r) {
+        const vf x = splat(qs[h * MR + r]);
+        for (int c = 0; c < kVecs; ++c) sc[r][c] += x * kv[c];
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      vi keep[kVecs];
+      vf mx = splat(-1e30f);
+      for (int c = 0; c < kVecs; ++c) {
+        keep[c] = iota + static_cast<int32_t>(j0 + c * kLanes) <= pos[r];
+        sc[r][c] = keep[c] ? sc[r][c] : splat(-1e30f);
+        mx = sc[r][c] > mx ? sc[r][c] : mx;
+      }
+      float m_new = m[r];
+      for (int i = 0; i < kLanes; ++i) m_new = std::max(m_new, mx[i]);
+      const float fade = std::exp(m[r] - m_new);  // exactly 1 when the max stays
+      vf sum{};
+      for (int c = 0; c < kVecs; ++c) {
+        const vf e = keep[c] ? vexp(sc[r][c] - splat(m_new)) : vf{};
+        store(probs + r * kPanel + c * kLanes, e);
+        sum += e;
+      }
+      float total = 0.0f;
+      for (int i = 0; i < kLanes; ++i) total += sum[i];
+      l[r] = l[r] * fade + total;
+      m[r] = m_new;
+      if (fade != 1.0f)
+        for (int64_t h = 0; h < hd; h += kLanes)
+          store(acc + r * hd + h, load(acc + r * hd + h) * splat(fade));
+    }
+    int64_t h0 = 0;
+    for (; h0 + kPanel <= hd; h0 += kPanel) prefill_values<kVecs>(probs, v, hd, h0, j0, acc);
+    for (; h0 < hd; h0 += kLanes) prefill_values<1>(probs, v, hd, h0, j0, acc);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int64_t t = (r0 + r) / s.groups, head = kh * s.groups + (r0 + r) % s.groups;
+    float* o = out + (t * s.heads + head) * hd;
+    for (int64_t h = 0; h < hd; ++h) o[h] = acc[r * hd + h] / l[r];
+  }
+}
+
+// Args: q [T, N, H] f32; the chunk's own k, v [T, K, H] and the sequence's gathered pages k
+// [W, K, H, S], v [W, K, S, H] in the pool's storage (f32, or U16 holding bf16 bits); start
+// (int32 scalar: the chunk's first position, a multiple of S, at most W S). Ret: out [T, N, H].
+// Query i (position start + i) attends over positions 0..start+i: those before start read from
+// the pages, the rest from the chunk.
+template <ffi::DataType D>
+ffi::Error PrefillAttention(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
+                            ffi::Buffer<D, 3> k, ffi::Buffer<D, 3> v, ffi::Buffer<D, 4> prior_k,
+                            ffi::Buffer<D, 4> prior_v, ffi::Buffer<ffi::S32> start_buf,
+                            ffi::ResultBuffer<ffi::F32, 3> out) {
+  using T = std::conditional_t<D == ffi::DataType::U16, uint16_t, Native<D>>;
+  auto qd = q.dimensions();
+  auto kd = k.dimensions();
+  auto pk = prior_k.dimensions();
+  auto pv = prior_v.dimensions();
+  auto bad = [](const std::string& what) {
+    return ffi::Error::InvalidArgument("prefill_attention: " + what);
+  };
+  auto vd = v.dimensions();
+  if (kd[1] < 1 || qd[1] % kd[1] || kd[0] != qd[0] || kd[2] != qd[2] || vd[0] != kd[0] ||
+      vd[1] != kd[1] || vd[2] != kd[2])
+    return bad("q [T, N, H] and k/v [T, K, H] disagree");
+  if (qd[2] % 16 || qd[2] > kMaxHeadDim) return bad("head_dim must be a multiple of 16, <= 256");
+  if (pk[1] != kd[1] || pk[2] != kd[2] || pv[0] != pk[0] || pv[1] != kd[1] || pv[2] != pk[3] ||
+      pv[3] != kd[2] || pk[3] < 1)
+    return bad("pages must be k [W, K, H, S] and v [W, K, S, H]");
+  if (start_buf.element_count() != 1) return bad("start must be one int32");
+  const int64_t start = start_buf.typed_data()[0], ps = pk[3];
+  if (start < 0 || start % ps || start > pk[0] * ps)
+    return bad("start must be a multiple of the page size within the pages");
+  const int64_t len = (start + qd[0] + kPanel - 1) / kPanel * kPanel;
+  const PrefillShape s{qd[0], qd[1], kd[1], qd[1] / kd[1], qd[2], start, len};
+  std::vector<float> keys(2 * s.kv_heads * len * s.head_dim);  // per KV head: kt, then v
+  const int64_t per_head = 2 * len * s.head_dim;
+  const T* own_k = reinterpret_cast<const T*>(k.typed_data());
+  const T* own_v = reinterpret_cast<const T*>(v.typed_data());
+  const T* pages_k = reinterpret_cast<const T*>(prior_k.typed_data());
+  const T* pages_v = reinterpret_cast<const T*>(prior_v.typed_data());
+  parallel_for(threads, s.kv_heads, 1, [&](int64_t kh) {
+    float* kt = keys.data() + kh * per_head;
+    gather_keys(own_k, own_v, pages_k, pages_v, s.t, s.kv_heads, s.head_dim, ps, start, kh, len,
+                kt, kt + len * s.head_dim);
+  });
+  const int64_t tiles = (s.t * s.groups + kRowBlock - 1) / kRowBlock;  // per KV head
+  const float* qp = q.typed_data();
+  float* op = out->typed_data();
+  // the latest (longest) tiles first, so the last ones claimed are short
+  parallel_for(threads, s.kv_heads * tiles, 1, [&](int64_t i) {
+    const int64_t kh = i % s.kv_heads, tile = tiles - 1 - i / s.kv_heads;
+    const float* kt = keys.data() + kh * per_head;
+    const int64_t r0 = tile * kRowBlock;
+    prefill_tile(s, kh, r0, std::min<int64_t>(kRowBlock, s.t * s.groups - r0), qp, kt,
+                 kt + len * s.head_dim, op);
+  });
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType D>
+auto PrefillAttentionBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32, 3>>()
+      .template Arg<ffi::Buffer<D, 3>>()
+      .template Arg<ffi::Buffer<D, 3>>()
+      .template Arg<ffi::Buffer<D, 4>>()
+      .template Arg<ffi::Buffer<D, 4>>()
+      .template Arg<ffi::Buffer<ffi::S32>>()
+      .template Ret<ffi::Buffer<ffi::F32, 3>>();
+}
+
 }  // namespace
 
 // the registration macro splits its arguments on commas: name the 2-parameter templates
@@ -1034,3 +1243,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionI8, DecodeAttentionI8,
                                   .RemainingArgs()
                                   .Ret<F32x3>()
                                   .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiPrefillAttentionF32, PrefillAttention<ffi::F32>,
+                              PrefillAttentionBinding<ffi::F32>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiPrefillAttentionBF16Bits, PrefillAttention<ffi::U16>,
+                              PrefillAttentionBinding<ffi::U16>());
