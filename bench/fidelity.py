@@ -444,11 +444,15 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
         return ["--num-requests", str(n), "--duration", f"{max(2 * n / rate, 10):.1f}"]
 
     runs = []
-    for c in args.concurrencies or sorted({1, max(args.slots // 2, 1), args.slots}):
+    for c in (
+        []
+        if args.held_out_only
+        else (args.concurrencies or sorted({1, max(args.slots // 2, 1), args.slots}))
+    ):
         rate = sim(["--concurrency", str(c), "--num-requests", str(args.max_requests),
                     *lengths])["request_throughput"]  # fmt: skip
         runs.append(({"load": f"closed c={c}"}, ["--concurrency", str(c), *sized(rate)]))
-    for frac in args.fractions:
+    for frac in [] if args.held_out_only else args.fractions:
         rate = frac * capacity
         runs.append(({"load": f"poisson {frac:.0%}", "qps": round(rate, 3)},
                      ["--qps", f"{rate:.4f}", *sized(rate)]))  # fmt: skip
@@ -687,6 +691,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"{','.join(heldout.NAMES)}: gamma arrivals; uniform lengths, lognormal "
         "(ShareGPT-like) ones, shared prefixes, conversations (measured only: the "
         "simulator has none), each against its banded and its as-run prediction",
+    )
+    h.add_argument(
+        "--held-out-only",
+        action="store_true",
+        help="no closed-loop and Poisson runs: the held-out workloads alone",
     )
     h.add_argument("--held-out-fraction", type=float, default=0.5,
                    help="each at this fraction of its simulated capacity")  # fmt: skip
