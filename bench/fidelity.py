@@ -13,7 +13,10 @@ measurements of the real engine and the real server.
    engine speed the server's /stats measured over that run, with the scheduler's measured host
    gap between calls: a host that slowed by 10% since the fit moves a 90%-load run to 99% of
    its capacity, which the scheduling model cannot be blamed for.
-Prints every point (fit points too: the in-sample error), the median and max |measured/expected
+4. held out (--held-out, issue 44; fidelity_heldout.py): gamma-arrival workloads the simulator
+   was not tuned on, each against its banded prediction and its as-run one (the server's speed
+   factor over the stage), with a per-request timeline of the first. Prints every point (fit
+   points too: the in-sample error), the median and max |measured/expected
 - 1| over held-out points per kind and metric, and the acceptance verdicts.
 
 A default run takes about 40 minutes on 2 vCPUs (the engine points 25-30, serving 12).
