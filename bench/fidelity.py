@@ -13,7 +13,10 @@ measurements of the real engine and the real server.
    engine speed the server's /stats measured over that run, with the scheduler's measured host
    gap between calls: a host that slowed by 10% since the fit moves a 90%-load run to 99% of
    its capacity, which the scheduling model cannot be blamed for.
-Prints every point (fit points too: the in-sample error), the median and max |measured/expected
+4. held out (--held-out, issue 44; fidelity_heldout.py): gamma-arrival workloads the simulator
+   was not tuned on, each against its banded prediction and its as-run one (the server's speed
+   factor over the stage), with a per-request timeline of the first. Prints every point (fit
+   points too: the in-sample error), the median and max |measured/expected
 - 1| over held-out points per kind and metric, and the acceptance verdicts.
 
 A default run takes about 40 minutes on 2 vCPUs (the engine points 25-30, serving 12).
@@ -41,6 +44,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 # On a GPU the bench and the server each get part of the memory (JAX takes 75% by default).
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")
 
+import fidelity_heldout as heldout  # noqa: E402
 import orjson  # noqa: E402
 from _smoke import shrink  # noqa: E402
 
@@ -361,11 +365,16 @@ def _on_term(*_: object) -> None:
 
 
 def _simulate(fit_file: Path, server: list[str], workload: list[str]) -> dict:
+    return _simulation(fit_file, server, workload).summary
+
+
+def _simulation(fit_file: Path, server: list[str], workload: list[str]):
+    """`scaletui simulate`'s SimResult (per-request times and the summary with its band)."""
     from scaletui.commands import simulate as simulate_cli
 
     sim_args = simulate_cli.build_parser().parse_args(["--fit", str(fit_file), *server, *workload])
     result, _, _ = simulate_cli.run(sim_args)
-    return result.summary
+    return result
 
 
 def _loadgen(url: str, workload: list[str], out: Path) -> dict:
@@ -438,15 +447,22 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
         return ["--num-requests", str(n), "--duration", f"{max(2 * n / rate, 10):.1f}"]
 
     runs = []
-    for c in args.concurrencies or sorted({1, max(args.slots // 2, 1), args.slots}):
+    for c in (
+        []
+        if args.held_out_only
+        else (args.concurrencies or sorted({1, max(args.slots // 2, 1), args.slots}))
+    ):
         rate = sim(["--concurrency", str(c), "--num-requests", str(args.max_requests),
                     *lengths])["request_throughput"]  # fmt: skip
         runs.append(({"load": f"closed c={c}"}, ["--concurrency", str(c), *sized(rate)]))
-    for frac in args.fractions:
+    for frac in [] if args.held_out_only else args.fractions:
         rate = frac * capacity
         runs.append(({"load": f"poisson {frac:.0%}", "qps": round(rate, 3)},
                      ["--qps", f"{rate:.4f}", *sized(rate)]))  # fmt: skip
+    band = ["--hardware", args.band_hardware] if args.band_hardware else []
+    # the server prices its calls by the same fit (its speed factor: what `--as-run` takes)
     cmd = " ".join(["{python} -m scaletui serve --model", model.name, "--port {port}", *server,
+                    "--fit", str(fit_file),
                     "--log-interval 0"])  # fmt: skip
     points = []
     with EmbeddedServer(cmd, log=str(work / "server.log")) as srv:
@@ -485,8 +501,58 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
                 f"{want['output_throughput']:.1f}); engine calls at "
                 + ", ".join(f"{p.metric} x{p.measured / p.expected:.2f}" for p in engine)
                 + " of the fit's")  # fmt: skip
+        if args.held_out:
+            points += held_out_runs(args, srv.url, [*server, *band], fit_file, work)
         srv.finish(clean=True)
     return points
+
+
+def held_out_runs(args, url: str, server: list[str], fit_file: Path, work: Path) -> list[Point]:
+    """The held-out workloads (fidelity_heldout.py) against the running server, on the first
+    fit: their rows and the timeline printed (stderr; JSON lines with --json), their judged
+    figures as `held_out` (a priori) and `held_out_as_run` points."""
+    held = heldout.workloads(args.held_out, args.held_out_input_len, args.held_out_output_len,
+                             args.burstiness, args.prefix_len, args.prefix_groups,
+                             args.turns)  # fmt: skip
+    rows, line, line_summary = heldout.measure(
+        held,
+        lambda flags: _simulation(fit_file, ["--model", args.serving_model, *server], flags),
+        lambda flags, out: _loadgen(url, flags, out),
+        work,
+        args.held_out_fraction,
+        args.slots,
+        args.held_out_requests,
+        args.seed + 100,
+        log,
+    )
+    HELD_OUT_REPORT.extend([*rows, *([line_summary] if line_summary else []),
+                            *({"kind": "timeline", **r} for r in line)])  # fmt: skip
+    points = []
+    for r in rows:
+        settings = {"model": args.serving_model, "load": f"held-out {r['workload']}",
+                    "qps": r["qps"]}  # fmt: skip
+        for metric in heldout.JUDGED:
+            x = r[metric]
+            if x["measured"] is not None and x["predicted"]:
+                points.append(Point("held_out", metric, x["measured"], x["predicted"], True,
+                                    settings))  # fmt: skip
+            if x["measured"] is not None and x["as_run"]:
+                points.append(Point("held_out_as_run", metric, x["measured"], x["as_run"],
+                                    True, settings))  # fmt: skip
+    return points
+
+
+def held_out_text(report: list[dict]) -> str:
+    """The held-out rows and the timeline, as tables ("" without held-out runs)."""
+    rows = [r for r in report if r["kind"] == "held_out_run"]
+    line = [r for r in report if r["kind"] == "timeline"]
+    summary = next((r for r in report if r["kind"] == "timeline_summary"), None)
+    text = heldout.rows_text(rows) if rows else ""
+    return text + (heldout.timeline_text(line, summary) if summary else "")
+
+
+# what held_out_runs saw, for main's report (rows, the timeline's summary and its requests)
+HELD_OUT_REPORT: list[dict] = []
 
 
 def host_speed(cost: CostModel, first: CostModel, slots: int) -> str:
@@ -544,6 +610,10 @@ SMOKE = dict(
     min_requests=2,
     max_requests=4,
     refit="once",
+    held_out=["uniform"],
+    held_out_requests=4,
+    held_out_input_len=16,
+    held_out_output_len=8,
 )
 
 
@@ -615,6 +685,33 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-requests", type=int, default=80)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--refit", choices=("each", "once"), default="each", help=REFIT_HELP)
+    h = p.add_argument_group("held-out workloads (issue 44; fidelity_heldout.py)")
+    h.add_argument(
+        "--held-out",
+        type=_words,
+        default=[],
+        help="any of "
+        f"{','.join(heldout.NAMES)}: gamma arrivals; uniform lengths, lognormal "
+        "(ShareGPT-like) ones, shared prefixes, conversations (measured only: the "
+        "simulator has none), each against its banded and its as-run prediction",
+    )
+    h.add_argument(
+        "--held-out-only",
+        action="store_true",
+        help="no closed-loop and Poisson runs: the held-out workloads alone",
+    )
+    h.add_argument("--held-out-fraction", type=float, default=0.5,
+                   help="each at this fraction of its simulated capacity")  # fmt: skip
+    h.add_argument("--held-out-requests", type=int, default=160)
+    h.add_argument("--held-out-input-len", type=int, default=200, help="uniform +-50 %%")
+    h.add_argument("--held-out-output-len", type=int, default=96)
+    h.add_argument("--burstiness", type=float, default=0.5, help="gamma shape (1: Poisson)")
+    h.add_argument("--prefix-len", type=int, default=64, help="the prefix workload's")
+    h.add_argument("--prefix-groups", type=int, default=4)
+    h.add_argument("--turns", type=int, default=3, help="the turns workload's user turns")
+    h.add_argument("--band-hardware", help="a hardware spec whose measured spread the bands use "
+                   "(`scaletui calibrate --out`; default: the fit's own residuals, and `local`'s "
+                   "spread where it has one)")  # fmt: skip
     o = p.add_argument_group("what to run and print")
     o.add_argument("--skip-decode", action="store_true", help="(its fit points still run)")
     o.add_argument("--skip-prefill", action="store_true")
@@ -677,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, before)
-    lines = [p.to_json() for p in points]
+    lines = [p.to_json() for p in points] + HELD_OUT_REPORT
     lines.append({"kind": "summary", "families": summarize(points), "targets": verdicts(points),
                   "as_run_targets": verdicts(points, AS_RUN_TARGETS),
                   "errors": errors, "seconds": seconds, "backend": jax.default_backend(),
@@ -690,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(table(points))
     print(summary_text(points))
+    print(held_out_text(HELD_OUT_REPORT))
     for e in errors:
         print(f"error: {e}")
     parts = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")

@@ -27,7 +27,7 @@ from scaletui.loadgen.replay import TraceOptions, trace_requests
 from scaletui.loadgen.request_spec import RequestSpec, Turn, random_text
 from scaletui.loadgen.tokens import filler, fit, load_counter
 
-DISTS = ("fixed", "uniform", "normal")
+DISTS = ("fixed", "uniform", "normal", "lognormal")
 ARRIVALS = ("poisson", "gamma", "constant")
 PROMPT_FORMATS = ("text", "ids")
 # Token ids for `ids` prompts: printable ASCII, valid in byte-level and BPE vocabularies alike.
@@ -40,6 +40,7 @@ class Lengths:
 
     mean: int
     dist: str = "fixed"  # fixed | uniform (mean +- spread) | normal (std dev = spread)
+    # | lognormal (mean `mean`, sigma of the log = spread: ShareGPT's lengths without a download)
     spread: float = 0.0
 
     def __post_init__(self) -> None:
@@ -56,6 +57,8 @@ class Lengths:
         if self.dist == "uniform":
             lo, hi = self.mean - self.spread, self.mean + self.spread
             value = rng.integers(math.floor(lo), math.floor(hi) + 1)
+        elif self.dist == "lognormal":
+            value = rng.lognormal(math.log(self.mean) - self.spread**2 / 2, self.spread)
         else:
             value = rng.normal(self.mean, self.spread)
         return max(1, int(round(value)))

@@ -71,3 +71,7 @@ class SimResult:
     chunk_t: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     chunk_n: np.ndarray = field(default_factory=lambda: np.zeros(0, int), repr=False)
     # ^ each token chunk after a request's first token: when it reached the client, its tokens
+    t_admit: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    # ^ per request: when it left the waiting queue for its prefill (queue wait = t_admit - t_send)
+    t_second: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    # ^ per request: when its second token (the first decode call's) reached the client

@@ -42,6 +42,7 @@ class SimState:
         nan = [math.nan] * n
         self.t_sched, self.t_send = nan.copy(), nan.copy()
         self.first, self.second, self.last = nan.copy(), nan.copy(), nan.copy()
+        self.admitted = nan.copy()  # when each request left the waiting queue (first time)
         self.outcome = ["unsent"] * n
         self.arrivals: list[tuple[float, int]] = []  # heap of (reaches the queue, request)
         self.intake_free = -math.inf  # when the server's intake finishes the last request
@@ -137,6 +138,7 @@ class SimState:
             return None
         i = self.waiting.popleft()
         self.waiting_tokens -= self.inp[i]
+        self.admitted[i] = now
         s = self.prefill_s(self.inp[i])  # the prefix cache serves interleaved servers only
         t = now + self.varied(s, self.prefill_cost)
         self.prefill_calls += 1

@@ -88,6 +88,8 @@ def _interleaved(sim: SimState) -> None:
                 break
             sim.waiting.popleft()
             sim.waiting_tokens -= sim.inp[i]
+            if sim.admitted[i] != sim.admitted[i]:  # nan: its first admission, not a preemption's
+                sim.admitted[i] = now
             plan.admitted.append((i, *got))
             jobs.append([i, got[0], n, got[1]])
         pieces = policy.chunks([n - done for _, _, n, done in jobs], budget, size)
@@ -253,4 +255,7 @@ def _result(sim: SimState) -> SimResult:
         requested_rate=sim.load.requested_rate,
         extra=extra,
     )
-    return SimResult(t_sched, t_send, t_first, t_last, outcome, summary, chunk_t, chunk_n)
+    return SimResult(
+        t_sched, t_send, t_first, t_last, outcome, summary, chunk_t, chunk_n,
+        t_admit=arr(sim.admitted), t_second=arr(sim.second),
+    )  # fmt: skip
