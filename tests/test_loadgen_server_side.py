@@ -14,7 +14,9 @@ from prometheus_client import generate_latest
 
 from scaletui.loadgen import cli, output, overhead
 from scaletui.loadgen.cli import main
-from scaletui.loadgen.server_metrics import deltas, histogram_quantile, parse
+from scaletui.loadgen.server_metrics import METRICS, deltas, gauge_lines, histogram_quantile, parse
+
+GAUGES = {k for k, (kind, _, _) in METRICS.items() if kind == "gauge"}
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -244,3 +246,13 @@ def test_our_ttft_and_itl_histograms_give_quantiles_within_5_percent():
             for q in (50, 90):
                 want = np.percentile(exact, q) * 1e3
                 assert m[key][f"p{q}"] == pytest.approx(want, rel=0.05), (scale, key, q)
+
+
+def test_scrapes_during_a_stage_parse_the_gauges_alone():
+    """The in-stage scrapes (peaks) cut the text to the gauges' lines first: the same gauge
+    values as the whole text, and no histogram or counter left to parse."""
+    text = vllm_text(8, running=3)
+    cut = gauge_lines(text)
+    assert parse(cut).values == {k: v for k, v in parse(text).values.items() if k in GAUGES}
+    assert parse(cut).values["running"] == 3 and not parse(cut).hists
+    assert "_bucket" not in cut and "prefix_cache" not in cut
