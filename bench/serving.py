@@ -4,10 +4,13 @@ Starts the real engine server in-process (default model `small`, dummy weights),
 with a closed loop of streaming requests (2 x slots in flight, ignore_eos, fixed lengths) at
 1 slot and then at 8 slots (switched live through POST /admin/config), and prints measured
 output tokens/s and TPOT beside the roofline's decode tokens/s and step time for the same
-batch and context. Hardware: the `local` spec from `scaletui calibrate`, else a short inline
-probe (bench/decode_roofline.py's). `--json` prints one JSON object.
+batch and context, and the host work per engine call: the worker's gap between calls
+(/stats `host_gap`) and the CPU per generate call of the worker and of the HTTP thread.
+Hardware: the `local` spec from `scaletui calibrate`, else a short inline probe
+(bench/decode_roofline.py's). `--json` prints one JSON object.
 
     python bench/serving.py --model small --seconds 20
+    python bench/serving.py --model small --streams-per-slot 1 --prompt-len 64 --max-seq-len 1024
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import os
 import statistics
 import sys
+import threading
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
@@ -83,6 +87,33 @@ async def saturate(
     }
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of the scheduler's worker and the HTTP event loop's thread."""
+    names = ("scaletui-interleaved", "scaletui-generate", "scaletui-test-server")
+    return {
+        t.name: time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        for t in threading.enumerate()
+        if t.name in names
+    }
+
+
+def host_work(window: dict, cpu: dict[str, float], run: dict) -> dict:
+    """The worker's host gap (GapClock: /stats `host_gap`) per engine call and as a share of
+    the worker's busy time; the CPU per generate call of the worker (its gap plus the Python
+    inside each engine call) and of the event loop (detokenizing, SSE), over the whole run."""
+    t = {k: v["count"] * v["mean"] for k, v in window.items() if k in ("generate", "prefill")}
+    gap = window.get("host_gap", {"count": 0, "mean": 0.0})
+    gap_ms = gap["count"] * gap["mean"]
+    calls = run["step_times_ms"]["generate"]["count"]
+    worker = cpu.get("scaletui-interleaved", cpu.get("scaletui-generate", 0.0))
+    return {
+        "host_gap_ms": gap["mean"],
+        "host_gap_share": gap_ms / (gap_ms + sum(t.values())),
+        "worker_cpu_ms_per_call": 1e3 * worker / calls,
+        "http_cpu_ms_per_call": 1e3 * cpu.get("scaletui-test-server", 0.0) / calls,
+    }
+
+
 def hardware(name: str, probe_s: float = 1.0):
     try:
         return load_hardware(name), name
@@ -103,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seq-len", type=int, default=256)
     p.add_argument("--decode-steps", type=int, default=4)
     p.add_argument("--slots", type=int, nargs=2, default=(1, 8), metavar=("LOW", "HIGH"))
+    p.add_argument("--streams-per-slot", type=int, default=2, help="closed-loop streams per slot")
     p.add_argument("--warmup", type=float, default=5.0, help="s of load before each window")
     p.add_argument(
         "--probe-seconds",
@@ -141,14 +173,17 @@ def main(argv: list[str] | None = None) -> int:
         for slots in (low, high):
             if sched.config.slots != slots:
                 sched.reconfigure({"slots": slots})
+            streams = args.streams_per_slot * slots
+            cpu0 = thread_cpu()
             measured = asyncio.run(
-                saturate(
-                    url, 2 * slots, args.warmup, args.seconds, args.prompt_len, args.output_len
-                )
+                saturate(url, streams, args.warmup, args.seconds, args.prompt_len, args.output_len)
             )
+            cpu = {k: v - cpu0.get(k, 0.0) for k, v in thread_cpu().items()}
             window = sched.metrics.window(args.seconds)["step_times_ms"]
             measured["generate_step_ms"] = window["generate"]["mean"]
             measured["prefill_step_ms"] = window["prefill"]["mean"]
+            whole = sched.metrics.window(args.warmup + args.seconds)
+            measured.update(host_work(window, cpu, whole))
             est = roofline.estimate(model, hw, batch=slots, context=context,
                                     prompt_len=args.prompt_len, weight_bytes=4, kv_bytes=4,
                                     compute_dtype="f32")  # fmt: skip
@@ -172,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{slots:>5} {r['output_tokens_per_s']:>10.1f} {r['roofline_tokens_per_s']:>10.1f} "
               f"{r['tpot_ms'] or float('nan'):>8.2f} {r['roofline_step_ms']:>12.2f} "
               f"{r['generate_step_ms']:>11.2f} {r['prefill_step_ms']:>10.2f}")  # fmt: skip
+    for slots, r in rows.items():
+        print(f"{slots:>5} slots: host gap {r['host_gap_ms']:.2f} ms/call, "
+              f"{r['host_gap_share']:.1%} of the worker's time; CPU per generate call: "
+              f"worker {r['worker_cpu_ms_per_call']:.2f} ms, "
+              f"HTTP loop {r['http_cpu_ms_per_call']:.2f} ms")  # fmt: skip
     print(f"gain {high}/{low} slots: measured {result['measured_gain']:.2f}x, "
           f"roofline {result['roofline_gain']:.2f}x")  # fmt: skip
     return 0

@@ -117,6 +117,7 @@ class JaxEngine(EnginePrograms):
         self.warm_runs: list[tuple[str, int]] = []  # what warmup ran once (warm.py)
         self.warm_run_seconds = 0.0
         self.last_step_stats: dict = {}  # the last generate call's bucket (bench/)
+        self._last_table: tuple[np.ndarray, jax.Array] | None = None  # (host, device) pages
 
     # --- what this engine is (for /stats and the memory check) ---------------------------------
 
@@ -310,6 +311,14 @@ class JaxEngine(EnginePrograms):
         state.prompt_rows.pop(slot, None)  # released mid-prompt (cancelled)
         return state.replaced(rel(state.arrays, self._put(np.int32(slot))), active=act)
 
+    def _device_table(self, table: np.ndarray) -> jax.Array:
+        """The device copy of `table`: the last call's when it is the same (tables change
+        only as sequences cross a page boundary, join or leave), so most calls copy none."""
+        last = self._last_table
+        if last is None or last[0].shape != table.shape or not np.array_equal(last[0], table):
+            last = self._last_table = (table, jax.device_put(table, self._table_sh(table.shape)))
+        return last[1]
+
     def pick_bucket(self, lengths: np.ndarray, active: np.ndarray, steps: int) -> int:
         need = int(lengths[active].max(initial=0)) + steps
         return next((b for b in self.decode_buckets if b >= need), self.decode_buckets[-1])
@@ -331,8 +340,7 @@ class JaxEngine(EnginePrograms):
         if consts is None:
             values = StepConsts(np.int32(steps), np.int32(self.vocab_size), eos_row(self.eos_ids))
             consts = self._consts[key] = self._put(values)
-        table = jax.device_put(table, self._table_sh(table.shape))
-        arrays, packed, lps = exe(self.params, state.arrays, consts, table)
+        arrays, packed, lps = exe(self.params, state.arrays, consts, self._device_table(table))
         host = np.asarray(packed)  # the one host sync
         n = self.slots
         asked = (state.active & state.logprobs).any()  # else the logprobs stay on the device

@@ -8,6 +8,7 @@ its last event to the request's asyncio queue.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -35,6 +36,7 @@ class RequestBook:
         self.slots: list[Request | None] = []
         self.kv_lengths: list[int] = []
         self.eos_ids: tuple[int, ...] = ()  # the generate engine's: "stop" or "length"
+        self._outbox: list[tuple[Request, Event]] | None = None  # `deliver`'s events, unposted
 
     def reset(self, n_slots: int, eos_ids: tuple[int, ...]) -> None:
         with self.cv:
@@ -178,27 +180,38 @@ class RequestBook:
             return gone
 
     def deliver(self, out: StepOutput, now: float) -> None:
-        """Fan one generate call's tokens out to the requests in the slots; free finished ones."""
+        """Fan one generate call's tokens out to the requests in the slots; free finished ones.
+        The call's events reach each event loop in one wake-up (`_post_all`)."""
+        tokens, valid = out.tokens.T.tolist(), out.valid.T.tolist()  # [slots][steps]
+        ended = out.done.any(axis=0).tolist()
         with self.cv:
-            for b, req in enumerate(self.slots):
-                if req is None:
-                    continue
-                ids = [int(t) for t in out.tokens[out.valid[:, b], b]]
-                k, lps = req.params.logprobs, None
-                if k is not None and out.logprobs is not None:
-                    lps = tuple(unpack_logprobs(r, k) for r in out.logprobs[out.valid[:, b], :, b])
-                done = bool(out.done[:, b].any())
-                if ids:  # not a slot still prefilling (its engine row is idle)
-                    self.kv_lengths[b] = int(out.lengths[b])
-                if done:
-                    self.slots[b], self.kv_lengths[b] = None, 0
-                if req.cancel_reason:  # cancelled during the call: drop its tokens
-                    if done:
-                        self.finish(req, req.cancel_reason)
-                    continue
-                reason = (self._reason(req, ids) if ids else "length") if done else None
-                if ids or reason:
-                    self.emit(req, ids, reason, now, lps)
+            self._outbox = []
+            try:
+                for b, req in enumerate(self.slots):
+                    if req is not None:
+                        ids = [t for t, v in zip(tokens[b], valid[b], strict=True) if v]
+                        self._deliver_slot(b, req, ids, ended[b], out, now)
+            finally:
+                outbox, self._outbox = self._outbox, None
+                self._post_all(outbox)
+
+    def _deliver_slot(
+        self, b: int, req: Request, ids: list[int], done: bool, out: StepOutput, now: float
+    ) -> None:
+        k, lps = req.params.logprobs, None
+        if k is not None and out.logprobs is not None:
+            lps = tuple(unpack_logprobs(r, k) for r in out.logprobs[out.valid[:, b], :, b])
+        if ids:  # not a slot still prefilling (its engine row is idle)
+            self.kv_lengths[b] = int(out.lengths[b])
+        if done:
+            self.slots[b], self.kv_lengths[b] = None, 0
+        if req.cancel_reason:  # cancelled during the call: drop its tokens
+            if done:
+                self.finish(req, req.cancel_reason)
+            return
+        reason = (self._reason(req, ids) if ids else "length") if done else None
+        if ids or reason:
+            self.emit(req, ids, reason, now, lps)
 
     # -- endings (callers hold cv) ----------------------------------------------------------------
 
@@ -257,8 +270,22 @@ class RequestBook:
         self.cv.notify_all()
 
     def post(self, req: Request, event: Event) -> None:
+        if self._outbox is not None:  # inside `deliver`: posted with the call's other events
+            self._outbox.append((req, event))
+            return
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening
             req.loop.call_soon_threadsafe(req.events.put_nowait, event)
+
+    def _post_all(self, outbox: list[tuple[Request, Event]]) -> None:
+        """One `call_soon_threadsafe` per event loop for a whole generate call's events: one
+        wake-up of the HTTP thread per step, not one per request (each costs the worker a
+        pipe write and a GIL hand-over)."""
+        loops: dict = {}
+        for req, event in outbox:
+            loops.setdefault(req.loop, []).append((req.events, event))
+        for loop, events in loops.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening
+                loop.call_soon_threadsafe(_put_each, events)
 
     def fail_all(self, message: str, kind: ErrorKind = ErrorKind.FAILED) -> None:
         with self.cv:
@@ -310,3 +337,9 @@ class RequestBook:
                 "slots_used": used,
                 "slots_total": len(self.slots) or configured_slots,
             }
+
+
+def _put_each(events: list[tuple[asyncio.Queue, Event]]) -> None:
+    """On the event loop: each event into its request's queue, in order."""
+    for queue, event in events:
+        queue.put_nowait(event)
