@@ -311,14 +311,6 @@ class JaxEngine(EnginePrograms):
         state.prompt_rows.pop(slot, None)  # released mid-prompt (cancelled)
         return state.replaced(rel(state.arrays, self._put(np.int32(slot))), active=act)
 
-    def _device_table(self, table: np.ndarray) -> jax.Array:
-        """The device copy of `table`: the last call's when it is the same (tables change
-        only as sequences cross a page boundary, join or leave), so most calls copy none."""
-        last = self._last_table
-        if last is None or last[0].shape != table.shape or not np.array_equal(last[0], table):
-            last = self._last_table = (table, jax.device_put(table, self._table_sh(table.shape)))
-        return last[1]
-
     def pick_bucket(self, lengths: np.ndarray, active: np.ndarray, steps: int) -> int:
         need = int(lengths[active].max(initial=0)) + steps
         return next((b for b in self.decode_buckets if b >= need), self.decode_buckets[-1])

@@ -47,6 +47,14 @@ class EnginePrograms:
     def _put(self, x: object) -> object:
         return jax.device_put(x, self._rep)
 
+    def _device_table(self, table: np.ndarray) -> jax.Array:
+        """The device copy of `table`: the last call's when it is the same (tables change
+        only as sequences cross a page boundary, join or leave), so most calls copy none."""
+        last = self._last_table
+        if last is None or last[0].shape != table.shape or not np.array_equal(last[0], table):
+            last = self._last_table = (table, jax.device_put(table, self._table_sh(table.shape)))
+        return last[1]
+
     def _prefill_exe(self, t: int) -> object:
         if ("prefill", t) in self._exes:  # the request path: no spec building
             return self._exes[("prefill", t)]
