@@ -13,7 +13,7 @@ measurements of the real engine and the real server.
    engine speed the server's /stats measured over that run, with the scheduler's measured host
    gap between calls: a host that slowed by 10% since the fit moves a 90%-load run to 99% of
    its capacity, which the scheduling model cannot be blamed for.
-4. held out (--held-out, issue 44; fidelity_heldout.py): gamma-arrival workloads the simulator
+4. held out (--held-out, issue 44; _fidelity_heldout.py): gamma-arrival workloads the simulator
    was not tuned on, each against its banded prediction and its as-run one (the server's speed
    factor over the stage), with a per-request timeline of the first. Prints every point (fit
    points too: the in-sample error), the median and max |measured/expected
@@ -44,7 +44,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 # On a GPU the bench and the server each get part of the memory (JAX takes 75% by default).
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")
 
-import fidelity_heldout as heldout  # noqa: E402
+import _fidelity_heldout as heldout  # noqa: E402
 import orjson  # noqa: E402
 from _smoke import shrink  # noqa: E402
 
@@ -508,7 +508,7 @@ def measure_serving(args, work: Path, errors: list[str]) -> list[Point]:
 
 
 def held_out_runs(args, url: str, server: list[str], fit_file: Path, work: Path) -> list[Point]:
-    """The held-out workloads (fidelity_heldout.py) against the running server, on the first
+    """The held-out workloads (_fidelity_heldout.py) against the running server, on the first
     fit: their rows and the timeline printed (stderr; JSON lines with --json), their judged
     figures as `held_out` (a priori) and `held_out_as_run` points."""
     held = heldout.workloads(args.held_out, args.held_out_input_len, args.held_out_output_len,
@@ -685,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-requests", type=int, default=80)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--refit", choices=("each", "once"), default="each", help=REFIT_HELP)
-    h = p.add_argument_group("held-out workloads (issue 44; fidelity_heldout.py)")
+    h = p.add_argument_group("held-out workloads (issue 44; _fidelity_heldout.py)")
     h.add_argument(
         "--held-out",
         type=_words,

@@ -1,4 +1,4 @@
-"""bench/fidelity.py's held-out workloads (bench/fidelity_heldout.py): the workloads' flags, a
+"""bench/fidelity.py's held-out workloads (bench/_fidelity_heldout.py): the workloads' flags, a
 run's verdict against its band and its as-run figure, the per-request timeline; and what they
 need from the rest: lognormal lengths in loadgen, the simulator's per-request queue times."""
 
@@ -22,7 +22,7 @@ from scaletui.specs import load_model
 
 @pytest.fixture(scope="module")
 def heldout():
-    with bench_module("fidelity_heldout") as module:
+    with bench_module("_fidelity_heldout") as module:
         yield module
 
 
