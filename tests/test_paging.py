@@ -218,11 +218,13 @@ async def uninterrupted(name: str, waves: list, slots: int, **config) -> list[li
 
 
 @pytest.mark.slow  # builds JAX engines
-@pytest.mark.parametrize("kernels", ["xla", "auto", "pallas"])
+@pytest.mark.parametrize("kernels", ["xla", "auto"])
 async def test_preempted_sequences_resume_with_the_tokens_of_an_uninterrupted_run(kernels) -> None:
     """Greedy and seeded sampling on the real tiny engine (f32): a pool too small for every
     sequence preempts and resumes them, and each produces the tokens of an uninterrupted run
-    (of XLA's ops: in f32 the native and Pallas kernels give the same tokens)."""
+    (of XLA's ops: in f32 the native kernels give the same tokens). Pallas' kernel preempts
+    and resumes in test_replicas_prefill_and_decode_in_their_own_pools (dp2-tp2-pallas and
+    disagg-pallas, the same tight wave)."""
     want = await uninterrupted("tight", [tight_wave], 4)
     got, pages = await serve_real([tight_wave], 4, kv_pages=9, kernels=kernels)
     assert pages["preemptions"] > 0  # 8 usable pages: two 61-token sequences at once
