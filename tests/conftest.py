@@ -15,10 +15,6 @@ from scaletui.xla_env import set_host_devices, set_quick_compiles
 
 set_host_devices(8)  # XLA's environment is set in one place (scaletui.xla_env)
 set_quick_compiles()  # compiling is most of the suite's work: XLA's optimizations off
-# the native kernels at -O1 (appended after toolchain's -O3, so it wins): 6.6 s of one core to
-# build instead of 12.7, at the start of the run when the first native tests wait for them;
-# their explicit AVX-512 code is the same, only loop optimizations differ (benches use -O3)
-os.environ.setdefault("SCALETUI_CXXFLAGS", "-O1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # One cache for the whole run, never the user's: the native kernels compile once, and every
