@@ -149,34 +149,23 @@ class Stages:
                 self._aborted(stage, result)
             stats = [stats[0] or before, await server_stats(self.session, cfg.url)]
             first = first or result
+            same = {"slo": args.slo, "requested_rate": rate, "config": config,
+                    "server_stats_before": stats[0], "server_stats_after": stats[1],
+                    "tokenizer": wl.tokenizer}  # fmt: skip
             summary = summarize(
                 result.records,
                 t_start=result.t_start,
-                slo=args.slo,
-                requested_rate=rate,
-                config=config,
-                server_stats_before=stats[0],
-                server_stats_after=stats[1],
                 partial=result.partial,
                 partial_reason=result.stop_reason,
                 partial_message=result.stop_message,
-                tokenizer=wl.tokenizer,
+                **same,
             )
             repeats.append(summary)
             records += [r for r in result.records if not r.warmup]
             runs.append((k, run_wl, result))
         summary = repeats[0]
         if len(repeats) > 1:
-            pooled = summarize(
-                records,
-                t_start=first.t_start,
-                slo=args.slo,
-                requested_rate=rate,
-                config=config,
-                server_stats_before=stats[0],
-                server_stats_after=stats[1],
-                tokenizer=wl.tokenizer,
-            )
+            pooled = summarize(records, t_start=first.t_start, **same)
             summary = repeat.pool(pooled, repeats)
             summary["warnings"] = warnings_for(summary)
         summary["command"] = args.command  # argv, as given
