@@ -132,11 +132,14 @@ async def test_stop_writes_a_partial_result():
         runner = Runner(cfg, wl(qps=50.0))
         async with make_session() as session:
             task = asyncio.create_task(runner.run(session))
-            await asyncio.sleep(0.5)
+            for _ in range(1000):  # a few requests out (a fixed sleep assumed a quiet host)
+                if len(runner.records) > 5:
+                    break
+                await asyncio.sleep(0.01)
             runner.stop()
             result = await asyncio.wait_for(task, 30)
     s = summarize(result.records, t_start=result.t_start, partial=result.partial)
-    assert result.partial and s["partial"] and 5 < s["sent"] < 100
+    assert result.partial and s["partial"] and 5 < s["sent"] < 1000
     assert s["cancelled"] > 0 and s["completed"] + s["cancelled"] == s["sent"]
 
 
