@@ -1,6 +1,8 @@
 """`scaletui calibrate [--quick] [--window S] [--out PATH] [--no-write]`: the host roofs and
 their spread over a window (`scaletui.calibrate`) written as the `local` hardware spec; with
-`--model M` the engine fit instead (commands/calibrate_engine.py over engine_fit.py)."""
+`--model M` the engine fit instead (commands/calibrate_engine.py over engine_fit.py); over
+several processes the all-reduce between them (commands/calibrate_dcn.py), which a later host
+calibration keeps."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from pathlib import Path
 
 import yaml
 
+from scaletui.calibrate import dcn
 from scaletui.calibrate.host import QUICK_WINDOW_S, WINDOW_S, calibrate
+from scaletui.commands import calibrate_dcn
 from scaletui.specs import load_hardware, local_hardware_path
 
 
@@ -25,6 +29,14 @@ def _plain(obj: object) -> object:
     return obj
 
 
+def _old_spec(path: Path) -> dict | None:
+    """The spec this run replaces, for what one process cannot measure (the DCN); None if none."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -32,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         from scaletui.commands import calibrate_engine  # `scaletui calibrate --model M`
 
         return calibrate_engine.main(argv)
+    if calibrate_dcn.wanted(argv):  # the all-reduce across processes
+        return calibrate_dcn.main(argv)
     p = argparse.ArgumentParser(
         prog="scaletui calibrate",
         description="Measure this host's JAX devices; write the 'local' hardware spec. With "
@@ -56,10 +70,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.window is not None and not 0 < args.window < float("inf"):
         p.error(f"--window should be > 0 seconds, got {args.window}")
-    spec = _plain(calibrate(quick=args.quick, window_s=args.window))
+    path = args.out or local_hardware_path()
+    spec = _plain(
+        dcn.carry_over(_old_spec(path), calibrate(quick=args.quick, window_s=args.window))
+    )
     text = yaml.safe_dump(spec, sort_keys=False)
     if not args.no_write:
-        path = args.out or local_hardware_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         load_hardware(path)  # what we wrote must load
