@@ -62,6 +62,8 @@ class StatsSnapshot:
     # the engine's speed against its fit: {fit, reason, window_calls, decode|prefill: {factor,
     # calls, seconds, predicted_seconds}}; {} from a server that does not say (not ours)
     speed: dict = field(default_factory=dict)
+    processes: tuple[int, ...] = ()  # devices of each JAX process (a multi-process server)
+    placement: dict = field(default_factory=dict)  # the mesh over them; {} on one process
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -86,6 +88,12 @@ class StatsSnapshot:
             kv_bytes_per_device=number(obj, "memory", "kv_cache_bytes_per_device"),
             kv_pages=_dict(obj, "kv_pages"),
             speed=_dict(obj, "speed"),
+            processes=tuple(
+                len(p["devices"])
+                for p in (obj.get("processes") if isinstance(obj.get("processes"), list) else [])
+                if isinstance(p, dict) and isinstance(p.get("devices"), list)
+            ),
+            placement=_dict(obj, "placement"),
             raw=obj,
         )
 

@@ -6,9 +6,10 @@ Textual reads TEXTUAL_COLOR_SYSTEM once, when it is first imported, so `--color`
 before anything imports textual (the app itself lives in `scaletui.tui.ui`).
 
 Default flow: calibrate this host if it has no `local` hardware spec (unless --no-calibrate or
---hardware), start `scaletui serve --model small` on a free port (or attach with --url), wait for
-/health, then run a closed-loop load (concurrency = slots, 128 in / 128 out) in 30 s runs, one
-after another, until quit; `r` reruns, `a` applies pending knobs.
+--hardware), start `scaletui serve --model small` on a free port (with --processes N as N local
+processes, dp N by default; or attach with --url), wait for /health, then run a closed-loop
+load (concurrency = slots, 128 in / 128 out) in 30 s runs, one after another, until quit;
+`r` reruns, `a` applies pending knobs.
 """
 
 from __future__ import annotations
@@ -35,13 +36,24 @@ def parser() -> argparse.ArgumentParser:
     a("--model", default="small", help="model spec for the embedded server (default small)")
     a("--slots", type=int, default=8, help="initial decode slots")
     a("--tp", type=int, default=1, help="initial tensor parallelism")
-    a("--dp", type=int, default=1, help="initial data parallelism")
+    a(
+        "--dp",
+        type=int,
+        help="initial data parallelism (default 1; with --processes N, N: a replica per process)",
+    )
     a("--mode", choices=MODES, default="interleaved")
     a(
         "--host-devices",
         type=int,
         help="JAX CPU: virtual devices for the embedded server (default on a CPU-only host: one "
         "per core, at most 8, so tp/dp can shard; 0 = XLA's default of one)",
+    )
+    a(
+        "--processes",
+        type=int,
+        default=1,
+        help="run the embedded server as N local processes on the CPU (jax.distributed, gloo), "
+        "as N hosts would; --host-devices is then per process (default: the cores shared)",
     )
     a("--hardware", default="", help="spec for predictions (default: local, calibrated if missing)")
     a(
@@ -91,10 +103,17 @@ def build(
         os.environ["TEXTUAL_COLOR_SYSTEM"] = args.color
     if not 0.25 <= args.refresh <= 5:
         raise ValueError(f"--refresh must be in [0.25, 5] s, got {args.refresh}")
+    if args.processes < 1:
+        raise ValueError(f"--processes must be 1 or more, got {args.processes}")
+    if args.processes > 1 and (args.url or args.replay):
+        raise ValueError(
+            f"--processes {args.processes} starts the embedded server as processes; --url and "
+            "--replay start none (attach to a multi-process server's process 0 with --url alone)"
+        )
     knobs = Knobs(
         slots=args.slots,
         tp=args.tp,
-        dp=args.dp,
+        dp=args.dp or args.processes,
         mode=args.mode,
         load="qps" if args.qps else "concurrency",
         rate=args.qps or float(args.concurrency),
@@ -105,6 +124,7 @@ def build(
     )
 
     from scaletui.tui.controller import Controller
+    from scaletui.tui.host import process_host_devices
     from scaletui.tui.replay import Recorder, ReplaySource, read_replay
     from scaletui.tui.session import Session
     from scaletui.tui.state import SessionState
@@ -119,7 +139,10 @@ def build(
             url=args.url,
             model=args.model,
             knobs=knobs,
-            host_devices=args.host_devices,
+            host_devices=args.host_devices
+            if args.host_devices is not None or args.processes == 1
+            else process_host_devices(args.processes),
+            processes=args.processes,
             calibrate=not args.no_calibrate,
             log_dir=args.log_dir,
         )

@@ -55,7 +55,7 @@ class Calibrations:
         try:
             why, summary = await run_calibrate(
                 cmd,
-                calibrate_env(self.host_devices),
+                calibrate_env(self.calibrate_devices),
                 self.log_dir / "calibrate.log",
                 self.calibrate_timeout,
                 started,
@@ -128,7 +128,7 @@ class Calibrations:
         try:
             why, _ = await run_calibrate(
                 cmd,
-                calibrate_env(self.host_devices),
+                calibrate_env(self.calibrate_devices),
                 self.log_dir / "fit.log",
                 self.fit_timeout,
                 started,

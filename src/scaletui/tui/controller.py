@@ -1,6 +1,7 @@
 """Controller of the child processes: `scaletui calibrate --quick` (once, when this host has no
 `local` hardware spec, before the server so they do not compete), `scaletui serve` (unless --url
-attaches to one), `scaletui calibrate --model M ...` (the cost-model fit of our server's
+attaches to one; with `--processes N`, N processes of it, processes.py: one that exits stops
+the others), `scaletui calibrate --model M ...` (the cost-model fit of our server's
 configuration, once per configuration, while the server idles before a load) and one
 `loadgen ... --jsonl -` per run. It polls GET /stats, applies knobs with
 POST /admin/config and turns everything into `Record`s on one queue that the UI ingests.
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +34,7 @@ from scaletui.tui.client import ServerClient
 from scaletui.tui.host import default_host_devices, serve_command
 from scaletui.tui.knobs import Knobs
 from scaletui.tui.loadrun import LoadRunner
+from scaletui.tui.processes import ServerProcesses, log_name
 
 
 class ControllerError(RuntimeError):
@@ -49,6 +51,7 @@ class Controller(Calibrations):
         model: str = "small",
         knobs: Knobs | None = None,
         host_devices: int | None = None,
+        processes: int = 1,
         serve_args: list[str] | None = None,
         log_dir: str | Path | None = None,
         poll_s: float = 1.0,
@@ -66,6 +69,8 @@ class Controller(Calibrations):
         self.knobs = knobs or Knobs()
         # None: the default (one virtual device per core on a CPU host); 0: XLA's own default
         self.host_devices = default_host_devices() if host_devices is None else host_devices
+        # each of `processes` server processes has host_devices; calibrate and the fit get all
+        self.calibrate_devices = (self.host_devices or 0) * processes or self.host_devices
         self.calibrate = calibrate
         self.calibrate_cmd = calibrate_cmd or [python, "-m", "scaletui", "calibrate", "--quick"]
         self.calibrate_timeout = calibrate_timeout
@@ -82,8 +87,9 @@ class Controller(Calibrations):
         self.poll_s = poll_s
         self.python = python
         self.queue: asyncio.Queue[Record] = asyncio.Queue()
-        self.server: asyncio.subprocess.Process | None = None
         self.groups = ProcessGroups()
+        self.processes = processes
+        self.servers = ServerProcesses(self.log_dir, self.groups, processes)
         self.loads = LoadRunner(
             self.url, python, self.log_dir / "loadgen.log", self.emit, self.groups
         )
@@ -120,47 +126,54 @@ class Controller(Calibrations):
             self.event(f"attaching to {self.url}", server="connecting", url=self.url)
         self._poller = asyncio.create_task(self._poll())
 
+    def serve_env(self) -> dict[str, str] | None:
+        """None (ours) for one process; on the CPU, for gloo, for several."""
+        return None if self.processes == 1 else {**os.environ, "JAX_PLATFORMS": "cpu"}
+
     async def spawn_server(self) -> None:
-        if self.server is not None and self.server.returncode is None:
+        if self.servers.running:
             raise ControllerError("the server is already running")
-        log = (self.log_dir / "serve.log").open("ab")
-        cmd = self.serve_command()
-        self.server = await asyncio.create_subprocess_exec(
-            *cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-        )
-        log.close()
-        self.groups.add(self.server.pid)
+        cmds = await self.servers.start(self.serve_command(), self.serve_env())
         self._up = None
         self._exited = False
-        self.event(
-            f"started server pid {self.server.pid}: {' '.join(cmd[2:])} (log {log.name})",
-            server="starting",
-            phase="starting",
-            url=self.url,
-        )
+        pids = " ".join(str(p.pid) for p in self.servers.procs)
+        shown = " ".join(cmds[0][2:])
+        if self.processes == 1:
+            text = f"started server pid {pids}: {shown} (log serve.log)"
+        else:
+            logs = ", ".join(log_name(i) for i in range(self.processes))
+            text = f"started {self.processes} server processes (pids {pids}): {shown} (logs {logs})"
+        self.event(text, server="starting", phase="starting", url=self.url)
+
+    @property
+    def server(self) -> asyncio.subprocess.Process | None:
+        """Process 0 of the server we started (None: attached, or not started)."""
+        return self.servers.leader
 
     def server_log_tail(self, lines: int = 3) -> str:
-        path = self.log_dir / "serve.log"
-        if not path.exists():
-            return ""
-        tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
-        return " | ".join(tail)
+        return self.servers.log_tail(0, lines)
 
     async def _poll(self) -> None:
         """/stats at 1 Hz; the child's liveness every 0.25 s (a kill shows within 2 s)."""
         next_stats = 0.0
         while True:
-            if self.server is not None and self.server.returncode is not None and not self._exited:
+            gone = self.servers.first_exit()
+            if gone is not None and not self._exited:
                 self._exited = True
                 self._up = False
-                tail = self.server_log_tail()
                 self.event(
-                    f"server exited with code {self.server.returncode}"
-                    + (f": {tail}" if tail else ""),
+                    gone.words(self.processes),
                     "error",
-                    server=f"exited ({self.server.returncode})",
+                    server=f"exited ({gone.code})"
+                    if self.processes == 1
+                    else f"process {gone.process} exited ({gone.code})",
                     phase="error",
                 )
+                if self.servers.running:  # one process lost: the others go too (R restarts)
+                    await self.servers.stop()
+                    self.event(
+                        f"stopped the other server processes (process {gone.process} exited)"
+                    )
             now = time.monotonic()
             if now >= next_stats:
                 next_stats = now + self.poll_s
@@ -199,7 +212,7 @@ class Controller(Calibrations):
 
     @property
     def server_exited(self) -> bool:
-        return self.server is not None and self.server.returncode is not None
+        return self.servers.first_exit() is not None
 
     async def wait_ready(self, timeout: float | None = 600.0) -> dict:
         """Until /health is 200; returns the server's config from /stats (its slots, mesh), so a
@@ -210,10 +223,8 @@ class Controller(Calibrations):
         deadline = None if timeout is None else time.monotonic() + timeout
         delay, said = 0.5, None
         while deadline is None or time.monotonic() < deadline:
-            if self.server_exited:
-                raise ControllerError(
-                    f"server exited with code {self.server.returncode}: {self.server_log_tail()}"
-                )
+            if (gone := self.servers.first_exit()) is not None:
+                raise ControllerError(gone.words(self.processes))
             why = await self.probe()
             if why is None:
                 self.event("server ready (/health OK)", server="serving", phase="idle")
@@ -284,10 +295,11 @@ class Controller(Calibrations):
             self._poller.cancel()
         await self.stop_load()
         self.kill_children()
-        for proc in (self.calibrator, self.fitter, self.server, self.loads.proc):
+        for proc in (self.calibrator, self.fitter, self.loads.proc):
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), 3)
+        await self.servers.wait()
         await self.client.close()
 
     def remove_logs(self, keep: bool) -> Path | None:

@@ -40,11 +40,20 @@ def default_host_devices() -> int | None:
             return None
     elif any(glob.glob(pattern) for pattern in ACCELERATOR_DEVICES):
         return None
+    return max(1, min(MAX_DEFAULT_HOST_DEVICES, usable_cores()))
+
+
+def usable_cores() -> int:
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # no affinity API (macOS)
-        cores = os.cpu_count()
-    return max(1, min(MAX_DEFAULT_HOST_DEVICES, cores or 1))
+        return os.cpu_count() or 1
+
+
+def process_host_devices(processes: int) -> int:
+    """Virtual CPU devices for each process of a `--processes N` server (always on the CPU):
+    the default's one per core, at most 8 in all, shared among the processes, at least 1 each."""
+    return max(1, min(MAX_DEFAULT_HOST_DEVICES, usable_cores()) // processes)
 
 
 def is_loopback(url: str) -> bool:

@@ -4,7 +4,8 @@ as the figure is of the point's (views.py's docstring: a closed loop's first wav
 itself), else the whole run's. And its "as run" figure: the same expectation simulated again at
 the speed factors the server measured against its fit (/stats `speed`, docs/roofline.md "The
 speed factor and the as-run figure"), the same part of that run, so "the host was slow"
-(as-run meets measured) reads apart from "the model is wrong" (as-run is still off)."""
+(as-run meets measured) reads apart from "the model is wrong" (as-run is still off). And, for a
+server over several processes, what holds its devices and the floor's DCN term in words."""
 
 from __future__ import annotations
 
@@ -168,3 +169,25 @@ def speed_note(decode: Kpi, fitted: bool) -> str | None:
         f"carry that: a host {way} than at fit time, or a batch the fit did not time "
         f"(refit: palette)"
     )
+
+
+def processes_words(processes: tuple[int, ...]) -> str:
+    """'2 processes × 2' (devices each) for a server over several processes, else ''."""
+    if len(processes) < 2:
+        return ""
+    if len(set(processes)) == 1:
+        return f"{len(processes)} processes × {processes[0]}"
+    return f"{len(processes)} processes × {'/'.join(map(str, processes))}"
+
+
+def dcn_words(dcn_ms: float | None, crosses: tuple[str, ...], processes: int) -> str | None:
+    """The floor's DCN term of a decode step over processes (hosts), in words: what crosses
+    them and what it costs each step; None on one process."""
+    if dcn_ms is None:
+        return None
+    if not crosses:
+        return "DCN: the mesh stays within one process (no term)"
+    axes = "+".join({"model": "tp", "data": "dp", "transfer": "KV"}.get(a, a) for a in crosses)
+    if dcn_ms == 0:
+        return f"DCN/step 0: {axes} across {processes} processes (no per-step traffic)"
+    return f"DCN/step {dcn_ms:.3g} ms (floor): {axes} across {processes} processes"

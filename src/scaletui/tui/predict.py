@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from scaletui import specs
 from scaletui.dtypes import DTYPE_BYTES
+from scaletui.placement import Layout, Placement, place
 from scaletui.tui.knobs import Knobs
 
 
@@ -47,6 +48,9 @@ class Prediction:
     # the book's max batch at the workload's own context (prompt + output): sequences whose KV
     # pages fit beside the weights, the paged cache's bound (when --max-running allows)
     max_running: int = 0
+    # over processes (hosts): the step's DCN term and the mesh axes that cross them; None: one
+    dcn_ms: float | None = None
+    crosses_hosts: tuple[str, ...] = ()
 
     @property
     def mem_per_chip(self) -> float:
@@ -114,6 +118,20 @@ def host_devices(knobs: Knobs) -> int:
     return knobs.chips
 
 
+def placement_of(knobs: Knobs, where: dict) -> Placement | None:
+    """The knobs' mesh placed over the processes a /stats `placement` names, as the server
+    places it (tp within a process where it fits, else spanning them); None on one process, or
+    for a mesh that cannot be placed there (the server refuses it and says why)."""
+    if not where:
+        return None
+    try:
+        hosts, per = int(where["hosts"]), int(where["devices_per_host"])
+        layout = Layout(hosts, per, int(where.get("hosts_per_slice", 1)))
+        return place(knobs.tp, knobs.dp, layout, tp_over_hosts=True)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def decode_batch(knobs: Knobs, tok_s_at: Callable[[int], float]) -> int:
     """The batch the decode step runs at under this load. Closed loop: min(concurrency, slots).
     Open loop at rate r: the smallest batch whose roofline throughput carries the offered
@@ -142,12 +160,15 @@ def predict(
     max_seq_len: int | None = None,
     weight_dtype: str | None = None,
     kv_dtype: str | None = None,
+    placement: Placement | None = None,
 ) -> Prediction:
     """The roofline for these knobs (raises ImportError until the roofline lands): the decode
     step at the load's batch (`decode_batch`), the prompt's prefill as TTFT, and memory per chip
     for what the server allocates: KV for every slot at `max_seq_len` (its /stats config), or at
     the mean context when unknown. Bytes per weight and per KV entry follow the server's
-    `weight_dtype` / `kv_dtype` (its /stats config; default: `dtype`, the compute dtype)."""
+    `weight_dtype` / `kv_dtype` (its /stats config; default: `dtype`, the compute dtype). With
+    a `placement` over processes, the axes that cross them are priced at the spec's DCN
+    bandwidth (`roofline.dcn`: the step's `dcn_ms`)."""
     from scaletui.roofline import estimate, share_host  # lazy: the TUI starts without them
 
     hardware = share_host(hardware, host_devices(knobs))
@@ -173,6 +194,7 @@ def predict(
             weight_bytes=w_bytes,
             kv_bytes=kv_bytes,
             compute_dtype=compute,
+            placement=placement,
         ).to_dict()
 
     batch = decode_batch(knobs, lambda b: est(b)["decode_tokens_per_s"])
@@ -201,6 +223,8 @@ def predict(
         kv_bytes_per_token=step["kv_bytes_per_token"],
         max_slots=int(memory["max_batch"]),
         max_running=int(est(knobs.slots, knobs.input_len + knobs.output_len)["max_batch"]),
+        dcn_ms=None if placement is None else step["decode_comm_dcn_s"] * 1e3,
+        crosses_hosts=() if placement is None else placement.crosses_hosts,
     )
 
 
@@ -215,15 +239,18 @@ def predict_cached(
     max_seq_len: int | None = None,
     weight_dtype: str | None = None,
     kv_dtype: str | None = None,
+    placement: Placement | None = None,
 ) -> Prediction | str:
     """`predict`, memoized on its inputs (the render tick asks for the same few every second),
     or the reason there is no prediction, in words."""
-    key = (model, repr(hardware), knobs, dtype, max_seq_len, weight_dtype, kv_dtype)
+    key = (model, repr(hardware), knobs, dtype, max_seq_len, weight_dtype, kv_dtype, placement)
     if key not in _MEMO:  # (repr: HardwareSpec holds a dict)
         if len(_MEMO) > 1024:
             _MEMO.clear()
         try:
-            _MEMO[key] = predict(model, hardware, knobs, dtype, max_seq_len, weight_dtype, kv_dtype)
+            _MEMO[key] = predict(
+                model, hardware, knobs, dtype, max_seq_len, weight_dtype, kv_dtype, placement
+            )
         except (ImportError, ValueError, KeyError, specs.SpecError) as exc:
             _MEMO[key] = f"no prediction: {exc}"
     return _MEMO[key]

@@ -34,7 +34,13 @@ from scaletui.tui.expect import (
     sweep_grid,
 )
 from scaletui.tui.knobs import Knobs
-from scaletui.tui.predict import Prediction, model_spec_from, pick_hardware, predict_cached
+from scaletui.tui.predict import (
+    Prediction,
+    model_spec_from,
+    pick_hardware,
+    placement_of,
+    predict_cached,
+)
 from scaletui.tui.rows import Event, HardwareChoice, RunRow, SweepPoint
 
 HISTORY = 300  # samples kept per series (5 min at 1 Hz)
@@ -252,8 +258,9 @@ class SessionState:
             return f"no prediction: {self.hardware.note}"
         p = self.precision(knobs)
         max_seq_len = self.stats.config.get("max_seq_len")
+        where = placement_of(knobs, self.stats.placement)  # over a server's processes
         return predict_cached(
-            self.spec, self.hardware.spec, knobs, p.compute, max_seq_len, p.weights, p.kv
+            self.spec, self.hardware.spec, knobs, p.compute, max_seq_len, p.weights, p.kv, where
         )
 
     def prediction(self, knobs: Knobs | None = None) -> Prediction | None:

@@ -30,6 +30,8 @@ from scaletui.tui.knobs import Knobs, Precision
 from scaletui.tui.kpi import (
     Kpi,
     band_words,
+    dcn_words,
+    processes_words,
     speed_factors,
     speed_note,
     speed_words,
@@ -51,6 +53,8 @@ class View:
     url: str
     backend: str
     n_devices: int
+    processes: str  # '2 processes × 2' (devices each) over several, else ''
+    dcn_note: str | None  # the floor's DCN term of the step, over several processes
     model: str
     applied: Knobs
     knobs: Knobs  # pending if any, else applied
@@ -102,7 +106,7 @@ class View:
 def build_view(m: SessionState) -> View:
     """What every panel shows, from the state alone (changes nothing)."""
     got = m.prediction_or_error()
-    pred = got if isinstance(got, Prediction) else None
+    pred = p = got if isinstance(got, Prediction) else None
     applied_pred = m.prediction(m.run_knobs or m.applied)
     run = list(m.windows)[-m.run_windows :] if m.run_windows else []
     run_windows = [w for _, w, _ in run]
@@ -142,7 +146,6 @@ def build_view(m: SessionState) -> View:
     stats = m.stats
     w_dev, kv_dev = stats.weight_bytes_per_device, stats.kv_bytes_per_device
     mem = None if w_dev is None or kv_dev is None else w_dev + kv_dev
-    p = pred
     exp_got = m.expectation_or_error()
     e = exp_got if isinstance(exp_got, Expectation) else None
     latency = (  # key, label, floor, expected, from a window, percentile, from the summary
@@ -236,6 +239,8 @@ def build_view(m: SessionState) -> View:
         url=m.url,
         backend=backend_label(stats),
         n_devices=m.n_devices,
+        processes=processes_words(stats.processes),
+        dcn_note=pred and dcn_words(pred.dcn_ms, pred.crosses_hosts, len(stats.processes)),
         model=m.model_name,
         applied=m.applied,
         knobs=m.knobs,
@@ -323,6 +328,7 @@ def redraw_keys(v: View) -> dict[str, tuple]:
             v.server,
             v.backend,
             v.n_devices,
+            v.processes,
             v.model,
             v.applied,
             v.knobs,
@@ -334,7 +340,7 @@ def redraw_keys(v: View) -> dict[str, tuple]:
             v.precision_applied,
         ),
         "#knobs": (v.applied, v.knobs, v.hardware, v.precision_applied, v.precision),
-        "#kpis": (v.kpis, v.pending, *notes),
+        "#kpis": (v.kpis, v.pending, *notes, v.dcn_note),
         "#memory": (v.mem_weights, v.mem_kv, v.mem_capacity, v.mem_max_slots, v.prediction),
         "#latency": (v.xs, v.ttft_p50, v.exp_ttft_ms, v.exp_tpot_ms),
         "#strips": (v.spark_tok_s, v.spark_queue, v.spark_occupancy, v.spark_kv),

@@ -1,5 +1,6 @@
 """KPI cards: floor | expected | measured and measured / expected for latency, decode step,
-tokens/s and memory per chip; the expected cell shows its p10-p90 band where there is one, and
+tokens/s and memory per chip (and, over several processes, the floor's DCN term of the
+step); the expected cell shows its p10-p90 band where there is one, and
 a `run` column beside it the expectation at the server's measured speed ("as run") when the
 server prices its calls by this host's fit (42 cells at the narrowest: the unit goes in the
 label, bytes go without a space)."""
@@ -57,6 +58,8 @@ class KpiPanel(Static):
             notes.append(Text(v.speed_line, "green"))
         if v.band_note:
             notes.append(Text(v.band_note, "dim italic"))
+        if v.dcn_note:
+            notes.append(Text(v.dcn_note, "dim"))
         if v.prediction_note:
             notes.append(Text(v.prediction_note, "dim italic"))
         self.update(Group(table, *notes))

@@ -1,5 +1,5 @@
-"""Status bar: server, devices, model, mesh, precision, slots, phase, the cost-model fit the
-expectation uses (no wall clock: snapshots stay fixed)."""
+"""Status bar: server, devices (and the processes that hold them), model, mesh, precision,
+slots, phase, the cost-model fit the expectation uses (no wall clock: snapshots stay fixed)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ class StatusBar(Static):
             (" scaletui ", "bold reverse"),
             " server ",
             (v.server, server_style),
-            f" │ {v.backend}×{v.n_devices or '?'} │ {v.model} │ mesh {v.applied.mesh_label()}",
+            f" │ {v.backend}×{v.n_devices or '?'}"
+            + (f" ({v.processes})" if v.processes else "")
+            + f" │ {v.model} │ mesh {v.applied.mesh_label()}",
             f" │ {v.precision_applied.label()}",
             f" │ slots {used}/{v.applied.slots} │ ",
             (f"● {v.phase.upper()}", PHASE_STYLE.get(v.phase, "")),
