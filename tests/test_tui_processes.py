@@ -6,9 +6,11 @@ with it while the TUI keeps running (stand-in processes), and the flags' checks.
 from __future__ import annotations
 
 import asyncio
+import io
 import sys
 
 import pytest
+from rich.console import Console
 
 from scaletui.procs import group_alive
 from scaletui.records import Record
@@ -147,3 +149,69 @@ def test_flags_check_processes_and_default_a_replica_per_process(monkeypatch) ->
     assert (ctl.host_devices, state.applied.tp, state.applied.dp) == (1, 2, 1)
     _, ctl, _ = app_module.build(parse([]), watch_tty=False)
     assert (ctl.processes, ctl.serve_env()) == (1, None)
+
+
+def text_of(renderable) -> str:
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+async def wait_for(predicate, seconds: float) -> bool:
+    for _ in range(int(seconds / 0.25)):
+        if predicate():
+            return True
+        await asyncio.sleep(0.25)
+    return predicate()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("multihost")
+async def test_the_tui_runs_a_two_process_server_shows_it_and_stops_it_on_quit(tmp_path):
+    from scaletui.tui.session import Session
+    from scaletui.tui.ui import ScaleTUI
+
+    knobs = Knobs(slots=2, dp=2, input_len=6, output_len=8, length_spread=0)
+    ctl = Controller(
+        model="tiny",
+        knobs=knobs,
+        host_devices=1,  # tp 1 dp 2: a replica on each process, the cheapest start
+        processes=2,
+        calibrate=False,
+        serve_args=["--max-seq-len", "16", "--dtype", "f32"],
+        log_dir=tmp_path,
+        poll_s=0.5,
+    )
+    session = Session(ctl, autoload=False, ready_timeout=240)
+    app = ScaleTUI(
+        source=ctl, session=session, state=SessionState(knobs, "tiny"), refresh_interval=0.5
+    )
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+
+            def status() -> str:
+                return str(app.query_one("#status").content)
+
+            shown = await wait_for(
+                lambda: "cpu×2 (2 processes × 1)" in status() and "server serving" in status(), 240
+            )
+            logs = [(tmp_path / n).read_text()[-1500:] for n in ("serve.log", "serve-1.log")]
+            assert shown, (status(), [e.text for e in app.state.events], logs)
+            assert "mesh dp2·tp1" in status()
+            kpis = text_of(app.query_one("#kpis").content)
+            assert "DCN/step 0: dp across 2 processes" in kpis, kpis
+            # attached to process 0 as to any server (--url), /stats renders the same
+            other = Controller(url=ctl.url, log_dir=tmp_path / "attached")
+            await other._poll_once()
+            await other.client.close()
+            seen = SessionState(Knobs(), "tiny")
+            while not other.queue.empty():
+                seen.add(other.queue.get_nowait())
+            assert build_view(seen).processes == "2 processes × 1"
+            pids = [p.pid for p in ctl.servers.procs]
+            assert len(pids) == 2 and all(group_alive(p) for p in pids)
+            await pilot.press("q")
+            await pilot.pause()
+        assert await wait_for(lambda: not any(group_alive(p) for p in pids), 10), "left running"
+    finally:
+        ctl.kill_children()  # a failed assertion must not leave the processes behind
