@@ -70,3 +70,28 @@ def test_speed_factor_snapshot(snap_compare):
         refresh_interval=None,
     )
     assert snap_compare(app, terminal_size=(160, 48), run_before=settled)
+
+
+def test_processes_snapshot(snap_compare):
+    """The recorded session as if its server ran as 2 processes of 4 devices at tp 8 (tp over
+    both, `--tp-over-hosts`): the status bar's processes and the KPI panel's DCN term (h100)."""
+    from scaletui.records import Record, RecordKind
+
+    ids = [[p * 2048 + i for i in range(4)] for p in range(2)]
+    multi = {
+        "processes": [{"id": p, "devices": d} for p, d in enumerate(ids)],
+        "placement": {"hosts": 2, "devices_per_host": 4, "hosts_per_slice": 1, "tp": 8, "dp": 1},
+    }
+    records = [
+        Record(r.t, r.kind, {**r.data, **multi, "config": {**r.data["config"], "tp": 8}})
+        if r.kind == RecordKind.STATS and r.data.get("config")
+        else r
+        for r in read_replay(FIXTURE)
+    ]
+    knobs = Knobs(slots=4, input_len=32, output_len=32, length_spread=0, hardware="h100")
+    app = ScaleTUI(
+        source=ReplaySource(records),
+        state=SessionState(knobs, "tiny", phase="replay"),
+        refresh_interval=None,
+    )
+    assert snap_compare(app, terminal_size=(160, 48), run_before=settled)

@@ -189,5 +189,6 @@ def dcn_words(dcn_ms: float | None, crosses: tuple[str, ...], processes: int) ->
         return "DCN: the mesh stays within one process (no term)"
     axes = "+".join({"model": "tp", "data": "dp", "transfer": "KV"}.get(a, a) for a in crosses)
     if dcn_ms == 0:
-        return f"DCN/step 0: {axes} across {processes} processes (no per-step traffic)"
-    return f"DCN/step {dcn_ms:.3g} ms (floor): {axes} across {processes} processes"
+        return f"DCN 0/step: {axes} across {processes} processes, no traffic"
+    took = f"{dcn_ms:.3g} ms" if dcn_ms >= 1 else f"{dcn_ms * 1e3:.3g} µs"
+    return f"DCN {took}/step floor: {axes} over {processes} processes"
