@@ -33,7 +33,8 @@ STATS = [
 def test_commands_are_process_zeros_with_the_cluster_flags() -> None:
     leader = ["py", "-m", "scaletui", "serve", "--port", "8123"]
     cmds = cluster_commands(leader, 2, "127.0.0.1:9876")
-    cluster = ["--coordinator", "127.0.0.1:9876", "--num-processes", "2", "--process-id"]
+    cluster = ["--tp-over-hosts", "--coordinator", "127.0.0.1:9876", "--num-processes", "2"]
+    cluster += ["--process-id"]
     assert cmds == [[*leader, *cluster, "0"], [*leader, *cluster, "1"]]
     assert cluster_commands(leader, 1, "127.0.0.1:9876") == [leader]
     with pytest.raises(ValueError, match="processes should be >= 1, got 0"):

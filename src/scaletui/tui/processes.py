@@ -1,7 +1,8 @@
 """The embedded server's processes: one `scaletui serve`, or with `scaletui --processes N` the N
 commands a user would type on N hosts (docs/serve.md, "Multi-host"): the same flags plus
-`--coordinator 127.0.0.1:PORT --num-processes N --process-id I`, each on the CPU (gloo
-collectives) with its own virtual devices; process 0's HTTP port is the one the TUI talks to.
+`--tp-over-hosts --coordinator 127.0.0.1:PORT --num-processes N --process-id I`, each on the
+CPU (gloo collectives) with its own virtual devices; process 0's HTTP port is the one the TUI
+talks to.
 
 Each runs in its own session (process group) with its log in the controller's log folder
 (serve.log for process 0, serve-I.log for process I). The first that exits is said once
@@ -22,12 +23,14 @@ from scaletui.procs import ProcessGroups, free_port, signal_group
 
 def cluster_commands(leader: list[str], n: int, coordinator: str) -> list[list[str]]:
     """Process I's command for each of `n` processes: `leader` (the one-process command) with
-    the cluster's flags; one process is `leader` itself."""
+    the cluster's flags; one process is `leader` itself. `--tp-over-hosts` lets `t`/`T` take tp
+    across the processes (its DCN term is the point of the demo); the default placement still
+    keeps tp within a process."""
     if n < 1:
         raise ValueError(f"processes should be >= 1, got {n}")
     if n == 1:
         return [leader]
-    flags = ["--coordinator", coordinator, "--num-processes", str(n)]
+    flags = ["--tp-over-hosts", "--coordinator", coordinator, "--num-processes", str(n)]
     return [[*leader, *flags, "--process-id", str(i)] for i in range(n)]
 
 
