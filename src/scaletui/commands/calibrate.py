@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Measure this host's JAX devices; write the 'local' hardware spec. With "
         "--model M (see `scaletui calibrate --model M --help`): time that server "
         "configuration's engine and store its fitted cost model.",
+        epilog="Across processes (dcn_bw, dcn_latency_s): `scaletui calibrate --processes N` or "
+        "--coordinator/--num-processes/--process-id (see `scaletui calibrate --processes 2 -h`).",
     )
     p.add_argument(
         "--quick",
