@@ -11,6 +11,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from scheduler_requests import collect, request
 
 from scaletui.serve.engine.engine_api import SamplingParams
 from scaletui.serve.engine.fake_engine import FakeEngine, FakeEngineFactory
@@ -19,7 +20,6 @@ from scaletui.serve.scheduling.paging import PageTables, fixed_table
 from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.specs import load_model
-from tests.test_scheduler import collect, request
 
 # one worker runs this module (pyproject: --dist loadgroup): each uninterrupted run serves once
 pytestmark = pytest.mark.xdist_group("paging")

@@ -7,6 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from scheduler_requests import collect, request
 
 from scaletui import policy
 from scaletui.policy import Grow, Preempt, Seq, StepPlan
@@ -17,7 +18,6 @@ from scaletui.serve.engine.fake_engine import FakeEngineFactory
 from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
-from tests.test_scheduler import collect, request
 
 
 def test_budget_pages_and_the_prefix_cache_rule() -> None:

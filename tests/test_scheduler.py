@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from scheduler_requests import collect, request
 
 from scaletui.serve.engine.engine_api import SamplingParams
 from scaletui.serve.engine.fake_engine import FakeEngine, FakeEngineFactory
-from scaletui.serve.scheduling.events import Failed, Overloaded, Request, Unavailable
+from scaletui.serve.scheduling.events import Overloaded, Request, Unavailable
 from scaletui.serve.scheduling.scheduler import Scheduler
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
@@ -22,21 +23,6 @@ def make(mode: str = "interleaved", step_s: float = 0.001, **kw) -> Scheduler:
     sched.start()
     assert sched.state == "serving"
     return sched
-
-
-async def collect(req: Request) -> tuple[list[int], str]:
-    ids: list[int] = []
-    while True:
-        event = await asyncio.wait_for(req.events.get(), 30)
-        if isinstance(event, Failed):
-            return ids, "error: " + event.message
-        ids += event.ids
-        if event.finish:
-            return ids, event.finish
-
-
-def request(prompt: list[int], **params) -> Request:
-    return Request(prompt, SamplingParams(temperature=0.0, **params), asyncio.get_running_loop())
 
 
 @pytest.mark.parametrize("mode", ["interleaved", "disaggregated"])
