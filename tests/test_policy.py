@@ -146,6 +146,7 @@ async def live_plans() -> list[StepPlan]:
             [index[r] for r in p.preempted],
             p.steps,
             [index[r] for r in p.finished],
+            p.mixed,
         )
         for p in plans
     ]
