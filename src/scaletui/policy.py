@@ -85,10 +85,8 @@ def mix_tokens(
     """(the most prompt tokens a piece may have to ride in a generate call, 0: no mixing; why
     not, when mixing was asked for but this shape cannot mix). A mixed call is compiled for one
     piece length, the token budget: without a budget a piece is a whole prompt of any length."""
-    if not mixed or mode != "interleaved":
+    if not mixed or mode != "interleaved" or not max_batched_tokens:
         return 0, None
-    if not max_batched_tokens:
-        return 0, "mixed batches need a token budget (--max-batched-tokens): none is set"
     if dp > 1:
         return 0, f"mixed batches run unmixed under dp={dp} (each replica's pages stay local)"
     return token_budget(max_batched_tokens, page_size), None
