@@ -154,6 +154,13 @@ def test_paged_kv(smoke, capsys):
     assert [r["scenario"] for r in lines] == ["prefix", "budget", "memory"]
 
 
+def test_mixed_batches(smoke, capsys):
+    assert _main("mixed_batches", ["--json"]) == 0
+    result = orjson.loads(capsys.readouterr().out)
+    assert set(result["ttft_p99_ms"]) == {"off", "on"} and result["ttft_p99_ratio"] > 0
+    assert result["piece_ms"] > 0  # the off run's pieces were timed
+
+
 def test_logprobs_cost(smoke, capsys):
     assert _main("logprobs_cost", ["--json"]) == 0
     result = orjson.loads(capsys.readouterr().out)

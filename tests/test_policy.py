@@ -50,6 +50,20 @@ def test_chunks_run_fcfs_within_the_budget_on_page_boundaries() -> None:
     assert policy.chunks([], 32, 16) == []
 
 
+def test_mixed_batches_take_the_first_piece_within_the_budget() -> None:
+    assert policy.mix_tokens(True, 40, 16, "interleaved", 1) == (32, None)
+    assert policy.mix_tokens(False, 40, 16, "interleaved", 1) == (0, None)  # off: no reason
+    assert policy.mix_tokens(True, 40, 16, "disaggregated", 1) == (0, None)
+    assert policy.mix_tokens(True, 0, 16, "interleaved", 1) == (0, None)  # no budget: no mix
+    cap, why = policy.mix_tokens(True, 40, 16, "interleaved", 2)
+    assert cap == 0 and "dp=2" in why
+    assert policy.mixes([32, 16], decoding=3, cap=32)
+    assert not policy.mixes([32], decoding=0, cap=32)  # nothing decodes: a plain prefill call
+    assert not policy.mixes([32], decoding=3, cap=0)  # mixing off
+    assert not policy.mixes([48], decoding=3, cap=32)  # longer than the compiled piece
+    assert not policy.mixes([], decoding=3, cap=32)
+
+
 def test_decode_steps_stop_at_the_most_any_sequence_needs() -> None:
     assert policy.decode_steps([3, 10], 4) == 4
     assert policy.decode_steps([2, 1], 4) == 2
@@ -146,6 +160,7 @@ async def live_plans() -> list[StepPlan]:
             [index[r] for r in p.preempted],
             p.steps,
             [index[r] for r in p.finished],
+            p.mixed,
         )
         for p in plans
     ]
@@ -188,13 +203,21 @@ async def test_one_trace_gets_the_same_decisions_live_and_simulated() -> None:
     assert any(n < INPUT[i] for p in live for i, n in p.chunks if i == 2)
     assert sum(len(p.preempted) for p in live) >= 1
     assert sorted(i for p in live for i in p.finished) == list(range(len(INPUT)))
+    # mixed batches (on by default): pieces ride with the decode step, one per call at most
+    mixed = [p for p in live if p.mixed]
+    assert mixed and all(p.steps and p.chunks for p in mixed)
+    assert any(not p.mixed and p.chunks and not p.steps for p in live)  # nothing decoding yet
     for step, (a, b) in enumerate(zip(live, sim, strict=False)):
         assert a == b, f"pass {step}: live {a} != simulated {b}"
     assert len(live) == len(sim)
 
 
-@pytest.mark.parametrize("knob", [{"prefix_cache": False}, {"max_batched_tokens": 0}])
+@pytest.mark.parametrize(
+    "knob", [{"prefix_cache": False}, {"max_batched_tokens": 0}, {"mixed_batches": False}]
+)
 async def test_the_trace_agrees_with_other_knobs(knob, monkeypatch) -> None:
     monkeypatch.setitem(KNOBS, next(iter(knob)), next(iter(knob.values())))
-    live, sim = await live_plans(), sim_plans()
+    live, sim = await live_plans(), sim_plans()  # live_plans checks every request's tokens
     assert live == sim
+    if "prefix_cache" not in knob:  # no budget or mixing off: nothing rides
+        assert not any(p.mixed for p in live)

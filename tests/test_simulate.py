@@ -14,6 +14,7 @@ import yaml
 from scaletui.commands.simulate import main as simulate_main
 from scaletui.loadgen.workload import Lengths, Workload, iter_requests
 from scaletui.roofline import fitstore
+from scaletui.roofline.callcost import CallCosts
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.simrecords import Load, SimTiming
 from scaletui.roofline.simulate import simulate
@@ -397,7 +398,7 @@ def test_a_token_budget_runs_a_long_prompt_in_pieces_between_generate_calls():
     by three calls."""
     cost = flat(step=1e-3, sync=5e-4, prefill_per_token=1e-4, prefill_fixed=2e-3)
     load = Load(np.array([0.0, 4e-3]), np.array([16, 100]), np.array([20, 2]))
-    shape = server(slots=2, decode_steps=1, max_seq_len=256, page_size=16)
+    shape = server(slots=2, decode_steps=1, max_seq_len=256, page_size=16, mixed_batches=False)
     call = 5e-4 + 1e-3 + 2e-6  # sync + one step at 2 rows (1 us each)
     prefill = lambda bucket: 2e-3 + bucket * 1e-4
     a_first = prefill(16)
@@ -413,6 +414,24 @@ def test_a_token_budget_runs_a_long_prompt_in_pieces_between_generate_calls():
     assert whole.summary["max_itl_ms"] == pytest.approx((prefill(128) + call) * 1e3)
     with pytest.raises(ValueError, match="max_batched_tokens must be >= 0"):
         server(max_batched_tokens=-1)
+
+
+def test_mixed_batches_price_a_piece_inside_the_generate_call():
+    """The same two requests with the pieces riding in the generate calls (mixed batches): each
+    call costs what it did plus the piece's FLOPs, without a second call's overhead and weight
+    read, so the long prompt's first token and the stream's longest gap both come sooner."""
+    cost = flat(step=1e-3, sync=5e-4, prefill_per_token=1e-4, prefill_fixed=2e-3)
+    load = Load(np.array([0.0, 4e-3]), np.array([16, 100]), np.array([20, 2]))
+    shape = server(slots=2, decode_steps=1, max_seq_len=256, page_size=16, max_batched_tokens=32)
+    plans = []
+    mixed = simulate(shape, cost, load, on_plan=plans.append)
+    unmixed = simulate(dataclasses.replace(shape, mixed_batches=False), cost, load)
+    assert [p.chunks for p in plans if p.mixed] == [[(1, 32)], [(1, 32)], [(1, 32)], [(1, 4)]]
+    assert (mixed.outcome == "ok").all()
+    assert mixed.t_first[1] < unmixed.t_first[1]
+    assert mixed.summary["max_itl_ms"] < unmixed.summary["max_itl_ms"]
+    piece = CallCosts(shape, cost).mixed_s(0, 32)  # 32 tokens' FLOPs and K/V writes
+    assert 0 < piece < cost.prefill_s(32)
 
 
 def test_simulate_cli_on_a_local_cpu_defaults_to_the_servers_dtype(capsys, monkeypatch):

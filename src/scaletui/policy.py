@@ -9,7 +9,9 @@ both and gets the same `StepPlan`s. One pass of the interleaved loop decides, in
 2. hit: it reuses the full pages of the longest cached prefix, never the whole prompt
    (`reusable_pages`: one token at least is prefilled, for the first token's logits);
 3. chunk: the prefilling prompts run FCFS within the token budget, a piece ending on a page
-   boundary or with its prompt (`token_budget`, `chunks`);
+   boundary or with its prompt (`token_budget`, `chunks`); with mixed batches the first piece
+   rides in the generate call's first step (`mixes`: one forward pass, the weights read once)
+   and the others run before that call;
 4. decode: a generate call of `decode_steps` steps, no more than any sequence still needs; first
    every decoding sequence grows to the pages those steps write, oldest first, and where its
    replica has none left the youngest decoding sequence there is preempted (`make_room`, vLLM's
@@ -75,6 +77,25 @@ def chunks(lefts: Sequence[int], budget: int, page_size: int) -> list[int]:
         if budget <= 0 or n < left:
             break
     return out
+
+
+def mix_tokens(
+    mixed: bool, max_batched_tokens: int, page_size: int, mode: str, dp: int
+) -> tuple[int, str | None]:
+    """(the most prompt tokens a piece may have to ride in a generate call, 0: no mixing; why
+    not, when mixing was asked for but this shape cannot mix). A mixed call is compiled for one
+    piece length, the token budget: without a budget a piece is a whole prompt of any length."""
+    if not mixed or mode != "interleaved" or not max_batched_tokens:
+        return 0, None
+    if dp > 1:
+        return 0, f"mixed batches run unmixed under dp={dp} (each replica's pages stay local)"
+    return token_budget(max_batched_tokens, page_size), None
+
+
+def mixes(pieces: Sequence[int], decoding: int, cap: int) -> bool:
+    """Whether the pass's first piece rides in its generate call: mixing on (`cap`, from
+    `mix_tokens`), `decoding` sequences running when the pass starts, the piece within `cap`."""
+    return bool(cap and decoding and pieces and pieces[0] <= cap)
 
 
 def decode_steps(lefts: Sequence[int], steps: int) -> int:
@@ -192,6 +213,7 @@ class StepPlan:
     preempted: list[int] = field(default_factory=list)
     steps: int = 0  # the generate call's steps (0: none this pass)
     finished: list[int] = field(default_factory=list)
+    mixed: bool = False  # chunks[0] rode in the generate call's first step (mixed batch)
 
     def __bool__(self) -> bool:
         return bool(self.admitted or self.chunks or self.preempted or self.steps or self.finished)

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from scaletui import policy
 from scaletui.dtypes import DTYPE_BYTES, DTYPES, STORAGE_DTYPES, Precision
 from scaletui.specs import ModelSpec, load_model, model_ref
 
@@ -36,6 +37,7 @@ RECONFIGURABLE = (
     "page_size",
     "kv_pages",
     "max_batched_tokens",
+    "mixed_batches",
     "prefix_cache",
 )
 # The keys of `to_json` a calibrated fit is made for and looked up by (`fit_key`).
@@ -178,6 +180,9 @@ class ServerShape:
     kv_pages: int = 0  # KV pages per data-parallel replica; 0 = slots x max_seq_len's worth
     prefix_cache: bool = True  # interleaved: reuse the pages of a prompt's cached prefix
     max_batched_tokens: int = 0  # interleaved: prompt tokens per generate call (0 = no bound)
+    # interleaved, with a token budget: a pass's first prompt piece rides in the generate call's
+    # first step, one forward pass with the decode rows (policy.mix_tokens)
+    mixed_batches: bool = True
     decode_steps: int = 4  # decode steps per host sync (tokens per slot per generate call)
     tp: int = 1  # tensor parallelism: the 'model' mesh axis (heads, d_ff)
     dp: int = 1  # data parallelism: the 'data' mesh axis (slots)
@@ -217,6 +222,13 @@ class ServerShape:
         return self.kv_pages or (self.slots // self.dp) * self.pages_per_seq + 1
 
     @property
+    def mixing(self) -> tuple[int, str | None]:
+        """(the longest prompt piece a generate call takes along, 0: none; why none, when
+        mixed batches were asked for): `policy.mix_tokens`."""
+        p = policy.mix_tokens
+        return p(self.mixed_batches, self.max_batched_tokens, self.page_size, self.mode, self.dp)
+
+    @property
     def prefill_buckets(self) -> tuple[int, ...]:
         """Power-of-two prompt lengths compiled at start-up, smallest first, none past
         max_seq_len (the largest is the chunk a longer prompt is prefilled in)."""
@@ -249,6 +261,7 @@ class ServerShape:
             "kv_pages": self.pages,
             "prefix_cache": self.prefix_cache,
             "max_batched_tokens": self.max_batched_tokens,
+            "mixed_batches": self.mixed_batches,
             "decode_steps": self.decode_steps,
             "tp": self.tp,
             "dp": self.dp,
@@ -304,6 +317,8 @@ class ServerShape:
                 argv += ["--model", model_ref(self.model)]
             elif f.name == "prefix_cache":
                 argv += [] if v else ["--no-prefix-cache"]
+            elif isinstance(v, bool):
+                argv += [flag(f.name), "on" if v else "off"]
             else:
                 argv += [flag(f.name), str(v)]
         return argv

@@ -23,6 +23,8 @@ FLAG_HELP = {
     "cached prefix)",
     "max_batched_tokens": "interleaved: prompt tokens run between two generate calls, long "
     "prompts split in chunks (0: whole prompts)",
+    "mixed_batches": "interleaved, with --max-batched-tokens: a pass's first prompt piece runs in "
+    "the same forward pass as the decode step (on|off)",
     "kv_pages": "KV pages per data-parallel replica (default: enough for every slot at "
     "max_seq_len)",
     "decode_steps": "decode steps per host sync",
@@ -53,6 +55,14 @@ _CHOICES = {
 _ALIASES = {"slots": ("--max-running",)}
 
 
+def on_off(text: str) -> bool:
+    """An on|off flag's value (yes/no, true/false, 1/0 as well)."""
+    word = text.strip().lower()
+    if word not in ("on", "off", "yes", "no", "true", "false", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return word in ("on", "yes", "true", "1")
+
+
 def add_flags(
     p: argparse.ArgumentParser | argparse._ArgumentGroup,
     omit: tuple[str, ...] = (),
@@ -76,6 +86,8 @@ def add_flags(
             p.add_argument("--model", required=True, help=kw["help"])
         elif name == "prefix_cache":
             p.add_argument("--no-prefix-cache", action="store_false", **kw)
+        elif isinstance(f.default, bool):  # --mixed-batches on|off
+            p.add_argument(flag(name), type=on_off, choices=(True, False), metavar="on|off", **kw)
         elif name == "kv_pages":
             group = p.add_mutually_exclusive_group()
             group.add_argument("--kv-pages", type=int, **kw)

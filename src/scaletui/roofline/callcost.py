@@ -7,7 +7,10 @@ for both, so a server running at factor 1.0 is one the simulator reproduces.
    engine computes every slot row over the KV bucket of the longest row; the native kernels'
    attention reads each running row's own positions (`_row_costs`);
 2. a prefill of a whole prompt, less a cached prefix (`prefill_s`: disaggregated);
-3. a piece of a prompt whose earlier tokens are in its pages (`piece_s`: interleaved).
+3. a piece of a prompt whose earlier tokens are in its pages (`piece_s`: interleaved);
+4. what such a piece adds to the generate call it rides in (`mixed_s`: mixed batches): one
+   call, the weights read once by the decode step, so the piece adds its FLOPs (dense and
+   attention, padded to the mixed call's compiled piece length) and its K/V writes.
 Every price is the cost model's expected (median) time, memoized per call shape: the hot path
 pays a dict look-up (and, native, a sum over the running rows).
 """
@@ -111,6 +114,24 @@ class CallCosts:
             s = sum(
                 cost.prefill_s(next(b for b in buckets if b >= min(chunk, stop - c)), c)
                 for c in range(start, stop, chunk)
+            )
+            self._prefill_memo[key] = s
+        return s
+
+    def mixed_s(self, start: int, stop: int) -> float:
+        """What prompt tokens start..stop-1 add to the generate call whose first step they ride
+        in: the compiled piece length's (the token budget: `ServerShape.mixing`) FLOPs and K/V
+        writes at the prefill rates, no call overhead and no second weight read."""
+        cap = self.shape.mixing[0] or stop - start
+        key = (-start - 1, -cap - 1)  # apart from prefill_s's and piece_s's keys
+        s = self._prefill_memo.get(key)
+        if s is None:
+            c = self.prefill
+            attn_rate = c.prefill_attn_flops_per_s or c.prefill_flops_per_s
+            s = (
+                cap * c.kv_bytes_per_token / c.tp / c.read_bw
+                + c.prefill_dense_flops(cap) / c.prefill_flops_per_s
+                + c.prefill_attn_flops(cap, start) / attn_rate
             )
             self._prefill_memo[key] = s
         return s

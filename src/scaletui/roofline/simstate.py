@@ -172,12 +172,13 @@ class SimState:
         self._done(i, t, "ok")
         return True
 
-    def generate(self, now: float, steps: int = 0) -> float:
-        """One generate call from `now` (of `steps` steps; 0: as the policy says); returns when
-        its tokens reach the clients."""
+    def generate(self, now: float, steps: int = 0, extra_s: float = 0.0) -> float:
+        """One generate call from `now` (of `steps` steps; 0: as the policy says; `extra_s`: what
+        a prompt piece riding in it adds); returns when its tokens reach the clients."""
         active, left, length = self.active, self.left, self.length
         steps = steps or policy.decode_steps([left[i] for i in active], self.shape.decode_steps)
-        dt = self.varied(self.costs.generate_s(steps, [length[i] for i in active]), self.decode)
+        dt = self.costs.generate_s(steps, [length[i] for i in active]) + extra_s
+        dt = self.varied(dt, self.decode)
         t = now + dt
         self.calls += 1
         self.per_step_s += dt / steps

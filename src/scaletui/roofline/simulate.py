@@ -17,7 +17,9 @@ What it replays, as the server does it:
    free slots whose replica has pages and are prefilled, less a cached prefix's full pages,
    then one generate call runs (a request that arrives meanwhile waits for the next pass);
    with a token budget (`max_batched_tokens`) at most that many prompt tokens (whole pages)
-   run between two calls, a long prompt in pieces. Before each call the decoding sequences
+   run between two calls, a long prompt in pieces; with mixed batches (`ServerShape.mixing`)
+   the first piece rides in the generate call (priced `CallCosts.mixed_s` on top of it) and
+   its sequence decodes from the next call. Before each call the decoding sequences
    take the pages its steps write; where a pool runs out the youngest is preempted and
    resumes from the head of the queue by prefilling its prompt and output.
    Disaggregated: prefill (and the KV transfer) runs concurrently on its own devices into a
@@ -74,6 +76,7 @@ def _interleaved(sim: SimState) -> None:
     and output again) and one generate call runs."""
     now, shape, size = 0.0, sim.shape, sim.shape.page_size
     budget = policy.token_budget(shape.max_batched_tokens, size)
+    cap = shape.mixing[0]  # mixed batches: the longest piece a generate call takes along
     kv = SimSlots(shape, sim.load.prefix_len, sim.load.prefix_groups)
     produced: dict[int, int] = {}  # preempted requests: the tokens they had produced
     jobs: list[list[int]] = []  # [request, slot, tokens to prefill, tokens in its pages so far]
@@ -93,25 +96,20 @@ def _interleaved(sim: SimState) -> None:
             plan.admitted.append((i, *got))
             jobs.append([i, got[0], n, got[1]])
         pieces = policy.chunks([n - done for _, _, n, done in jobs], budget, size)
-        for job, k in zip(jobs[: len(pieces)], pieces, strict=True):
-            i, slot, n, done = job
-            plan.chunks.append((i, k))
+        ride = None
+        if policy.mixes(pieces, len(sim.active), cap):  # the first piece rides in the call
+            ride = (jobs[0], pieces[0])
+            plan.chunks.append((jobs[0][0], pieces[0]))
+        for job, k in list(zip(jobs, pieces, strict=False))[ride is not None :]:
+            plan.chunks.append((job[0], k))
             gap = sim.host_gap(len(sim.active))
-            t = now + gap + sim.varied(sim.piece_s(done, done + k), sim.prefill_cost)
+            t = now + gap + sim.varied(sim.piece_s(job[3], job[3] + k), sim.prefill_cost)
             sim.prefill_calls += 1
             sim.prefill_call_s += t - now - gap
             sim.occupied_s += len(sim.active) * (t - now)
-            now, job[3] = t, done + k
-            if job[3] < n:
-                continue
-            kv.prefilled(slot, n)
-            before = produced.pop(i, 0)
-            if sim.prefilled(i, now, before):  # its first token ends it
-                plan.finished.append(i)
-                kv.free(slot)
-            else:
-                sim.insert(i, now, before)
-        jobs = [job for job in jobs if job[3] < job[2]]
+            now = t
+            _piece_done(sim, kv, plan, produced, job, k, now)
+        jobs = [job for job in jobs if job[3] < job[2]]  # a riding piece's job has not run
         if sim.active:
             steps = policy.decode_steps([sim.left[i] for i in sim.active], shape.decode_steps)
             slot_of, order = kv.slot_of, kv.order
@@ -138,17 +136,43 @@ def _interleaved(sim: SimState) -> None:
                 gap = sim.host_gap(len(sim.active))
                 sim.occupied_s += len(sim.active) * gap
                 running = list(sim.active)
-                now = sim.generate(now + gap, steps)
-                plan.steps = steps
+                extra = 0.0 if ride is None else sim.costs.mixed_s(ride[0][3], ride[0][3] + ride[1])
+                now = sim.generate(now + gap, steps, extra)
+                plan.steps, plan.mixed = steps, ride is not None
                 for b in sorted(kv.slot_of[i] for i in running if not sim.left[i]):
                     plan.finished.append(kv.req[b])
                     kv.free(b)
+                if ride is not None:
+                    _piece_done(sim, kv, plan, produced, *ride, now)
+            elif ride is not None:  # every sequence was preempted: the piece runs alone
+                gap = sim.host_gap(0)
+                job, k = ride
+                now += gap + sim.varied(sim.piece_s(job[3], job[3] + k), sim.prefill_cost)
+                sim.prefill_calls += 1
+                _piece_done(sim, kv, plan, produced, job, k, now)
+            jobs = [job for job in jobs if job[3] < job[2]]
         elif not jobs:
             now = max(now, sim.next_arrival())  # inf: the client sends no more
         if plan and sim.on_plan is not None:
             sim.on_plan(plan)
         if now == math.inf:
             return
+
+
+def _piece_done(sim: SimState, kv: SimSlots, plan, produced: dict, job: list, k: int, now: float):
+    """`k` more prompt tokens of `job` ran by `now`; at its prompt's end its first token is out
+    and it decodes from the next call (or ends there)."""
+    i, slot, n, done = job
+    job[3] = done + k
+    if job[3] < n:
+        return
+    kv.prefilled(slot, n)
+    before = produced.pop(i, 0)
+    if sim.prefilled(i, now, before):  # its first token ends it
+        plan.finished.append(i)
+        kv.free(slot)
+    else:
+        sim.insert(i, now, before)
 
 
 def _disaggregated(sim: SimState) -> None:

@@ -139,6 +139,19 @@ class Prefix:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """A prompt piece that rides in a generate call (`Engine.generate_mixed`): tokens[start:stop]
+    of a prompt into `slot`'s `pages`, as `prefill_pages` takes them."""
+
+    tokens: list[int]
+    params: SamplingParams
+    slot: int
+    pages: Sequence[int]
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
 class StepOutput:
     """What one `generate` call returns, already on the host.
 
@@ -234,6 +247,7 @@ class Engine(Protocol):
     pages_per_seq: int  # pages a max_seq_len sequence holds: a page table row's width
     eos_ids: tuple[int, ...]  # sampling any of them ends a sequence ("stop")
     vocab_size: int  # ids the tokenizer can decode; sampling never goes beyond
+    mix_tokens: int  # the longest Chunk `generate_mixed` takes (0: it mixes none)
 
     def describe(self) -> EngineInfo:
         """Mesh, kernels, bytes held and compile units; cheap (polled by /stats)."""
@@ -288,6 +302,15 @@ class Engine(Protocol):
         """Run `steps` decode steps over all slots with one host sync at the end. `pages`
         [slots, W]: every slot's page table (0 where it holds none), covering the positions
         the call writes: each active slot's length + steps."""
+        ...
+
+    def generate_mixed(
+        self, state: DecodeState, steps: int, pages: np.ndarray, chunk: Chunk
+    ) -> tuple[DecodeState, StepOutput, Prefix | None]:
+        """`generate`, whose first step also runs `chunk` in the same forward pass (at most
+        `mix_tokens` tokens; its slot not active): the decode tokens as `generate` gives them
+        and the chunk's outcome as `prefill_pages` gives it (the Prefix to `insert` at the
+        prompt's end, else None). Greedy tokens are the same as unmixed calls give."""
         ...
 
     def compile_count(self) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 from scaletui.serve.engine.engine_api import (
     LOGPROB_ROW,
     MAX_LOGPROBS,
+    Chunk,
     Engine,
     EngineInfo,
     Prefix,
@@ -66,6 +67,7 @@ class FakeEngine:
         tp: int = 1,
         page_size: int = 16,
         pages: int = 0,  # per replica, scratch included; 0: every slot at max_seq_len
+        mix_tokens: int = 0,  # the longest chunk generate_mixed takes (0: none)
     ) -> None:
         self.slots, self.max_seq_len = slots, max_seq_len
         self.replicas, self.page_size = dp, page_size
@@ -74,6 +76,7 @@ class FakeEngine:
         self.vocab_size, self.eos_ids = vocab_size, tuple(eos_ids)
         self.step_s, self.prefill_s, self.warmup_s = step_s, prefill_s, warmup_s
         self.name, self.devices, self.dp, self.tp = name, devices, dp, tp
+        self.mix_tokens = mix_tokens
         self._compiles = 0
 
     def describe(self) -> EngineInfo:
@@ -234,6 +237,20 @@ class FakeEngine:
                     state.active[slot] = False
         return state, StepOutput(tokens, valid, done, state.lengths.copy(), lps)
 
+    def generate_mixed(
+        self, state: FakeState, steps: int, pages: np.ndarray, chunk: Chunk
+    ) -> tuple[FakeState, StepOutput, Prefix | None]:
+        """prefill_pages' outcome for the chunk, then generate's (it sleeps for both)."""
+        c = chunk
+        if not 0 < c.stop - c.start <= self.mix_tokens or state.active[c.slot]:
+            raise ValueError(
+                f"generate_mixed: a chunk of 1 to {self.mix_tokens} tokens into an inactive "
+                f"slot, got {c.stop - c.start} tokens into slot {c.slot}"
+            )
+        args = (c.tokens, c.params, c.slot, c.pages, c.start, c.stop)
+        state, prefix = self.prefill_pages(state, *args)
+        return (*self.generate(state, steps, pages), prefix)
+
     def _check_pages(self, state: FakeState, steps: int, pages: np.ndarray) -> None:
         """What the real engine needs and cannot check on the device: every active slot holds
         pages for each position the call writes, and no two slots write into the same page."""
@@ -291,6 +308,7 @@ class FakeEngineFactory:
                 tp=config.tp,
                 page_size=config.page_size,
                 pages=config.pages,
+                mix_tokens=config.mixing[0] if config.mode == "interleaved" else 0,
             )
 
         if config.mode == "interleaved":

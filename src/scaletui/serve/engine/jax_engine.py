@@ -30,6 +30,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from scaletui.serve.engine import kv_cache, model, slot_state
+from scaletui.serve.engine.chunks import ChunkCalls
 from scaletui.serve.engine.engine_api import (
     LOGPROBS_MODES,
     PROCESSED,
@@ -48,7 +49,7 @@ from scaletui.shape import ServerShape
 JNP_DTYPES = quant.JNP
 
 
-class JaxEngine(EnginePrograms):
+class JaxEngine(EnginePrograms, ChunkCalls):
     """One compiled model on one device mesh. role: 'both' | 'prefill' | 'generate'."""
 
     def __init__(
@@ -94,6 +95,11 @@ class JaxEngine(EnginePrograms):
         # attention on JAX's Pallas kernels: GPU/TPU, or interpreted on CPU) or "xla"
         self.kernels = kernels
         self.native = kernels == "native"
+        # mixed batches: the longest prompt chunk a generate call takes along (0: none), and
+        # why none where they were asked for (shown with the kernels)
+        self.mix_tokens, why = config.mixing if role == "both" else (0, None)
+        if why:
+            kernels_note = f"{kernels_note}; {why}" if kernels_note else why
         self.kernels_note = kernels_note  # why not native (kernels != xla, XLA runs), or a fallback
         self.ops, self.params = ops, params
         platform = self.devices[0].platform
@@ -213,27 +219,11 @@ class JaxEngine(EnginePrograms):
         prefix, are already there), in chunks of the largest bucket. -> (state, the Prefix to
         `insert` (kv None: it is in the pages) once `stop` reaches the prompt's end, else
         None)."""
-        check_request(tokens, params, self.max_seq_len, self.model.vocab_size)
-        n, stop, size = len(tokens), len(tokens) if stop is None else stop, self.page_size
-        if not 0 <= start < stop <= n or start % size or len(pages) > self.pages_per_seq:
-            raise ValueError(
-                f"prefill_pages: need 0 <= start < stop <= {n}, start a multiple "
-                f"of the page size {size} and at most {self.pages_per_seq} pages, "
-                f"got start={start} stop={stop} and {len(pages)} pages"
-            )
-        base = slot // (self.rows // self.replicas) * self.pages  # the replica's scratch page
-        row = np.full(self.pages_per_seq, base, np.int32)
-        row[: len(pages)] += np.asarray(pages, np.int32)
-        row, scratch, arrays = self._put(row), self._put(np.int32(base)), state.arrays
-        tok, step = None, max(size, self.chunk // size * size)  # chunks from page boundaries
-        if start == 0:
-            state.prompt_rows.pop(slot, None)
-        rows = state.prompt_rows.setdefault(slot, [])
-        if params.prompt_logprobs is not None and start != sum(len(r) - 1 for r in rows):
-            raise ValueError(
-                f"prompt logprobs need every prompt position prefilled here, but the prompt "
-                f"starts at {start} (a cached prefix?); prefill it from 0"
-            )
+        stop, size = len(tokens) if stop is None else stop, self.page_size
+        self._check_chunk(tokens, params, start, stop, pages, slot)
+        row, scratch = self._chunk_row(slot, pages)
+        arrays, tok, step = state.arrays, None, max(size, self.chunk // size * size)
+        rows = self._prompt_rows(state, slot, params, start)
         if step > self.chunk and stop - start > self.chunk:
             raise ValueError(
                 f"a {stop - start}-token prompt runs in pieces of whole pages "
@@ -241,25 +231,17 @@ class JaxEngine(EnginePrograms):
                 f"({self.chunk}): start the server with max_prefill_bucket >= "
                 f"page_size"
             )
-        for cur in range(start, stop, step):
+        for cur in range(start, stop, step):  # chunks from page boundaries
             c = min(stop - cur, step)
             t = next(b for b in self.prefill_buckets if b >= c)
-            padded = np.zeros(t, np.int32)
-            padded[:c] = tokens[cur : cur + c]
-            nxt = tokens[cur + c] if cur + c < n else 0
-            args = self._put(
-                PrefillArgs.of(cur + c, params, self.vocab_size, cur, nxt, self.logprobs_processed)
-            )
+            padded, args = self._chunk_args(tokens, params, cur, c, t)
             prior = self._gather_exe()(arrays.cache, row) if cur else self._no_prior
             exe = self._paged_prefill_exe(t)
-            arrays, tok, lp = exe(self.params, arrays, self._put(padded), args, row, scratch, prior)
+            arrays, tok, lp = exe(self.params, arrays, padded, args, row, scratch, prior)
             if params.prompt_logprobs is not None:  # the chunk's c positions, and the last row
                 rows.append(np.asarray(lp)[np.r_[:c, -1]])
         state = state.replaced(arrays)
-        if stop < n:
-            return state, None
-        rows = state.prompt_rows.pop(slot, [])
-        return state, Prefix.of_prompt(None, tokens, int(tok), params, self.eos_ids, lp, rows)
+        return state, self._chunk_end(state, tokens, params, slot, stop, tok, lp)
 
     def transfer(self, prefix: Prefix, to: JaxEngine) -> Prefix:
         if to is self:
@@ -320,10 +302,15 @@ class JaxEngine(EnginePrograms):
     ) -> tuple[SlotState, StepOutput]:
         """`pages` [slots, >= W]: each slot's page table (local ids, 0 where it holds none),
         covering every position this call writes (lengths + steps)."""
+        bucket, table, consts = self._step_inputs(state, steps, pages)
+        arrays, packed, lps = self._generate_exe(bucket)(self.params, state.arrays, consts, table)
+        return self._step_output(state, arrays, packed, lps, steps, bucket)
+
+    def _step_inputs(self, state: SlotState, steps: int, pages: np.ndarray) -> tuple:
+        """A generate call's (KV bucket, page table on the devices, StepConsts)."""
         if not 1 <= steps <= self.config.decode_steps:
             raise ValueError(f"steps must be in [1, {self.config.decode_steps}], got {steps}")
         bucket = self.pick_bucket(state.lengths, state.active, steps)
-        exe = self._generate_exe(bucket)
         table = np.zeros((self.rows, bucket // self.page_size), np.int32)
         w = min(table.shape[1], pages.shape[1])
         table[: pages.shape[0], :w] = pages[:, :w]
@@ -332,8 +319,11 @@ class JaxEngine(EnginePrograms):
         if consts is None:
             values = StepConsts(np.int32(steps), np.int32(self.vocab_size), eos_row(self.eos_ids))
             consts = self._consts[key] = self._put(values)
-        arrays, packed, lps = exe(self.params, state.arrays, consts, self._device_table(table))
-        host = np.asarray(packed)  # the one host sync
+        return bucket, self._device_table(table), consts
+
+    def _step_output(self, state: SlotState, arrays, packed, lps, steps: int, bucket: int):
+        """(state, StepOutput) from a generate call's packed outputs: the one host sync."""
+        host = np.asarray(packed)
         n = self.slots
         asked = (state.active & state.logprobs).any()  # else the logprobs stay on the device
         lp = np.asarray(lps)[:steps, :, :n].copy() if asked else None

@@ -7,7 +7,8 @@ Params (see `weights.param_axes`): `embed` [V, D], optional `lm_head` [V, D] (un
 (rope.py) uses the rotate-half convention of HF checkpoints, with LLaMA-3.1's scaling when
 `m.rope_scaling` is set. Three entry points: `forward` (full causal sequence,
 the reference), `prefill` (one prompt chunk, returning its K/V) and `decode` (one token per
-slot row against a paged cache, attending over a static bucket of each row's pages only).
+slot row against a paged cache, attending over a static bucket of each row's pages only);
+`mixed` runs a decode step and a prompt chunk as one pass.
 Each runs the same `layer` body (and the bench's weights floor does too); only the
 attention over the cache differs between them.
 
@@ -465,6 +466,57 @@ def decode(
         raise ValueError("decode: one pool per layer")
     x, out = layers(params, x, cos, sin, m, ops, attend)
     return ops.logits(params, x, m), out
+
+
+def mixed(
+    params: dict,
+    cache: list[dict],
+    tokens: jax.Array,
+    positions: jax.Array,
+    pages: jax.Array,
+    m: ModelSpec,
+    chunk: jax.Array,
+    true_len: jax.Array,
+    start: jax.Array,
+    chunk_pages: jax.Array,
+    scratch: jax.Array,
+    prior: list[dict],
+    n_rows: int | None = None,
+    ops: Ops | None = None,
+) -> tuple:
+    """One decode token per slot row and one prompt chunk in one forward pass (a mixed batch):
+    the rows [R decode + T chunk] run the dense parts together (each weight read once), and
+    attention splits them: the decode rows as `decode`'s (their K/V written at their
+    positions), the chunk's as `prefill_paged`'s (over its earlier pages `prior` and its own,
+    then written as whole pages from `start` into `chunk_pages`). Arguments as those two take
+    them (tokens, positions [B], pages [B, W]; chunk [T] at start..start+T-1 of a
+    `true_len`-token prompt). -> (decode logits [R, V], the chunk's logits [V] at position
+    true_len - 1, the updated cache, the chunk's final hidden states [T, D])."""
+    ops = ops or XLA
+    r, t = n_rows or tokens.shape[0], chunk.shape[0]
+    x = ops.embed(params, jnp.concatenate([tokens[:r], chunk]), m)  # [R + T, D]
+    pos = jnp.concatenate([positions[:r], start + jnp.arange(t)])
+    cos, sin = rope(pos, m.head_dim, m.rope_theta, m.rope_scaling)
+
+    def attend(i, q, k, v):
+        o, pool = ops.decode_attention(q[:r], k[:r], v[:r], positions, pages, cache[i])
+        entry = quant.store_kv(k[r:], v[r:], kv_cache.value_dtype(pool["k"].dtype))  # [T, K, H]
+        mine = (ops.prefill_attention or _attend_chunk)(q[r:], entry, prior[i], start)
+        s = pool["v"].shape[2]
+        first = jnp.minimum(start // s, chunk_pages.shape[0])
+        ids = lax.dynamic_slice_in_dim(
+            jnp.append(chunk_pages, jnp.full_like(chunk_pages, scratch)), first, -(-t // s)
+        )
+        pool = kv_cache.write_pages(pool, entry, ids, ops.layout)
+        return jnp.concatenate([o[:r], mine.astype(o.dtype)]), pool
+
+    if not len(cache) == len(prior) == len(params["layers"]):
+        raise ValueError("mixed: one pool and one prior per layer")
+    x, out = layers(params, x, cos, sin, m, ops, attend)
+    last = r + jnp.clip(true_len - 1 - start, 0, t - 1)
+    h = jnp.concatenate([x[:r], lax.dynamic_slice_in_dim(x, last, 1)])  # [R + 1, D]
+    logits = ops.logits(params, h, m)
+    return logits[:r], logits[r], out, x[r:]
 
 
 def _replica_attention(q: jax.Array, step: dict, positions, pages, pool: dict) -> tuple:

@@ -158,6 +158,36 @@ class EnginePrograms:
         out = (self._state_sh, self._rep, self._rep)
         return self._exe(("generate", bucket), fn, args, out, donate=(1,))
 
+    def _mixed_exe(self, bucket: int) -> object:
+        """generate at KV bucket `bucket` with a chunk of `mix_tokens` in its first step."""
+        if ("mixed", bucket) in self._exes:
+            return self._exes[("mixed", bucket)]
+        fn = partial(
+            steps.generate_mixed,
+            m=self.model,
+            ops=self.ops,
+            max_steps=self.config.decode_steps,
+            max_len=self.max_seq_len,
+            slots=self.slots,
+        )
+        i32 = self._small((), jnp.int32)
+        shape = (self.rows, bucket // self.page_size)
+        table = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self._table_sh(shape))
+        eos = self._small(steps.eos_row(self.eos_ids).shape, jnp.int32)
+        args = (
+            self.params,
+            self._state_spec(),
+            StepConsts(i32, i32, eos),
+            table,
+            self._small((self.mix_tokens,), jnp.int32),
+            self._args_spec(),
+            self._small((self.pages_per_seq,), jnp.int32),
+            i32,
+            self._prior_spec(),
+        )
+        out = (self._state_sh, self._rep, self._rep, self._rep, self._rep)
+        return self._exe(("mixed", bucket), fn, args, out, donate=(1,))
+
     def _paged_prefill_exe(self, t: int) -> object:
         if ("prefill_paged", t) in self._exes:
             return self._exes[("prefill_paged", t)]
@@ -222,7 +252,10 @@ class EnginePrograms:
         if self.role == "both":  # prefill writes into the pages (prefill_pages), then activate
             jobs += [partial(self._paged_prefill_exe, t) for t in self.prefill_buckets]
             jobs += [self._misc_exes, self._activate_exe, self._gather_exe]
-            return jobs + [partial(self._generate_exe, b) for b in self.decode_buckets]
+            jobs += [partial(self._generate_exe, b) for b in self.decode_buckets]
+            return jobs + [
+                partial(self._mixed_exe, b) for b in self.decode_buckets if self.mix_tokens
+            ]
         if self.role == "prefill":
             jobs += [partial(self._prefill_exe, t) for t in self.prefill_buckets]
             jobs += [self._chunk_exes] if self.chunked_len else []

@@ -1,4 +1,5 @@
-"""The jitted step bodies the engine compiles ahead of time: prefill, chunked prefill, generate.
+"""The jitted step bodies the engine compiles ahead of time: prefill, chunked prefill, generate
+(and generate with a prompt chunk in its first step: a mixed batch).
 
 Pure functions over named pytrees: `PrefillArgs` (one request's sampling scalars) and
 `slot_state.DecodeState` (every slot's cache and vectors). The engine binds the static arguments
@@ -174,6 +175,77 @@ def prefill_paged(
     return (state._replace(cache=cache), *sample_one(params, logits, h, tokens, args, m, ops))
 
 
+def _decode_step(params, consts, pages, st, forward, *, max_len: int, slots: int) -> tuple:
+    """One decode step over every slot row: `forward(st, pos, table)` -> (logits [slots, V],
+    cache) runs the model (a plain decode step, or a mixed one). -> (state, packed row [3, rows]:
+    tokens, valid, done; logprobs [rows, LOGPROB_ROW])."""
+    active = st.active
+    pos = jnp.where(active, st.lengths, 0)
+    # an inactive row (free, or done earlier in this call) writes into the scratch page, never
+    # into pages it held: they may be another sequence's by now, or a shared prefix
+    table = jnp.where(active[:, None], pages, 0)
+    logits, cache = forward(st, pos, table)
+    live = lambda a: a[:slots]
+    tok = sampling.sample(
+        logits,
+        live(st.seed),
+        live(pos + 1),
+        live(st.temperature),
+        live(st.top_k),
+        live(st.top_p),
+        consts.vocab_limit,
+    )
+    want = live(active & (st.logprobs > 0))
+    lp = sampling.logprob_rows(  # [slots, ROW]
+        logits,
+        tok,
+        want,
+        consts.vocab_limit,
+        live(st.logprobs == 2),
+        live(st.temperature),
+        live(st.top_k),
+        live(st.top_p),
+    )
+    tok = jnp.pad(tok, (0, pos.shape[0] - slots))  # spare rows (see JaxEngine.rows)
+    lp = jnp.pad(lp, ((0, pos.shape[0] - slots), (0, 0)))
+    lengths = st.lengths + active
+    generated = st.generated + active
+    hit = (tok[:, None] == consts.eos_ids[None, :]).any(axis=1)  # E is 1 to a few ids
+    eos = hit & ~st.ignore_eos & (st.generated >= st.min_tokens)
+    done = active & (eos | (generated >= st.max_tokens) | (lengths >= max_len))
+    st = st._replace(
+        cache=cache,
+        lengths=lengths,
+        generated=generated,
+        tokens=jnp.where(active, tok, st.tokens),
+        active=active & ~done,
+    )
+    return st, jnp.stack([tok, active.astype(jnp.int32), done.astype(jnp.int32)]), lp
+
+
+def _decode_loop(params, state, consts, pages, first: int, out, lps, *, m, ops, **kw) -> tuple:
+    """Plain decode steps `first`..consts.n_steps - 1 of a call, into `out` and `lps`."""
+
+    def forward(st, pos, table):
+        return model.decode(params, st.cache, st.tokens, pos, table, m, kw["slots"], ops=ops)
+
+    def step(i, carry):
+        st, out, lps = carry
+        st, row, lp = _decode_step(params, consts, pages, st, forward, **kw)
+        out = lax.dynamic_update_index_in_dim(out, row, i, 0)
+        return st, out, lax.dynamic_update_index_in_dim(lps, lp.T, i, 0)
+
+    state, out, lps = lax.fori_loop(first, consts.n_steps, step, (state, out, lps))
+    packed = jnp.concatenate([out.reshape(out.shape[0] * 3, -1), state.lengths[None]])
+    return state, packed, lps
+
+
+def _outputs(state: DecodeState, max_steps: int) -> tuple[jax.Array, jax.Array]:
+    rows = state.lengths.shape[0]
+    out = jnp.zeros((max_steps, 3, rows), jnp.int32)
+    return out, jnp.zeros((max_steps, LOGPROB_ROW, rows), jnp.float32)
+
+
 def generate(
     params: dict,
     state: DecodeState,
@@ -194,56 +266,45 @@ def generate(
     The logprobs are computed only in steps where an active row asked (zeros otherwise); the
     host copies them only when it wants them.
     """
+    out, lps = _outputs(state, max_steps)
+    kw = {"m": m, "ops": ops, "max_len": max_len, "slots": slots}
+    return _decode_loop(params, state, consts, pages, 0, out, lps, **kw)
 
-    def step(i, carry):
-        st, out, lps = carry
-        active = st.active
-        pos = jnp.where(active, st.lengths, 0)
-        # an inactive row (free, or done earlier in this call) writes into the scratch page, never
-        # into pages it held: they may be another sequence's by now, or a shared prefix
-        table = jnp.where(active[:, None], pages, 0)
-        logits, cache = model.decode(params, st.cache, st.tokens, pos, table, m, slots, ops=ops)
-        live = lambda a: a[:slots]
-        tok = sampling.sample(
-            logits,
-            live(st.seed),
-            live(pos + 1),
-            live(st.temperature),
-            live(st.top_k),
-            live(st.top_p),
-            consts.vocab_limit,
-        )
-        want = live(active & (st.logprobs > 0))
-        lp = sampling.logprob_rows(  # [slots, ROW]
-            logits,
-            tok,
-            want,
-            consts.vocab_limit,
-            live(st.logprobs == 2),
-            live(st.temperature),
-            live(st.top_k),
-            live(st.top_p),
-        )
-        tok = jnp.pad(tok, (0, pos.shape[0] - slots))  # spare rows (see JaxEngine.rows)
-        lp = jnp.pad(lp, ((0, pos.shape[0] - slots), (0, 0)))
-        lengths = st.lengths + active
-        generated = st.generated + active
-        hit = (tok[:, None] == consts.eos_ids[None, :]).any(axis=1)  # E is 1 to a few ids
-        eos = hit & ~st.ignore_eos & (st.generated >= st.min_tokens)
-        done = active & (eos | (generated >= st.max_tokens) | (lengths >= max_len))
-        st = st._replace(
-            cache=cache,
-            lengths=lengths,
-            generated=generated,
-            tokens=jnp.where(active, tok, st.tokens),
-            active=active & ~done,
-        )
-        row = jnp.stack([tok, active.astype(jnp.int32), done.astype(jnp.int32)])
-        out = lax.dynamic_update_index_in_dim(out, row, i, 0)
-        return st, out, lax.dynamic_update_index_in_dim(lps, lp.T, i, 0)
 
-    rows = state.lengths.shape[0]
-    out = jnp.zeros((max_steps, 3, rows), jnp.int32)
-    lps = jnp.zeros((max_steps, LOGPROB_ROW, rows), jnp.float32)
-    state, out, lps = lax.fori_loop(0, consts.n_steps, step, (state, out, lps))
-    return state, jnp.concatenate([out.reshape(max_steps * 3, -1), state.lengths[None]]), lps
+def generate_mixed(
+    params: dict,
+    state: DecodeState,
+    consts: StepConsts,
+    pages: jax.Array,
+    chunk: jax.Array,
+    args: PrefillArgs,
+    chunk_pages: jax.Array,
+    scratch: jax.Array,
+    prior: list,
+    *,
+    m: ModelSpec,
+    ops: model.Ops,
+    max_steps: int,
+    max_len: int,
+    slots: int,
+) -> tuple:
+    """`generate` whose first step also runs a prompt chunk (`prefill_paged`'s arguments) in the
+    same forward pass (`model.mixed`); the other consts.n_steps - 1 steps are plain decode.
+    -> (state, packed, logprobs as `generate`'s, then the chunk's token and packed logprobs as
+    `prefill_paged`'s)."""
+    kept = {}
+
+    def forward(st, pos, table):
+        logits, last, cache, hidden = model.mixed(
+            params, st.cache, st.tokens, pos, table, m, chunk, args.true_len, args.start,
+            chunk_pages, scratch, prior, slots, ops=ops,
+        )  # fmt: skip
+        kept["chunk"] = sample_one(params, last, hidden, chunk, args, m, ops)
+        return logits, cache
+
+    kw = {"max_len": max_len, "slots": slots}
+    out, lps = _outputs(state, max_steps)
+    state, row, lp = _decode_step(params, consts, pages, state, forward, **kw)
+    out, lps = out.at[0].set(row), lps.at[0].set(lp.T)
+    state, packed, lps = _decode_loop(params, state, consts, pages, 1, out, lps, m=m, ops=ops, **kw)
+    return (state, packed, lps, *kept["chunk"])

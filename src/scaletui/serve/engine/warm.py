@@ -5,17 +5,18 @@ allocated and their pages faulted in), well above its later runs (docs/serve.md,
 Without this run a request pays it, once per shape, and a closed loop at concurrency 1 shows it
 as its p99 TTFT. vLLM makes the same dummy runs before it serves.
 
-The runs write only where no sequence lives: interleaved prefill into the replica's scratch
-page, decode K/V into the scratch page (the page table passed is all zeros); a generate
-engine's insert writes zeros into page 1, which holds nothing before serving and is written
-again before any sequence reads it. The decode state is thrown away.
+The runs write only where no sequence lives: interleaved prefill (alone or mixed into a
+generate call) into the replica's scratch page, decode K/V into the scratch page (the page
+table passed is all zeros); a generate engine's insert writes zeros into page 1, which holds
+nothing before serving and is written again before any sequence reads it. The decode state is
+thrown away.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from scaletui.serve.engine.engine_api import Prefix, SamplingParams
+from scaletui.serve.engine.engine_api import Chunk, Prefix, SamplingParams
 
 ONE_TOKEN = SamplingParams(max_tokens=1, ignore_eos=True)
 
@@ -64,6 +65,13 @@ def run_each_shape(engine) -> list[tuple[str, int]]:
         table = np.zeros((engine.slots, b // engine.page_size), np.int32)  # the scratch page
         state, _ = engine.generate(state, min(steps, engine.max_seq_len - length), table)
         ran.append(("generate", engine.last_step_stats["bucket"]))
+        if engine.role == "both" and engine.mix_tokens:  # a chunk into the scratch page too
+            state = _activate(engine, state, length, kv_rows)
+            prompt = [1] * min(engine.mix_tokens, engine.max_seq_len - 1)
+            chunk = Chunk(prompt, ONE_TOKEN, 0, (), 0, len(prompt))
+            n = min(steps, engine.max_seq_len - length)
+            state, _, _ = engine.generate_mixed(state, n, table, chunk)
+            ran.append(("mixed", engine.last_step_stats["bucket"]))
     return ran
 
 

@@ -2,8 +2,9 @@
 to the engine's results, the pages and the request book.
 
 One `Batcher` per worker run: the interleaved worker calls `interleaved_pass` (admit, prefill
-pieces, one generate call), the disaggregated generate worker `insert` and `generate`. Each pass
-reports its `policy.StepPlan` to `on_plan` (tests replay the simulator against it).
+pieces, one generate call, the first piece in it with mixed batches), the disaggregated generate
+worker `insert` and `generate`. Each pass reports its `policy.StepPlan` to `on_plan` (tests
+replay the simulator against it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scaletui import policy
-from scaletui.serve.engine.engine_api import Engine, Prefix, SamplingParams
+from scaletui.serve.engine.engine_api import Chunk, Engine, Prefix, SamplingParams
 from scaletui.serve.scheduling.book import RequestBook
 from scaletui.serve.scheduling.events import Request, resume_input
 from scaletui.serve.scheduling.metrics import ServerMetrics
@@ -90,7 +91,8 @@ class Batcher:
 
     def interleaved_pass(self, stop: threading.Event) -> bool:
         """Admit, run prompt pieces within the budget, then one generate call for the
-        sequences already decoding; False when there was nothing to do."""
+        sequences already decoding (with mixed batches the first piece rides in it); False
+        when there was nothing to do."""
         book, size, self.plan = self.book, self.pages.page_size, policy.StepPlan()
         self.release_cancelled()
         self.jobs = [j for j in self.jobs if book.slots[j.slot] is j.req]  # cancelled: gone
@@ -101,14 +103,20 @@ class Batcher:
                 self.jobs.append(job)
         budget = policy.token_budget(self.config.max_batched_tokens, size)
         pieces = policy.chunks([j.left for j in self.jobs], budget, size)
-        for job, n in zip(self.jobs[: len(pieces)], pieces, strict=True):
+        waiting = {j.slot for j in self.jobs}
+        decoding = sum(r is not None and b not in waiting for b, r in enumerate(book.slots))
+        ride = None
+        if policy.mixes(pieces, decoding, self.engine.mix_tokens):
+            ride = (self.jobs[0], pieces[0])  # runs in the generate call's first step
+            self.plan.chunks.append((self.jobs[0].req.id, pieces[0]))
+        for job, n in list(zip(self.jobs, pieces, strict=False))[ride is not None :]:
             self._prefill_job(job, n)  # a long prompt runs in pieces between generate calls
-        self.jobs = [j for j in self.jobs if j.left]
-        prefilling = {j.slot for j in self.jobs}
-        busy = bool(self.jobs)
+        prefilling = {j.slot for j in self.jobs if j.left}
+        busy = bool(prefilling)
         if any(r is not None and b not in prefilling for b, r in enumerate(book.slots)):
-            self.generate(prefilling)
+            self.generate(prefilling, ride)
             busy = True
+        self.jobs = [j for j in self.jobs if j.left]
         self._report()
         return busy
 
@@ -144,28 +152,37 @@ class Batcher:
         self.plan.admitted.append((req.id, slot, hit))
         return PrefillJob(req, slot, tokens, params, pages, done=hit)
 
-    def _prefill_job(self, job: PrefillJob, n: int) -> None:
-        """The next `n` prompt tokens of `job`; at the prompt's end, its first token out and
-        the slot active (or given back, when that token ends it)."""
-        req, slot = job.req, job.slot
-        self.plan.chunks.append((req.id, n))
+    def _prefill_job(self, job: PrefillJob, n: int, listed: bool = False) -> None:
+        """The next `n` prompt tokens of `job` in a prefill call (`listed`: the plan has the
+        piece already)."""
+        if not listed:
+            self.plan.chunks.append((job.req.id, n))
         predicted = self.speed.piece_s(job.done, job.done + n)
         t0 = self.clock.start()
         try:
             self.state, prefix = self.engine.prefill_pages(
-                self.state, job.tokens, job.params, slot, job.pages, job.done, job.done + n
+                self.state, job.tokens, job.params, job.slot, job.pages, job.done, job.done + n
             )
         except ValueError as e:  # this request's input, not the device: fail it alone
             self.clock.end()
-            log.warning("request %d rejected by the engine: %s", req.id, e)
-            self.book.vacate(slot, req)
-            self.pages.free(slot)
-            self.book.rejected(req, e)
-            job.done = len(job.tokens)
+            self._reject(job, e)
             return
         now = self.clock.end()
-        job.done += n
         self.metrics.record_step("prefill", now - t0, n, predicted=predicted)
+        self._piece_done(job, n, prefix, now)
+
+    def _reject(self, job: PrefillJob, e: ValueError) -> None:
+        log.warning("request %d rejected by the engine: %s", job.req.id, e)
+        self.book.vacate(job.slot, job.req)
+        self.pages.free(job.slot)
+        self.book.rejected(job.req, e)
+        job.done = len(job.tokens)
+
+    def _piece_done(self, job: PrefillJob, n: int, prefix: Prefix | None, now: float) -> None:
+        """`n` more prompt tokens of `job` ran; at the prompt's end, its first token out and
+        the slot active (or given back, when that token ends it)."""
+        req, slot = job.req, job.slot
+        job.done += n
         if prefix is None:
             return
         if self.config.prefix_cache:  # its full prompt pages, for the next request to reuse
@@ -255,9 +272,13 @@ class Batcher:
         if req.finished:
             self.plan.finished.append(req.id)
 
-    def generate(self, prefilling: set[int] | frozenset = frozenset()) -> None:
-        """One generate call over the decoding slots, its tokens fanned out, finished
-        sequences' pages given back."""
+    def generate(
+        self,
+        prefilling: set[int] | frozenset = frozenset(),
+        ride: tuple[PrefillJob, int] | None = None,
+    ) -> None:
+        """One generate call over the decoding slots (`ride`: a prompt piece in its first
+        step), its tokens fanned out, finished sequences' pages given back."""
         book = self.book
 
         def decoding() -> list[Request]:
@@ -268,20 +289,39 @@ class Batcher:
         self._make_room(steps, prefilling)
         running = decoding()
         if not running:  # every sequence was preempted (a pool smaller than their steps)
+            if ride is not None:
+                self._prefill_job(*ride, listed=True)
             return
         predicted = None
         if self.speed.costs is not None:  # what the fit says this call takes
             kv = book.kv_lengths
             lengths = [kv[b] for b, r in enumerate(book.slots) if r and b not in prefilling]
             predicted = self.speed.generate_s(steps, lengths)
+            if ride is not None:
+                predicted += self.speed.mixed_s(ride[0].done, ride[0].done + ride[1])
         t0 = self.clock.start()
-        self.state, out = self.engine.generate(self.state, steps, self.pages.table)
+        prefix = None
+        if ride is not None:
+            job, n = ride
+            chunk = Chunk(job.tokens, job.params, job.slot, job.pages, job.done, job.done + n)
+            try:
+                self.state, out, prefix = self.engine.generate_mixed(
+                    self.state, steps, self.pages.table, chunk
+                )
+            except ValueError as e:  # the chunk's input (checked before anything ran)
+                self._reject(job, e)
+                ride = None
+        if ride is None:
+            self.state, out = self.engine.generate(self.state, steps, self.pages.table)
         now = self.clock.end()
         valid = int(out.valid.sum())
         self.metrics.record_step("generate", now - t0, valid, len(running), steps, predicted)
         book.deliver(out, now)
-        self.plan.steps = steps
+        self.plan.steps, self.plan.mixed = steps, ride is not None
         self.plan.finished += [r.id for r in running if r.finished]
         for b, req in enumerate(book.slots):  # finished sequences give their pages back
             if req is None and self.pages.held[b] and b not in prefilling:
                 self.pages.free(b)
+        if ride is not None:  # after the decode rows' ends, as the simulator takes them
+            self.metrics.prompt_tokens.inc(ride[1])
+            self._piece_done(*ride, prefix, now)

@@ -46,6 +46,10 @@ class SpeedModel:
     def piece_s(self, start: int, stop: int) -> float | None:
         return None if self.costs is None else self.costs.piece_s(start, stop) * self.draw
 
+    def mixed_s(self, start: int, stop: int) -> float | None:
+        """What a prompt piece adds to the generate call it rides in (`CallCosts.mixed_s`)."""
+        return None if self.costs is None else self.costs.mixed_s(start, stop) * self.draw
+
 
 def find_speed_model(
     shape: ServerShape, fit: str = "auto", kernels: str | None = None

@@ -1,0 +1,87 @@
+"""Mixed batches on the JAX engine (tiny): a prompt chunk riding in a generate call's first step
+gives the same greedy tokens as the same schedule run unmixed, and nothing compiles after
+warmup."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scaletui.serve.engine.build import build_engines
+from scaletui.serve.engine.engine_api import Chunk, SamplingParams
+from scaletui.serve.scheduling.paging import fixed_table
+from scaletui.shape import ServerShape
+from scaletui.specs import load_model
+
+pytestmark = pytest.mark.slow  # builds JAX engines (see README: the fast subset)
+
+GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
+BUDGET = 16  # the mixed chunk: one page
+
+
+@pytest.fixture(scope="module")
+def engine():
+    cfg = ServerShape(
+        model=load_model("tiny"),
+        slots=4,
+        max_seq_len=64,
+        page_size=16,
+        decode_steps=4,
+        max_prefill_bucket=32,
+        max_batched_tokens=BUDGET,
+    )
+    eng, _ = build_engines(cfg)
+    eng.warmup()
+    assert eng.mix_tokens == BUDGET
+    return eng
+
+
+def run(eng, mixed: bool) -> dict[int, list[int]]:
+    """Slots 0 and 1 decode while slot 2's 40-token prompt runs in pieces of 16, 16 and 8
+    (the first two leave it unfinished), then slot 3's 30-token prompt over slot 2's first page
+    (a cached prefix: it starts at 16). Each piece runs in a generate call's first step
+    (`mixed`) or as a prefill_pages call before it; the greedy tokens per slot."""
+    rng = np.random.default_rng(7)
+    state, table = eng.init_decode_state(), fixed_table(eng)
+    prompts = {b: rng.integers(0, 512, n).tolist() for b, n in ((0, 5), (1, 20), (2, 40))}
+    prompts[3] = prompts[2][:16] + rng.integers(0, 512, 14).tolist()
+    table[3, 0] = table[2, 0]  # slot 3 reads slot 2's first page: its cached prefix
+    out = {}
+    for b in (0, 1):
+        state, prefix = eng.prefill_pages(state, prompts[b], GREEDY, b, table[b])
+        state = eng.insert(state, prefix, b, table[b])
+        out[b] = [prefix.first_token]
+    pieces = [(2, 0, 16), (2, 16, 32), (2, 32, 40), (3, 16, 30)]
+    for b, start, stop in pieces + [(None, 0, 0)] * 2:
+        if b is None:
+            state, step = eng.generate(state, 4, table)
+            prefix = None
+        elif mixed:
+            chunk = Chunk(prompts[b], GREEDY, b, table[b], start, stop)
+            state, step, prefix = eng.generate_mixed(state, 4, table, chunk)
+        else:
+            state, prefix = eng.prefill_pages(state, prompts[b], GREEDY, b, table[b], start, stop)
+            state, step = eng.generate(state, 4, table)
+        for s, row in enumerate(step.tokens):
+            for slot in np.flatnonzero(step.valid[s]):
+                out[int(slot)].append(int(row[slot]))
+        if prefix is not None:  # the prompt ended: its slot decodes from the next call
+            state = eng.insert(state, prefix, b, table[b])
+            out[b] = [prefix.first_token]
+    return out
+
+
+def test_mixed_and_unmixed_schedules_give_the_same_greedy_tokens(engine):
+    before = engine.compile_count()
+    mixed, unmixed = run(engine, True), run(engine, False)
+    assert engine.compile_count() == before  # warmup compiled the mixed calls
+    assert sorted(mixed) == [0, 1, 2, 3]
+    assert [len(mixed[b]) for b in range(4)] == [25, 25, 13, 9]
+    assert mixed == unmixed
+
+
+def test_a_chunk_past_the_compiled_length_is_refused(engine):
+    state, table = engine.init_decode_state(), fixed_table(engine)
+    chunk = Chunk(list(range(1, 40)), GREEDY, 0, table[0], 0, 32)
+    with pytest.raises(ValueError, match="chunks of 1 to 16 tokens"):
+        engine.generate_mixed(state, 4, table, chunk)
