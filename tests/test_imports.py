@@ -97,12 +97,12 @@ def test_no_import_cycle_in_src():
 
 def test_layers_import_only_what_they_may():
     """specs, placement and the shared records/procs/latency/xla_env modules import nothing of
-    ours; policy nothing, pages only policy; roofline only specs, placement, latency, shape,
-    policy and pages;
-    loadgen only itself and the shared modules; tui never serve (HTTP only); serve's layers one
-    way, http -> scheduling -> engine -> weights (scheduling sees the engine only through its
-    protocol, engine_api); calibrate only the kernels' build and roofline's spread record; and
-    only the `scaletui` dispatcher imports the commands layer (no library imports a verb)."""
+    ours; policy nothing, pages only policy, shape only specs, dtypes and policy; roofline only
+    specs, placement, latency, shape, policy and pages; loadgen only itself and the shared
+    modules; tui never serve (HTTP only); serve's layers one way, http -> scheduling -> engine
+    -> weights (scheduling sees the engine only through its protocol, engine_api); calibrate
+    only the kernels' build and roofline's spread record; and only the `scaletui` dispatcher
+    imports the commands layer (no library imports a verb)."""
     shared = {"scaletui.records", "scaletui.procs", "scaletui.latency", "scaletui.xla_env"}
     serve_base = {"scaletui.specs", "scaletui.dtypes", "scaletui.shape", "scaletui.placement"}
     allowed = {
@@ -115,7 +115,7 @@ def test_layers_import_only_what_they_may():
         "scaletui.pages": {"scaletui.policy"},
         "scaletui.dtypes": set(),
         "scaletui.placement": set(),
-        "scaletui.shape": {"scaletui.specs", "scaletui.dtypes"},
+        "scaletui.shape": {"scaletui.specs", "scaletui.dtypes", "scaletui.policy"},
         "scaletui.shape_flags": {"scaletui.shape", "scaletui.dtypes"},
         "scaletui.roofline": {
             "scaletui.specs",
@@ -129,6 +129,7 @@ def test_layers_import_only_what_they_may():
         "scaletui.loadgen": shared,
         "scaletui.tui": {
             "scaletui.specs",
+            "scaletui.placement",
             "scaletui.dtypes",
             "scaletui.shape",
             "scaletui.roofline",

@@ -15,7 +15,9 @@ from scaletui.serve.scheduling.speed import find_speed_model
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
-STEP_S = 0.01  # the FakeEngine's sleep per decode step and per whole prompt
+# the FakeEngine's sleep per decode step and per whole prompt: long enough that a loaded
+# host's oversleep (a few ms a call) stays a few percent of the factors below
+STEP_S = 0.03
 
 
 def fake_fit(model: str = "tiny", spread: tuple = ()) -> CostModel:

@@ -183,3 +183,14 @@ def spread_words(spread: dict) -> str:
         f"{f['p90'] / 1e9:.0f} GFLOP/s, dispatch {d['p10'] * 1e6:.1f}-{d['p90'] * 1e6:.1f} us; "
         + ("NOISY (" + spread["noisy_rule"] + ")" if spread["noisy"] else "quiet")
     )
+
+
+def rounded(obj: object) -> object:
+    """A spec's values with floats to 4 significant digits, for a readable YAML file."""
+    if isinstance(obj, dict):
+        return {k: rounded(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [rounded(v) for v in obj]
+    if isinstance(obj, float):
+        return float(f"{obj:.4g}")
+    return obj

@@ -13,20 +13,9 @@ from pathlib import Path
 import yaml
 
 from scaletui.calibrate import dcn
-from scaletui.calibrate.host import QUICK_WINDOW_S, WINDOW_S, calibrate
+from scaletui.calibrate.host import QUICK_WINDOW_S, WINDOW_S, calibrate, rounded
 from scaletui.commands import calibrate_dcn
 from scaletui.specs import load_hardware, local_hardware_path
-
-
-def _plain(obj: object) -> object:
-    """Round floats for a readable YAML file; keep ints and strings."""
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, float):
-        return float(f"{obj:.4g}")
-    return obj
 
 
 def _old_spec(path: Path) -> dict | None:
@@ -73,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.window is not None and not 0 < args.window < float("inf"):
         p.error(f"--window should be > 0 seconds, got {args.window}")
     path = args.out or local_hardware_path()
-    spec = _plain(
+    spec = rounded(
         dcn.carry_over(_old_spec(path), calibrate(quick=args.quick, window_s=args.window))
     )
     text = yaml.safe_dump(spec, sort_keys=False)

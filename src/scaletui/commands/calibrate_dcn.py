@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from scaletui import xla_env
+from scaletui.calibrate.host import rounded
 from scaletui.procs import free_port, stop_groups
 from scaletui.specs import SpecError, load_hardware, local_hardware_path
 
@@ -101,9 +102,7 @@ def main(argv: list[str]) -> int:
     )
     where = f"coordinator {cluster.coordinator}, {platform.node()} ({got['backend']})"
     date = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    from scaletui.commands.calibrate import _plain
-
-    text = yaml.safe_dump(_plain(dcn.merge(spec, got, where, date)), sort_keys=False)
+    text = yaml.safe_dump(rounded(dcn.merge(spec, got, where, date)), sort_keys=False)
     if not args.no_write:
         path.write_text(text)
         load_hardware(path)  # what we wrote must load
