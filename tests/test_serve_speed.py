@@ -92,6 +92,21 @@ async def test_without_a_fit_stats_says_why_and_no_predicted_counter_is_exported
     assert stats["reason"] == "--fit none"
 
 
+async def test_a_fit_stored_while_serving_is_found_by_the_next_stats_poll():
+    """The TUI fits the server it started, after the server started: /stats (which it polls)
+    looks again for a fit, at most every 5 s, and the calls after it are priced."""
+    async with fake_server(step_s=0.001) as (client, sched):
+        assert (await (await client.get("/stats")).json())["speed"]["fit"] is None
+        path = save_fit(fake_fit())
+        sched.relook_fit(every_s=0.0)  # the 5 s since the last look, passed
+        stats = (await (await client.get("/stats")).json())["speed"]
+        assert stats["fit"] == str(path) and stats["reason"] is None
+        await run_two(client)
+        metrics = await (await client.get("/metrics")).text()
+    predicted = samples(metrics, "scaletui:step_predicted_seconds_total")
+    assert predicted == pytest.approx({"decode": 8 * STEP_S, "prefill": 4 * STEP_S})  # as above
+
+
 def test_a_fit_file_of_another_shape_is_refused_naming_both(tmp_path):
     path = save_fit(fake_fit("small"), tmp_path / "small.yaml")
     with pytest.raises(ValueError, match="is for small .* not this server's tiny"):

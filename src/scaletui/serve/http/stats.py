@@ -108,6 +108,7 @@ def build_stats(sched: Scheduler, window_s: float = 5.0) -> dict:
 def speed(sched: Scheduler) -> dict:
     """The engine's speed against its fit: per kind (decode, prefill) measured / predicted over
     the last `window_calls` calls of it, with which fit, or why none (then no kinds)."""
+    sched.relook_fit()
     model = sched.speed
     return {
         "fit": model.fit,

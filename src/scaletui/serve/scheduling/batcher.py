@@ -78,16 +78,20 @@ class Batcher:
         pages: PageTables,
         metrics: ServerMetrics,
         on_plan: Callable[[policy.StepPlan], None] | None = None,
-        speed: SpeedModel | None = None,  # each call's predicted seconds by the fit, if any
+        # the fit pricing each call now (the scheduler's: it may find a fit while serving)
+        speed: Callable[[], SpeedModel] = SpeedModel,
     ) -> None:
         self.config, self.engine, self.book, self.pages = config, engine, book, pages
-        self.metrics, self.on_plan = metrics, on_plan
-        self.speed = speed or SpeedModel()
+        self.metrics, self.on_plan, self._speed = metrics, on_plan, speed
         self.state = engine.init_decode_state()
         self.jobs: list[PrefillJob] = []  # FCFS, each in its slot, prefilling into its pages
         self.clock = GapClock(metrics)
         self.plan = policy.StepPlan()
         self.pending: tuple[Request, Prefix] | None = None  # disaggregated: waits for pages
+
+    @property
+    def speed(self) -> SpeedModel:
+        return self._speed()
 
     def interleaved_pass(self, stop: threading.Event) -> bool:
         """Admit, run prompt pieces within the budget, then one generate call for the

@@ -5,23 +5,16 @@
 2. A prefill worker takes requests FCFS, runs `engine.prefill` and emits the first token at once
    (TTFT does not wait for a slot), then hands the prefix on: straight into a free slot when
    interleaved, or through `transfer` into a bounded transfer queue when disaggregated.
-3. The generate worker, between decode calls, inserts ready prefixes into free slots (a new
-   request never waits for the batch to drain), runs `decode_steps` steps per host sync, fans
-   tokens out to each request's asyncio queue (`loop.call_soon_threadsafe`) and frees slots on
-   EOS, max_tokens, max_seq_len, a stop string or a cancel.
-   KV pages (paging.py): a request is taken from the queue only when a free slot's replica has
-   pages for its prompt and the next decode steps; an inserted sequence holds the pages its
-   prompt fills and takes one more as it crosses each page boundary, before the generate call
-   that writes there. When a replica runs out, the youngest running sequence there is preempted
-   (vLLM's recompute policy): its pages go back, and it returns to the head of the queue to
-   prefill its prompt and output again and carry on; nothing is lost. Every such decision is a
-   pure function of scaletui.policy (the deterministic core the simulator replays too);
-   batcher.py applies them to the engine's results and reports each pass's `StepPlan`.
+3. The generate worker, between decode calls, inserts ready prefixes into free slots, runs
+   `decode_steps` steps per host sync, fans tokens out to each request's asyncio queue and frees
+   slots on EOS, max_tokens, max_seq_len, a stop string or a cancel. Admission, KV pages
+   (paging.py), prompt pieces and preemption (vLLM's recompute policy: nothing lost) are pure
+   decisions of scaletui.policy, which the simulator replays too; batcher.py applies them to the
+   engine's results and reports each pass's `StepPlan`.
 4. Interleaved: one thread alternates (prefill while a slot is free and requests wait, then
    generate). Disaggregated: a prefill thread and a generate thread on separate device sets;
-   transfer time is measured. The interleaved worker and the generate worker measure their host
-   time between two engine calls while busy (`batcher.GapClock`, /stats `host_gap`): the
-   simulator's `gap_s`, which the engine's call times leave out.
+   transfer time is measured. Both measure their host time between engine calls while busy
+   (`batcher.GapClock`, /stats `host_gap`): the simulator's `gap_s`.
 5. `cancel` (client disconnect, stop string) marks the request; its slot is released before the
    next decode call.
 6. `reconfigure` stops admitting (`Unavailable`, HTTP 503), drains in-flight requests (aborting
@@ -80,6 +73,7 @@ class Scheduler:
         self._closed = False  # shut down: never start workers again
         self._life = threading.Lock()  # worker start/stop vs shutdown from another thread
         self.started = time.perf_counter()
+        self._looked = -1e9  # monotonic time of relook_fit's last look
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -134,6 +128,15 @@ class Scheduler:
             self.metrics.reset_speed()
         self.speed = speed
         log.info("engine calls priced by %s", speed.fit or f"no fit: {speed.reason}")
+
+    def relook_fit(self, every_s: float = 5.0) -> None:
+        """`--fit auto` with no fit found: look again (at most every `every_s`; /stats calls
+        it), for a fit made while serving (the TUI fits the server it started)."""
+        now, engines = time.monotonic(), self.engines
+        if self.fit == "auto" and not self.speed.fit and engines and now - self._looked >= every_s:
+            self._looked, kernels = now, engines[1].describe().kernels
+            if speed_model(self.config, self.fit, kernels).fit:
+                self._price(self.config, kernels)
 
     def _progress(self, before: int, t0: float) -> Callable[[int, int], None]:
         """An engine's warmup callback: shapes done so far in /stats, a log line every ~2 s."""
@@ -251,7 +254,7 @@ class Scheduler:
     def _batcher(self) -> Batcher:
         engine = self.engines[1]
         c, m = self.config, self.metrics
-        return Batcher(c, engine, self.book, self.pages, m, self.on_plan, self.speed)
+        return Batcher(c, engine, self.book, self.pages, m, self.on_plan, lambda: self.speed)
 
     def _prefill_loop(self) -> None:
         prefill_engine, generate_engine = self.engines
@@ -295,8 +298,7 @@ class Scheduler:
         usage = self.pages.usage() if self.pages else 0.0
         return {**now, "transfer_backlog": self._transfer.qsize(), "kv_cache_usage_perc": usage}
 
-    def kv_pages(self) -> dict | None:
-        """The paged KV cache's page counts and preemptions (None before the engines exist)."""
+    def kv_pages(self) -> dict | None:  # page counts and preemptions; None before the engines
         return self.pages.stats() if self.pages else None
 
     def update_gauges(self) -> dict:
@@ -329,9 +331,7 @@ class Scheduler:
             try:
                 self._build(new)
             except Exception:
-                log.exception(
-                    "reconfigure to %s failed; restoring %s", new.to_json(), old.to_json()
-                )
+                log.exception("reconfigure to %s failed, back to %s", new.to_json(), old.to_json())
                 self._build(old)
                 self._start_workers()
                 raise
