@@ -105,6 +105,9 @@ def test_decode_roofline_defaults_print_a_row_per_batch_with_its_floor(smoke, ca
     assert [r["batch"] for r in result["decode"]] == [1]
     assert all(r["floor_ms"] > 0 for r in result["decode"])
     assert [r["prompt_len"] for r in result["prefill"]] == [16]
+    # the kernel path that ran, as /stats names it: the dense layout only on the native kernels
+    kernels, dense = result["meta"]["kernels"], result["meta"]["kernels_dense"]
+    assert dense.startswith("f32 panels x") if kernels == "native" else dense is None
 
 
 def test_the_weights_only_floor_runs_on_every_op_set(tiny):
