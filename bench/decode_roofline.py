@@ -247,6 +247,7 @@ def bench_decode(args, model, hw, host_params, rows: list, save) -> list[dict]:
                 "context": int(ctx),
                 "bucket": eng.last_step_stats["bucket"],
                 "kernels": eng.kernels,
+                "kernels_dense": eng.describe().kernels_dense,  # /stats' config.kernels_dense
                 "measured_ms": step * 1e3,
                 "predicted_ms": est.decode_step_s * 1e3,
                 "bound": est.decode_bound,
@@ -360,6 +361,7 @@ def print_tables(result: dict, hw: HardwareSpec, args) -> None:
         f"{meta['model']} ({meta['precision']}) on {meta['hardware']} ({meta['device']}): "
         f"{hw.hbm_bw / 1e9:.1f} GB/s, {hw.flops(args.dtype) / 1e9:.0f} GFLOP/s {args.dtype}; "
         f"{args.steps} steps per call; {meta['kernels']} kernels"
+        + (f" ({meta['kernels_dense']})" if meta.get("kernels_dense") else "")
     )
     print(
         f"{'batch':>5} {'ctx':>5} {'bucket':>6} {'measured':>9} {'predicted':>9} {'GB/s':>6} "
@@ -509,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         if result["decode"]:
             meta["kernels"] = result["decode"][0]["kernels"]
+            meta["kernels_dense"] = result["decode"][0]["kernels_dense"]
         if other is not None:
             result["compare"] = compare(*other, model, args, result["decode"], result["prefill"])
         if args.json_out:

@@ -1,26 +1,33 @@
-"""Our server beside vLLM-CPU (issue 13, item 5): the same workload, model shape and tokenizer.
+"""Our server beside vLLM-CPU (issues 13 and 43): the same workload, model shape and tokenizer.
 
-One run, one server at a time: build the peers' model directory (config + tokenizer.json, no
-weights) if missing; start vLLM (`start_vllm.sh`: dummy weights, OMP_BIND=0-1 so it computes on
-both cores, bf16 unless --vllm-dtype f32), drive it with our loadgen, stop it; then start
-`scaletui serve` once per --precisions (same shape, the same tokenizer.json, dummy weights) and
-drive it the same way. Per precision and concurrency it prints TPOT p50 and output tok/s of both
-and ours / vLLM, plus TTFT p50 of a 128-token prompt alone (concurrency 1).
+One server at a time: build the peers' model directory (config + tokenizer.json, no weights) if
+missing; start vLLM (`start_vllm.sh`: dummy weights, OMP_BIND=0-1 so it computes on both cores,
+bf16 unless --vllm-dtype f32), drive it with our loadgen, stop it; start `scaletui serve` once
+per --precisions (same shape, the same tokenizer.json, dummy weights) and drive it the same way;
+then vLLM again, a fresh server, so the host's drift while ours ran shows. Each server runs
+closed loops at 1, 4, 16 and 64 streams (TPOT p50, output tok/s) and a TTFT run per prompt
+length, 128, 512 and 2048 tokens, sent alone. Each row is ours / the mean of vLLM's two runs,
+with ours / each run and their drift (bench/_peer_report.py); the kernels ours ran come from
+its /stats (kernels_running, kernels_dense).
 
 Prompts are token-id lists (loadgen --prompt-format ids, ids 33..126, the same seed for both), so
 no tokenizer touches them: a prompt of N ids is N tokens to both servers, neither adds a BOS to
 an id prompt (the shared tokenizer.json only detokenizes the outputs). Each run checks that:
 every completed request's usage.prompt_tokens must be the input length and its completion tokens
-the output length (ignore_eos), else the bench fails.
+the output length (ignore_eos), else the bench fails. Every loadgen run has its own seed, the
+same on both servers, so no run's prompts share a prefix with an earlier run's (both servers
+cache prefixes). Both serve the same longest sequence: the longest TTFT prompt + 2 tokens,
+vLLM with --max-model-len past start_vllm.sh's 2048, ours with a spec of that max_seq_len.
 
     python bench/peer_vllm.py --shape tiny --quick     # a smoke test, minutes
-    python bench/peer_vllm.py --shape 1b --json --out peer_vllm.jsonl
+    python bench/peer_vllm.py --shape 1b --json --out peer_vllm.jsonl   # tens of minutes
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import shlex
 import signal
@@ -31,15 +38,16 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 import yaml
+from _peer_report import KERNEL_KEYS, Measured, legend, rows, table
 from _smoke import shrink
 
 from scaletui.loadgen import cli as loadgen_cli
 from scaletui.loadgen.embedded import EmbeddedServer
+from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
 PEER_MODELS = {"tiny": "tiny-llama", "1b": "llama-1b"}  # shape: make_tiny_llama.py's dir name
@@ -47,7 +55,9 @@ OUR_SPECS = {"1b": "llama-1b"}  # shapes with a shipped spec; others are made fr
 SPEC_KEYS = ("n_layers", "d_model", "d_ff", "n_heads", "n_kv_heads", "head_dim", "vocab_size",
              "tied_embeddings", "rope_theta", "norm_eps")  # fmt: skip
 VLLM_DTYPES = {"bf16": "bfloat16", "f32": "float32"}  # --vllm-dtype: vllm serve --dtype
-QUICK = dict(concurrency=[1, 4], requests_per_stream=2, output_len=32, ttft_requests=3)
+QUICK = dict(concurrency=[1, 4], requests_per_stream=2, output_len=32, ttft_lens=[128],
+             ttft_requests=3)  # fmt: skip
+PEER_MAX_LEN = 2048  # start_vllm.sh's --max-model-len, and our specs' max_seq_len at least
 LOG_TAIL = 30
 
 
@@ -103,10 +113,6 @@ def shape_mismatches(spec: object, want: dict) -> list[str]:
             if getattr(spec, k) != want[k]]  # fmt: skip
 
 
-def ratio(ours: float | None, theirs: float | None) -> float | None:
-    return ours / theirs if ours is not None and theirs else None
-
-
 def check_lengths(summary: dict, input_len: int, output_len: int, where: str) -> None:
     """Every completed request had exactly input_len prompt and output_len output tokens (as the
     server's usage reports them); a failed request is an error too."""
@@ -120,62 +126,6 @@ def check_lengths(summary: dict, input_len: int, output_len: int, where: str) ->
         raise BenchError(f"{where}: {n} requests carried {got[0]} prompt and {got[1]} output "
                          f"tokens by the server's usage, expected {n} x {input_len} and "
                          f"{n} x {output_len}")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Measured:
-    """One server's loadgen summaries: closed loops by concurrency and the TTFT run."""
-
-    server: str  # "vllm" | "ours"
-    precision: str  # vLLM: bf16; ours: the --weight-dtype
-    model: str  # the id the server reports at /v1/models
-    closed: dict[int, dict]
-    ttft: dict | None
-
-
-def rows(vllm: Measured | None, ours: list[Measured], shape: str) -> list[dict]:
-    """One row per (our precision, concurrency); vLLM's columns None without it (and a vLLM-only
-    run: its rows with ours None)."""
-    sides = ours or [None]
-    concurrencies = sorted({c for m in [vllm, *ours] if m for c in m.closed})
-    out = []
-    for o in sides:
-        for c in concurrencies:
-            mine = o.closed.get(c, {}) if o else {}
-            theirs = vllm.closed.get(c, {}) if vllm else {}
-            t_ours = o.ttft["median_ttft_ms"] if o and o.ttft else None
-            t_vllm = vllm.ttft["median_ttft_ms"] if vllm and vllm.ttft else None
-            row = {"shape": shape, "precision": o.precision if o else None, "concurrency": c,
-                   "vllm_precision": vllm.precision if vllm else None,
-                   "ours_model": o.model if o else None,
-                   "vllm_model": vllm.model if vllm else None}  # fmt: skip
-            for name, key in (("tpot_ms", "median_tpot_ms"), ("tok_s", "output_throughput")):
-                a, b = mine.get(key), theirs.get(key)
-                row |= {f"ours_{name}": a, f"vllm_{name}": b, f"{name}_ratio": ratio(a, b)}
-            row |= {"ours_ttft128_ms": t_ours, "vllm_ttft128_ms": t_vllm,
-                    "ttft128_ratio": ratio(t_ours, t_vllm)}  # fmt: skip
-            out.append(row)
-    return out
-
-
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def table(rows_: list[dict]) -> str:
-    """The rows as text; ratios are ours / vLLM (TPOT, TTFT: lower is better for us)."""
-    head = (f"{'ours':>5} {'conc':>4} | {'TPOT p50 ms':^23} | {'output tok/s':^23} | "
-            f"{'TTFT@128 p50 ms':^23}")  # fmt: skip
-    sub = f"{'':>5} {'':>4} |" + f" {'ours':>7} {'vLLM':>7} {'ratio':>6} |" * 3
-    lines = [head, sub.rstrip("|").rstrip()]
-    for r in rows_:
-        cells = [f"{r['precision'] or '-':>5} {r['concurrency']:>4}"]
-        for name, fmt in (("tpot_ms", ".2f"), ("tok_s", ".1f"), ("ttft128_ms", ".1f")):
-            ratio_key = "ttft128_ratio" if name == "ttft128_ms" else f"{name}_ratio"
-            cells.append(f"{_num(r[f'ours_{name}'], fmt):>7} {_num(r[f'vllm_{name}'], fmt):>7} "
-                         f"{_num(r[ratio_key], '.2f'):>6}")  # fmt: skip
-        lines.append(" | ".join(cells))
-    return "\n".join(lines)
 
 
 # -- the servers and the load ---------------------------------------------------------------------
@@ -244,13 +194,17 @@ def loadgen(url: str, model: str, flags: list[str], out: Path) -> dict:
 
 
 def measure(
-    server: str, precision: str, url: str, args: argparse.Namespace, work: Path, expect: str
+    run: str, precision: str, url: str, args: argparse.Namespace, work: Path, expect: str
 ) -> Measured:
-    """The closed loops at each concurrency, then the TTFT run, against one server."""
+    """The closed loops at each concurrency, then a TTFT run per prompt length, against one
+    server (`run`: vllm-1, ours-bf16, vllm-2, ...); each loadgen run with its own seed (the same
+    sequence on every server)."""
+    server = run.split("-")[0]
     model = served_model(url)
     if model != expect:  # another server on that port, or a start script that named it otherwise
         raise BenchError(f"{url}/v1/models says {model!r}, expected {expect!r}")
-    log(f"{server} {precision}: model {model!r} at {url}")
+    log(f"{run}: model {model!r} at {url}")
+    seeds = itertools.count(args.seed)
     closed = {}
     for c in args.concurrency:
         if server == "ours":  # our decode batch is `slots` rows, active or not: size it
@@ -258,21 +212,56 @@ def measure(
         n = c * args.requests_per_stream
         flags = ["--concurrency", str(c), "--num-requests", str(n), "--warmup", str(c),
                  "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-                 "--seed", str(args.seed)]  # fmt: skip
-        s = loadgen(url, model, flags, work / f"{server}-{precision}-c{c}.json")
-        check_lengths(s, args.input_len, args.output_len, f"{server} {precision} c={c}")
+                 "--seed", str(next(seeds))]  # fmt: skip
+        s = loadgen(url, model, flags, work / f"{run}-c{c}.json")
+        check_lengths(s, args.input_len, args.output_len, f"{run} c={c}")
         closed[c] = s
-        log(f"{server} {precision} c={c}: TPOT p50 {_num(s['median_tpot_ms'], '.2f')} ms, "
-            f"{s['output_throughput']:.1f} tok/s")  # fmt: skip
-    ttft = None
-    if args.ttft_requests:
+        tpot = "-" if s["median_tpot_ms"] is None else f"{s['median_tpot_ms']:.2f}"
+        log(f"{run} c={c}: TPOT p50 {tpot} ms, {s['output_throughput']:.1f} tok/s")
+    ttft = {}
+    for n in args.ttft_lens if args.ttft_requests else []:
         flags = ["--concurrency", "1", "--num-requests", str(args.ttft_requests), "--warmup", "1",
-                 "--input-len", str(args.ttft_len), "--output-len", "2", "--seed",
-                 str(args.seed + 1)]  # fmt: skip
-        ttft = loadgen(url, model, flags, work / f"{server}-{precision}-ttft.json")
-        check_lengths(ttft, args.ttft_len, 2, f"{server} {precision} TTFT")
-        log(f"{server} {precision}: TTFT@{args.ttft_len} p50 {ttft['median_ttft_ms']:.1f} ms")
-    return Measured(server, precision, model, closed, ttft)
+                 "--input-len", str(n), "--output-len", "2", "--seed",
+                 str(next(seeds))]  # fmt: skip
+        ttft[n] = loadgen(url, model, flags, work / f"{run}-ttft{n}.json")
+        check_lengths(ttft[n], n, 2, f"{run} TTFT@{n}")
+        log(f"{run}: TTFT@{n} p50 {ttft[n]['median_ttft_ms']:.1f} ms")
+    kernels = None
+    if server == "ours":  # the kernel path that ran, as the server says it
+        kernels = our_kernels(url)
+        log(f"{run}: " + ", ".join(f"{k} {v}" for k, v in kernels.items()))
+    return Measured(server, precision, model, closed, ttft, kernels)
+
+
+def our_kernels(url: str) -> dict:
+    """Our server's /stats config: the kernels running, the native dense layout and the note."""
+    with urllib.request.urlopen(url + "/stats", timeout=30) as resp:
+        config = orjson.loads(resp.read())["config"]
+    return {k: config.get(k) for k in KERNEL_KEYS}
+
+
+def max_len(args: argparse.Namespace) -> int:
+    """The longest sequence a server must hold, in whole 64-token pages: a closed loop's prompt
+    and output, or the longest TTFT prompt and its 2 tokens."""
+    ttft = max(args.ttft_lens) + 2 if args.ttft_requests else 0
+    return -(-max(args.input_len + args.output_len, ttft) // 64) * 64
+
+
+def kv_pages(args: argparse.Namespace) -> list[str]:
+    """Our --kv-pages: every stream of the widest loop at once, or the longest TTFT prompt, one
+    page per slot to spare and the scratch page, in --serve-args' --page-size (none where
+    --serve-args sets --kv-pages). The default, slots x max_seq_len, would hold 64 streams of
+    2,112 tokens: 4.4 GB of bf16 KV on the 1.1B shape for 256-token sequences."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--page-size", type=int, default=ServerShape.page_size)
+    p.add_argument("--kv-pages", type=int)
+    given, _ = p.parse_known_args(args.serve_args)
+    if given.kv_pages is not None:
+        return []
+    size, streams = given.page_size, max(args.concurrency)
+    per_seq = -(-(args.input_len + args.output_len) // size)
+    ttft = -(-(max(args.ttft_lens) + 2) // size) if args.ttft_requests else 0
+    return ["--kv-pages", str(max(streams * per_seq, ttft) + streams + 1)]
 
 
 def set_slots(url: str, slots: int) -> None:
@@ -307,7 +296,10 @@ def vllm_server(args: argparse.Namespace, scripts: Path, model: Path) -> Iterato
            "OMP_BIND": os.environ.get("OMP_BIND", "0-1")}  # fmt: skip
     # start_vllm.sh passes --dtype bfloat16 first: a later one wins (vLLM warns of the duplicate)
     dtype = ["--dtype", VLLM_DTYPES[args.vllm_dtype]] if args.vllm_dtype != "bf16" else []
-    start = [str(scripts / "start_vllm.sh"), str(model), str(args.vllm_port), *dtype,
+    # and --max-model-len 2048: a 2048-token TTFT prompt and its 2 tokens need more (the peers'
+    # config.json allows 4096 positions)
+    longer = ["--max-model-len", str(max_len(args))] if max_len(args) > PEER_MAX_LEN else []
+    start = [str(scripts / "start_vllm.sh"), str(model), str(args.vllm_port), *dtype, *longer,
              *args.vllm_args]  # fmt: skip
     stop = [str(scripts / "stop_vllm.sh"), str(args.vllm_port)]
     vlog = args.vllm_root / "logs" / f"vllm-{args.vllm_port}.log"
@@ -328,15 +320,18 @@ def vllm_server(args: argparse.Namespace, scripts: Path, model: Path) -> Iterato
 
 def our_spec(args: argparse.Namespace, model: Path, work: Path) -> str:
     """Our --model for the peers' shape: the shipped spec, checked against their config.json,
-    or one made from it."""
+    or one made from it (also where the bench needs a longer max_seq_len than the shipped)."""
     cfg = orjson.loads((model / "config.json").read_bytes())
-    want = spec_from_config(cfg, PEER_MODELS[args.shape], max_seq_len=2048)
+    longest = max(PEER_MAX_LEN, max_len(args))
+    want = spec_from_config(cfg, PEER_MODELS[args.shape], max_seq_len=longest)
     if args.shape in OUR_SPECS:
-        bad = shape_mismatches(load_model(OUR_SPECS[args.shape]), want)
+        shipped = load_model(OUR_SPECS[args.shape])
+        bad = shape_mismatches(shipped, want)
         if bad:
             raise BenchError(f"spec {OUR_SPECS[args.shape]} differs from {model}/config.json: "
                              + "; ".join(bad))  # fmt: skip
-        return OUR_SPECS[args.shape]
+        if shipped.max_seq_len >= longest:
+            return OUR_SPECS[args.shape]
     path = work / f"{want['name']}.yaml"
     path.write_text(yaml.safe_dump(want, sort_keys=False))
     return str(path)
@@ -345,14 +340,12 @@ def our_spec(args: argparse.Namespace, model: Path, work: Path) -> str:
 def measure_ours(args: argparse.Namespace, model: Path, work: Path) -> list[Measured]:
     spec = our_spec(args, model, work)
     spec_name = load_model(spec).name
-    need = max(args.input_len + args.output_len, args.ttft_len + 2)  # prompt + max_tokens <= it
-    max_seq_len = 1 << (need - 1).bit_length()
     (args.vllm_root / "logs").mkdir(parents=True, exist_ok=True)
     out = []
     for precision in args.precisions:
         cmd = ["{python}", "-m", "scaletui", "serve", "--model", spec, "--tokenizer",
                str(model / "tokenizer.json"), "--weight-dtype", precision, "--slots",
-               str(max(args.concurrency)), "--max-seq-len", str(max_seq_len),
+               str(max(args.concurrency)), "--max-seq-len", str(max_len(args)), *kv_pages(args),
                "--kernels", args.kernels, "--port", "{port}", "--log-interval", "0",
                *args.serve_args]  # fmt: skip
         slog = args.vllm_root / "logs" / f"scaletui-{args.shape}-{precision}.log"
@@ -364,7 +357,7 @@ def measure_ours(args: argparse.Namespace, model: Path, work: Path) -> list[Meas
                 stack.enter_context(srv)
             except RuntimeError as exc:  # it did not start; the message ends with its log's tail
                 raise BenchError(f"scaletui serve ({precision}) did not start: {exc}") from None
-            out.append(measure("ours", precision, srv.url, args, work, expect=spec_name))
+            out.append(measure(f"ours-{precision}", precision, srv.url, args, work, spec_name))
             srv.finish(clean=True)
     return out
 
@@ -377,14 +370,19 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--shape", choices=sorted(PEER_MODELS), default="1b", help="the peers' model shape")
     a("--precisions", nargs="+", choices=("f32", "bf16", "int8"), default=None,
-      help="our --weight-dtype values, one server each (default f32 bf16 int8)")  # fmt: skip
-    a("--concurrency", nargs="+", type=int, default=None, help="closed loops (default 1 4 16)")
+      help="our --weight-dtype values, one server each, all between vLLM's two runs "
+      "(default bf16)")  # fmt: skip
+    a("--concurrency", nargs="+", type=int, default=None,
+      help="closed loops (default 1 4 16 64)")  # fmt: skip
     a("--requests-per-stream", type=int, default=None,
       help="measured requests per stream (default 4), after one warm-up each")  # fmt: skip
     a("--input-len", type=int, default=128)
     a("--output-len", type=int, default=None, help="exact, ignore_eos (default 128)")
-    a("--ttft-len", type=int, default=128, help="the TTFT run's prompt tokens (concurrency 1)")
-    a("--ttft-requests", type=int, default=None, help="the TTFT run's requests (default 8; 0: off)")
+    a("--ttft-lens", nargs="+", type=int, default=None,
+      help="prompt tokens of the TTFT runs, one prompt at a time "
+      "(default 128 512 2048)")  # fmt: skip
+    a("--ttft-requests", type=int, default=None,
+      help="requests per TTFT run (default 8; 0: no TTFT runs)")  # fmt: skip
     a("--seed", type=int, default=0)
     a("--vllm-port", type=int, default=8100)
     a("--our-port", type=int, default=0, help="0: any free port")
@@ -411,19 +409,20 @@ def build_parser() -> argparse.ArgumentParser:
     a("--skip-vllm", action="store_true")
     a("--skip-ours", action="store_true")
     a("--quick", action="store_true", help="concurrency 1 4, 2 requests per stream, 32 output "
-      "tokens, 3 TTFT requests (a smoke test; flags given still win)")  # fmt: skip
+      "tokens, TTFT at 128 tokens, 3 TTFT requests (a smoke test; flags given still "
+      "win)")  # fmt: skip
     a("--json", action="store_true", help="one JSON object per row")
     a("--out", help="write the JSON rows here too")
     # a smoke run (bench/_smoke.py): the tiny shape, one precision, a few short requests
     smoke = dict(concurrency=[1], requests_per_stream=1, output_len=4, ttft_requests=1)
-    return shrink(p, shape="tiny", precisions=["f32"], input_len=16, ttft_len=16, **smoke)
+    return shrink(p, shape="tiny", precisions=["f32"], input_len=16, ttft_lens=[16], **smoke)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
-    defaults = dict(precisions=["f32", "bf16", "int8"], concurrency=[1, 4, 16],
-                    requests_per_stream=4, output_len=128, ttft_requests=8)  # fmt: skip
+    defaults = dict(precisions=["bf16"], concurrency=[1, 4, 16, 64], requests_per_stream=4,
+                    output_len=128, ttft_lens=[128, 512, 2048], ttft_requests=8)  # fmt: skip
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, QUICK.get(k, v) if args.quick else v)
@@ -431,8 +430,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--skip-vllm and --skip-ours leave nothing to run")
     if min(args.concurrency) < 1 or args.requests_per_stream < 1 or args.ttft_requests < 0:
         p.error("--concurrency and --requests-per-stream must be >= 1, --ttft-requests >= 0")
-    if min(args.input_len, args.output_len, args.ttft_len) < 1:
-        p.error("--input-len, --output-len and --ttft-len must be >= 1")
+    if min(args.input_len, args.output_len, *args.ttft_lens) < 1:
+        p.error("--input-len, --output-len and --ttft-lens must be >= 1")
     if args.output_len < 2:
         p.error("--output-len must be >= 2 (TPOT needs a second token)")
     return args
@@ -449,14 +448,21 @@ def run(args: argparse.Namespace) -> list[dict]:
                 "kernels (the peers' README measured a Zen 4); --vllm-dtype f32 may be fairer"
             )
     model = model_dir(args, scripts)
-    vllm = None
+    vllm, ours = [], []
+
+    def measure_vllm(run: str) -> None:
+        with vllm_server(args, scripts, model) as url:  # a fresh server each time
+            vllm.append(measure(run, args.vllm_dtype, url, args, work, expect=model.name))
+
     with tempfile.TemporaryDirectory(prefix="peer-vllm-") as tmp:
         work = Path(tmp)
         if not args.skip_vllm:
-            with vllm_server(args, scripts, model) as url:
-                vllm = measure("vllm", args.vllm_dtype, url, args, work, expect=model.name)
-        ours = [] if args.skip_ours else measure_ours(args, model, work)
-    return rows(vllm, ours, args.shape)
+            measure_vllm("vllm-1")
+        if not args.skip_ours:
+            ours = measure_ours(args, model, work)
+            if not args.skip_vllm:  # again: how far the host moved while ours ran
+                measure_vllm("vllm-2")
+    return rows(vllm, ours, args.shape, args.input_len)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -478,8 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(text)
         return 0
-    print(f"shape {args.shape}, prompt {args.input_len}, output {args.output_len}; "
-          f"vLLM {'-' if args.skip_vllm else args.vllm_dtype}; ratio = ours / vLLM")  # fmt: skip
+    runs = result[0]["vllm_runs"] if result else 0
+    print(f"shape {args.shape}, closed loops of {args.input_len} in / {args.output_len} out; "
+          f"vLLM {args.vllm_dtype if runs else '-'}, {runs} run(s); {legend(runs)}")  # fmt: skip
     print(table(result))
     return 0
 

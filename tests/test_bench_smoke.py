@@ -105,6 +105,9 @@ def test_decode_roofline_defaults_print_a_row_per_batch_with_its_floor(smoke, ca
     assert [r["batch"] for r in result["decode"]] == [1]
     assert all(r["floor_ms"] > 0 for r in result["decode"])
     assert [r["prompt_len"] for r in result["prefill"]] == [16]
+    # the kernel path that ran, as /stats names it: the dense layout only on the native kernels
+    kernels, dense = result["meta"]["kernels"], result["meta"]["kernels_dense"]
+    assert dense.startswith("f32 panels x") if kernels == "native" else dense is None
 
 
 def test_the_weights_only_floor_runs_on_every_op_set(tiny):
@@ -194,17 +197,23 @@ def test_fidelity(smoke, capsys):
 
 
 def test_peer_vllm_our_side_and_the_report(smoke, capsys):
-    """Parsing and the report with a made-up vLLM result; our server's side where the peers'
-    scripts are (they build the shared model directory); vLLM itself is not run."""
+    """Parsing and the report with made-up vLLM runs before and after ours; our server's side
+    where the peers' scripts are (they build the shared model directory): its rows name the
+    kernels /stats says ran; vLLM itself is not run."""
     with bench_module("peer_vllm") as bench:
         args = bench.parse([])
         assert (args.shape, args.precisions, args.concurrency) == ("tiny", ["f32"], [1])
+        assert args.ttft_lens == [16]
         summary = {"median_tpot_ms": 2.0, "output_throughput": 100.0, "median_ttft_ms": 9.0}
-        vllm = bench.Measured("vllm", "bf16", "tiny-llama", {1: summary}, summary)
-        ours = bench.Measured("ours", "f32", "tiny", {1: {**summary, "median_tpot_ms": 4.0}}, None)
-        (row,) = bench.rows(vllm, [ours], "tiny")
-        assert row["tpot_ms_ratio"] == 2.0 and row["ttft128_ratio"] is None
-        assert "f32" in bench.table([row])
+        before = bench.Measured("vllm", "bf16", "tiny-llama", {1: summary}, {16: summary})
+        after = bench.Measured("vllm", "bf16", "tiny-llama", {1: {**summary,
+                               "median_tpot_ms": 6.0}}, {16: summary})  # fmt: skip
+        ours = bench.Measured("ours", "f32", "tiny", {1: {**summary, "median_tpot_ms": 8.0}}, {})
+        rows = bench.rows([before, after], [ours], "tiny", 16)
+        tpot = next(r for r in rows if r["metric"] == "tpot_ms")
+        assert (tpot["ratio"], tpot["ratio_runs"], tpot["vllm_drift"]) == (2.0, [4.0, 4 / 3], 2.0)
+        assert next(r for r in rows if r["metric"] == "ttft_ms")["ratio"] is None
+        assert "+200%" in bench.table(rows)
         try:
             bench.peers_dir()
         except bench.BenchError as exc:
@@ -212,7 +221,11 @@ def test_peer_vllm_our_side_and_the_report(smoke, capsys):
         vllm_root = smoke / "peers"
         assert bench.main(["--skip-vllm", "--json", "--vllm-root", str(vllm_root)]) == 0
     rows = [orjson.loads(x) for x in capsys.readouterr().out.splitlines()]
-    assert rows and all(r["shape"] == "tiny" and r["ours_tok_s"] > 0 for r in rows)
+    assert [(r["metric"], r["streams"], r["prompt_len"]) for r in rows] == [
+        ("tpot_ms", 1, 16), ("tok_s", 1, 16), ("ttft_ms", None, 16)]  # fmt: skip
+    assert all(r["shape"] == "tiny" and r["ours"] > 0 and r["vllm"] == [] for r in rows)
+    assert rows[0]["kernels_running"] in ("native", "xla")  # from our server's /stats
+    assert (rows[0]["kernels_dense"] is None) == (rows[0]["kernels_running"] == "xla")
 
 
 def test_loadgen_agreement_report_of_a_recorded_run(smoke, capsys):

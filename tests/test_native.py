@@ -553,6 +553,22 @@ def test_bf16_compute_without_bf16_pairs_says_it_widens(monkeypatch):
     assert plan.native and plan.note is None  # f32 compute never needed them
 
 
+def test_dense_path_names_the_panels_and_the_products(monkeypatch):
+    """/stats' kernels_dense: the panel width the kernels were built with, then bf16 pairs only
+    for bf16 compute on a CPU with AVX512_BF16 (int8 from I8_DOT_ROWS rows), else f32 products."""
+    monkeypatch.setattr(native, "panel_width", lambda: 64)
+    monkeypatch.setattr(native, "bf16_dot_products", lambda: True)
+    path = native.dense_path
+    assert path("bf16", "bf16") == "bf16 panels x64, bf16 pairs"
+    assert path("int8", "bf16") == "int8 panels x64, f32 products below 8 rows, bf16 pairs from 8"
+    assert path("bf16", "f32") == "bf16 panels x64, f32 products"
+    assert path("f32", "f32") == "f32 panels x64, f32 products (XLA's from 512 rows)"
+    monkeypatch.setattr(native, "panel_width", lambda: 16)
+    monkeypatch.setattr(native, "bf16_dot_products", lambda: False)  # no AVX512_BF16: widened
+    assert path("bf16", "bf16") == "bf16 panels x16, f32 products"
+    assert path("int8", "bf16") == "int8 panels x16, f32 products"
+
+
 def test_bf16_on_xlas_cpu_ops_says_f32_is_faster(caplog):
     """bf16 compute where XLA's ops run on a CPU (kernels xla, or sharded) is in the plan's note
     (/stats kernels_note) and the server's log; f32 there, and bf16 on the native kernels, not."""

@@ -482,7 +482,9 @@ async def test_admin_config_switches_precision_and_stats_show_it() -> None:
         assert (c["dtype"], c["weight_dtype"], c["kv_dtype"]) == ("f32", "int8", "int8")
         if c["kernels_running"] == "native":  # int8 matmuls and the int8 cache, all native
             assert c["kernels_note"] is None, c["kernels_note"]
+            assert c["kernels_dense"].startswith("int8 panels x"), c["kernels_dense"]
         else:  # no compiler, or a CPU the kernels are not tuned for: the note says which
             assert c["kernels_running"] == "xla" and c["kernels_note"], c
+            assert c["kernels_dense"] is None  # XLA's matmuls: no native layout
         assert stats["memory"]["weight_bytes"] < before["memory"]["weight_bytes"] / 3
         assert stats["memory"]["kv_cache_bytes"] < before["memory"]["kv_cache_bytes"] / 2

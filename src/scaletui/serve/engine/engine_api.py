@@ -191,6 +191,7 @@ class EngineInfo:
     weight_dtype: str = "f32"  # weight storage: f32 | bf16 | int8 (+ f32 per-channel scales)
     kv_dtype: str = "f32"  # KV-cache storage: f32 | bf16 | int8 (+ f32 scales)
     kernels_note: str | None = None  # why XLA's ops run where native could, or a native fallback
+    kernels_dense: str | None = None  # native: how the dense kernel runs (native.dense_path)
     page_size: int = 0  # KV positions per page (0: no paged cache, the fake engine)
     kv_pages: int = 0  # KV pages per data-parallel replica, the scratch page included
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from scaletui.serve.engine import kv_cache, model, slot_state
+from scaletui.serve.engine import kv_cache, model, native, slot_state
 from scaletui.serve.engine.chunks import ChunkCalls
 from scaletui.serve.engine.engine_api import (
     LOGPROBS_MODES,
@@ -101,6 +101,8 @@ class JaxEngine(EnginePrograms, ChunkCalls):
         if why:
             kernels_note = f"{kernels_note}; {why}" if kernels_note else why
         self.kernels_note = kernels_note  # why not native (kernels != xla, XLA runs), or a fallback
+        # the native dense kernel's panels and products (native.dense_path), for /stats
+        self.kernels_dense = native.dense_path(p.weights, p.compute) if self.native else None
         self.ops, self.params = ops, params
         platform = self.devices[0].platform
         # a bf16 pool as its bits on CPU (kv_cache: XLA CPU would rewrite the whole pool per page
@@ -167,6 +169,7 @@ class JaxEngine(EnginePrograms, ChunkCalls):
             weight_dtype=self.precision.weights,
             kv_dtype=self.precision.kv,
             kernels_note=self.kernels_note,
+            kernels_dense=self.kernels_dense,
             page_size=self.page_size,
             kv_pages=self.pages,
         )

@@ -67,11 +67,12 @@ def build_stats(sched: Scheduler, window_s: float = 5.0) -> dict:
     where = getattr(sched, "placement", None)
     placement = where() if where else None
     engines = sched.engines
-    meshes, running = {}, {"kernels_running": None, "kernels_note": None}
+    meshes, running = {}, {"kernels_running": None, "kernels_note": None, "kernels_dense": None}
     if engines is not None:
         meshes = {"prefill": engines[0].describe().mesh(), "generate": engines[1].describe().mesh()}
         gen = engines[1].describe()  # what decodes: the kernels and why, when not native
-        running = {"kernels_running": gen.kernels, "kernels_note": gen.kernels_note}
+        running = {"kernels_running": gen.kernels, "kernels_note": gen.kernels_note,
+                   "kernels_dense": gen.kernels_dense}  # fmt: skip
     model = {k: v for k, v in dataclasses.asdict(c.model).items() if k != "extra"}
     return {
         "time": time.time(),

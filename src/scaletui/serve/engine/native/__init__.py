@@ -127,6 +127,22 @@ def pairs_for(compute: str) -> bool:
     return compute == "bf16" and bf16_dot_products()
 
 
+def dense_path(weights: str, compute: str) -> str:
+    """How `dense` multiplies weights stored in `weights` (f32 | bf16 | int8) under `compute`
+    (f32 | bf16) on this CPU, as /stats and the benches name it: the panels' dtype and width
+    (64 columns with AVX-512, 16 without), then bf16 pairs (AVX512_BF16) or widened to f32."""
+    head = f"{weights} panels x{panel_width()}"
+    if not pairs_for(compute):
+        return f"{head}, f32 products" + (
+            f" (XLA's from {XLA_ROWS} rows)" if weights == "f32" else ""
+        )
+    if weights == "bf16":
+        return f"{head}, bf16 pairs"
+    if weights == "int8":
+        return f"{head}, f32 products below {I8_DOT_ROWS} rows, bf16 pairs from {I8_DOT_ROWS}"
+    return f"{head}, f32 products"
+
+
 def unusable(config: ServerShape, devices: list, *, dp: int, tp: int) -> str | None:
     """Why the native CPU kernels cannot run this engine, or None when they can."""
     m = config.model
