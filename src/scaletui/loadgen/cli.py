@@ -146,7 +146,7 @@ async def _search(stages: Stages, args: argparse.Namespace) -> dict:
     start = args.search_start
     if isinstance(start, str):
         start = search.start_from_simulation(start, args.slo, args.slo_percentile)
-    rule = search.config_for(start)
+    rule = search.config_for(start, args.search_confirm)
     history: list[dict] = []
     while not stages.halted:
         rate = search.next_rate(rule, [(h["rate"], h["passed"]) for h in history])
