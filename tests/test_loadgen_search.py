@@ -122,9 +122,10 @@ CAPACITY, BASE_MS, SLO_MS = 40.0, 20.0, 100.0
 EDGE = CAPACITY * (1 - BASE_MS / SLO_MS)  # 32 req/s: where the noise-free p90 meets the SLO
 
 
-def noisy(seed: int, sigma: float = 0.25, spikes: float = 0.05):
+def noisy_queue(seed: int, sigma: float = 0.25, spikes: float = 0.05):
     """A stage's p90 TTFT: a queue's BASE / (1 - rate / CAPACITY), times lognormal noise
-    (sigma of its log) and, in a fraction `spikes` of stages, x2 (another job on the host)."""
+    (sigma of its log) and, in a fraction `spikes` of stages, x2 (another job on the host).
+    The curve is convex, so stray fails below the edge are likelier than stray passes above."""
     rng = np.random.default_rng(seed)
 
     def passes(rate: float) -> bool:
@@ -135,51 +136,41 @@ def noisy(seed: int, sigma: float = 0.25, spikes: float = 0.05):
     return passes
 
 
+def drifting_edge(seed: int, sigma: float = 0.12):
+    """Each stage meets a server whose edge is EDGE x lognormal (sigma of its log): stray
+    verdicts as likely above the edge as below (a host whose capacity moves)."""
+    rng = np.random.default_rng(seed)
+    return lambda rate: rate <= EDGE * math.exp(sigma * rng.standard_normal())
+
+
 @pytest.mark.parametrize(
-    ("start", "old_misses", "new_misses"),
-    [(None, 13, 0), (24.0, 6, 2), (40.0, 9, 2)],  # cold; a prediction 25% low; 25% high
+    ("server", "start", "old_misses", "new_misses"),
+    [
+        (noisy_queue, None, 13, 0),  # cold
+        (noisy_queue, 24.0, 6, 2),  # a prediction 25% low
+        (noisy_queue, 40.0, 9, 2),  # 25% high
+        (drifting_edge, None, 7, 2),
+        (drifting_edge, 24.0, 8, 2),
+        (drifting_edge, 40.0, 10, 0),
+    ],
 )
 def test_with_a_noisy_edge_confirmation_keeps_the_answer_within_15_percent(
-    start, old_misses, new_misses
+    server, start, old_misses, new_misses
 ):
-    """Seeds 0-99 of the noisy queue: single stages (confirm 1, the rule before) answer more
-    than 15% off the edge in 13, 6 and 9 of them, stray fails mostly; confirming the bracket's
-    ends (confirm 2) in 0, 2 and 2, at about 4.5 more stages (15.3 instead of 10.7 cold)."""
+    """Seeds 0-99: single stages (confirm 1, the rule before) answer more than 15% off the
+    edge in 6 to 13 of them; confirming the bracket's ends (confirm 2) in 0 to 2, at about 5
+    more stages (cold 10.7 -> 15.3 and 11.1 -> 16.2; from 24 req/s 6.4 -> 11.4, 6.4 -> 11.8)."""
 
-    def misses(confirm: int) -> list[int]:
+    def misses(confirm: int) -> int:
         cfg = search.config_for(start, confirm)
-        out = []
+        out = 0
         for seed in range(100):
-            lo, _ = search.bracket(search.replay(cfg, noisy(seed)))
-            if lo is None or abs(lo / EDGE - 1) > 0.15:
-                out.append(seed)
+            lo, _ = search.bracket(search.replay(cfg, server(seed)))
+            out += lo is None or abs(lo / EDGE - 1) > 0.15
         return out
 
-    assert len(misses(1)) == old_misses
-    assert len(misses(2)) == new_misses
-
-
-def test_stage_size_rule():
-    assert search.min_requests(99, 5) == 500
-    assert search.min_requests(90, 2) == 20
-    assert search.min_requests(50, 5) == 10
-    with pytest.raises(ValueError, match="--slo-percentile must be in"):
-        search.min_requests(100, 5)
-
-
-def test_verdict_names_every_reason():
-    slo = Slo(ttft=300, tpot=20)
-    kw = dict(percentile=99, needed=500, max_failure_rate=0.01, saturation=None)
-    ok = search.verdict({"ttft": 250.0, "tpot": 20.0}, slo, completed=500, failure_rate=0, **kw)
-    assert ok["passed"] and ok["reasons"] == [] and ok["slo_ms"] == {"ttft": 300, "tpot": 20}
-    bad = search.verdict({"ttft": 301.0, "tpot": None}, slo, completed=499, failure_rate=0.02, **kw)
-    assert not bad["passed"]
-    assert bad["reasons"] == [
-        "only 499 completed; p99 needs 500",
-        "p99 ttft 301.0 ms > 300 ms",
-        "no tpot sample",
-        "failure rate 2.0% > 1.0%",
-    ]
+    assert misses(1) == old_misses
+    assert misses(2) == new_misses
 
 
 def _sim(rate: float, p99_ttft: float, saturated: bool = False, kept: float | None = None):

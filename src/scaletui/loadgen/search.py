@@ -162,8 +162,8 @@ def replay(cfg: SearchConfig, passes: Callable[[float], bool]) -> list[tuple[flo
 
 
 def stages_cold(cfg: SearchConfig, max_rate: float | None) -> int:
-    """How many stages the cold search would have run, replayed against what this one found
-    (a rate passes iff it is <= max_rate)."""
+    """How many stages the cold search (same `confirm`) would have run, replayed against what
+    this one found (a rate passes iff it is <= max_rate: every confirmation agrees)."""
     limit = -1.0 if max_rate is None else max_rate
     cold = replace(config_for(None, cfg.confirm), max_stages=cfg.max_stages)
     return len(replay(cold, lambda r: r <= limit))
