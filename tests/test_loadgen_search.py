@@ -210,6 +210,11 @@ def test_search_flags_that_do_not_go_together_are_one_line(capsys):
         assert main(["--url", "http://127.0.0.1:9", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], (argv, err)
+    with pytest.raises(SystemExit):  # argparse's own usage error
+        main(
+            ["--url", "http://127.0.0.1:9", "--search", "--slo", "ttft=1", "--search-confirm", "0"]
+        )
+    assert "--search-confirm: want a whole number >= 1, got '0'" in capsys.readouterr().err
 
 
 def test_search_against_a_server_with_one_slot(tmp_path, capsys):
