@@ -1,16 +1,17 @@
 """A mock OpenAI-compatible streaming server with known timings, for loadgen (and other) tests.
 
-Each request streams ceil(max_tokens / tokens_per_chunk) chunks: the first `ttft` seconds after
-the request arrived, then one every `gap` seconds (absolute times, no drift), each carrying up to
+Each request streams ceil(max_tokens / tokens_per_chunk) chunks: the first `ttft` seconds after the
+request arrived, then one every `gap` seconds (absolute times, no drift), each carrying up to
 `tokens_per_chunk` tokens with cumulative `usage` (vLLM's continuous_usage_stats), then a
 usage-only chunk and `data: [DONE]`. Chat streams start with a role-only chunk. Options: answer
 `fail_status` after `fail_after` requests, serve at most `capacity` at once (a slow server that
-queues), `stall` (accept, then never send a byte), no usage at all, and GET /stats. `script`
-cycles per request through behaviours: "ok", "stall", "reset" (drop the connection before any
-byte), "break" (drop it after the first token chunk) or an HTTP status such as "500" — every
-failure kind in one run. `metrics(finished)` serves GET /metrics: the Prometheus text for the
-number of requests finished so far (tests hand-write it in each server's flavour). Killed as a
-process (SIGKILL), it is a server that died mid-run.
+queues), `jitter` (each request's ttft and gap times one lognormal factor of mean 1, seeded),
+`stall` (accept, then never send a byte), no usage at all, and GET /stats. `script` cycles per
+request through behaviours: "ok", "stall", "reset" (drop the connection before any byte), "break"
+(drop it after the first token chunk) or an HTTP status such as "500" — every failure kind in one
+run. `metrics(finished)` serves GET /metrics: the Prometheus text for the number of requests
+finished so far (tests hand-write it in each server's flavour). Killed as a process (SIGKILL), it
+is a server that died mid-run.
 
 Use in tests as `with MockServer(MockConfig(...)) as srv: srv.url`; or as a process:
 `python tests/mock_openai.py --port 8123 --ttft 0.01 --gap 0.005`.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import random
 import sys
 import threading
 import time
@@ -40,6 +42,8 @@ class MockConfig:
     fail_after: int | None = None  # requests answered normally before failures start
     fail_status: int = 429
     capacity: int | None = None  # concurrent requests served; others wait (queue)
+    jitter: float = 0.0  # sigma of the log of each request's ttft and gap factor (mean 1)
+    seed: int = 0  # the jitter's draws
     stall: bool = False  # accept the request and never answer
     stats: bool = True  # serve GET /stats
     script: tuple[str, ...] = ()  # per-request behaviours, cycled (see the module docstring)
@@ -57,6 +61,7 @@ def create_app(cfg: MockConfig) -> web.Application:
         "count": 0,
         "sem": asyncio.Semaphore(cfg.capacity) if cfg.capacity else None,
         "finished": 0,
+        "rng": random.Random(cfg.seed),
         "log": {},  # prompt -> {"arrive": t, "writes": [t of each token chunk]} (perf_counter)
     }
     app.router.add_get("/health", _health)
@@ -117,15 +122,22 @@ async def _complete(request: web.Request) -> web.StreamResponse:
     prompt = body.get("messages", [{}])[-1].get("content", "") if chat else body.get("prompt", "")
     entry = st["log"][str(prompt)] = {"arrive": t_arrive_pc, "writes": []}
     brk = act == "break"
+    slow = st["rng"].lognormvariate(-(cfg.jitter**2) / 2, cfg.jitter) if cfg.jitter else 1.0
     if st["sem"] is None:
-        return await _stream(request, body, cfg, t_arrive, entry["writes"], brk)
+        return await _stream(request, body, cfg, t_arrive, entry["writes"], brk, slow)
     async with st["sem"]:
         t0 = asyncio.get_running_loop().time()
-        return await _stream(request, body, cfg, t0, entry["writes"], brk)
+        return await _stream(request, body, cfg, t0, entry["writes"], brk, slow)
 
 
 async def _stream(
-    request, body: dict, cfg: MockConfig, t0: float, writes: list[float], brk: bool = False
+    request,
+    body: dict,
+    cfg: MockConfig,
+    t0: float,
+    writes: list[float],
+    brk: bool = False,
+    slow: float = 1.0,
 ) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     chat = request.path.endswith("/chat/completions")
@@ -161,7 +173,7 @@ async def _stream(
     chunks = math.ceil(max_tokens / cfg.tokens_per_chunk)
     done = 0
     for k in range(chunks):
-        await _sleep_until(loop, t0 + cfg.ttft + k * cfg.gap)
+        await _sleep_until(loop, t0 + (cfg.ttft + k * cfg.gap) * slow)
         n = min(cfg.tokens_per_chunk, max_tokens - done)
         done += n
         await resp.write(frame("x" * n, done))
@@ -240,13 +252,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--model", default="mock-model")
     p.add_argument("--capacity", type=int, help="requests served at once (others queue)")
+    p.add_argument(
+        "--jitter", type=float, default=0.0, help="sigma of the log of each request's time factor"
+    )
+    p.add_argument("--seed", type=int, default=0, help="the jitter's seed")
     a, _ = p.parse_known_args(argv)
+    if not 0 <= a.jitter < 5:
+        p.error(f"--jitter is the sigma of a log, want 0 <= J < 5, got {a.jitter}")
     cfg = MockConfig(
         ttft=a.ttft,
         gap=a.gap,
         tokens_per_chunk=a.tokens_per_chunk,
         model=a.model,
         capacity=a.capacity,
+        jitter=a.jitter,
+        seed=a.seed,
     )
     print(f"mock_openai: serving on {a.host}:{a.port}", file=sys.stderr, flush=True)
     web.run_app(create_app(cfg), host=a.host, port=a.port, print=None)

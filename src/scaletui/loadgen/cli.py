@@ -146,13 +146,15 @@ async def _search(stages: Stages, args: argparse.Namespace) -> dict:
     start = args.search_start
     if isinstance(start, str):
         start = search.start_from_simulation(start, args.slo, args.slo_percentile)
-    rule = search.config_for(start)
+    rule = search.config_for(start, args.search_confirm)
     history: list[dict] = []
     while not stages.halted:
         rate = search.next_rate(rule, [(h["rate"], h["passed"]) for h in history])
         if rate is None:
             break
-        summary = await stages.run(rate, f"search stage {len(history) + 1} rate {rate:.4g}/s ")
+        again = "again " if any(h["rate"] == rate for h in history) else ""
+        label = f"search stage {len(history) + 1} rate {rate:.4g}/s {again}"
+        summary = await stages.run(rate, label)
         check = summary["slo_check"]
         history.append({"rate": rate, "passed": check["passed"], "reasons": check["reasons"]})
     result = search.summary_of(rule, history)

@@ -86,8 +86,10 @@ def _start(text: str) -> float | str:
 SEARCH_HELP = (
     "find the highest rate whose --slo-percentile of every --slo is met: from 1 req/s double "
     "(or halve), from --search-start step x1.25, x1.25^2, ... until a stage passes and one "
-    "fails, then bisect until (fail - pass) / pass <= 5%%; max_rate = the highest passing "
-    "rate. A stage passes when it completed at "
+    "fails, then bisect until (fail - pass) / pass <= 5%%; then run both ends again "
+    "(--search-confirm) and go on while one is outvoted. A rate's verdict is the majority of "
+    "its stages (a tie runs once more); max_rate = the highest passing rate below the lowest "
+    "failing one. A stage passes when it completed at "
     "least ceil(TAIL / (1 - P/100)) requests (p99, tail 5: 500), each percentile <= its SLO, "
     "its failure rate <= --max-failure-rate and it is not saturated. Stages send "
     "max(--num-requests, that minimum)"
@@ -106,6 +108,13 @@ def add_search_flags(p: argparse.ArgumentParser) -> None:
         "rate predicted to pass; the result says how many stages that saved",
     )
     g.add_argument("--search-tail", type=_count, default=5, help="TAIL of the stage rule (5)")
+    g.add_argument(
+        "--search-confirm",
+        type=_count,
+        default=2,
+        help="stages each end of the final bracket needs, with a strict majority (2: best of "
+        "three when they disagree; 1: trust single stages)",
+    )
     g.add_argument(
         "--repeat",
         type=_count,

@@ -4,16 +4,25 @@ The stopping rule (docs/loadgen.md, `loadgen --help`):
 1. Bracket: run the start rate; while every stage passes, raise the rate; while every stage
    fails, lower it (down to MIN_RATE); a pass and a fail above it make the bracket [lo, hi].
    From the cold start (1 req/s) each step is x2 or /2. From a given start (a prediction) the
-   steps are x1.25 (or /1.25), then x1.25^2, x1.25^3, ...: a start within 25% is bracketed in
-   two stages, a start far off still in a few.
-2. Bisect: run (lo + hi) / 2 until (hi - lo) / lo <= tolerance (5%). hi is the lowest failing
-   rate, lo the highest passing rate below it; `max_rate` = lo.
-3. A stage passes when it completed at least `min_requests(percentile, tail)` requests (so that
+   steps are x1.25 (or /1.25), then x1.25^2, x1.25^3, ... (k-th distinct rate: x1.25^k): a start
+   within 25% is bracketed in two stages, a start far off still in a few.
+2. Verdicts by majority: a rate may run more than once; its verdict is the majority of its
+   stages, and a rate with as many passes as fails runs again before anything else. hi is the
+   lowest failing rate, lo the highest passing rate below it (a pass above a fail is ignored).
+3. Bisect: run (lo + hi) / 2 until (hi - lo) / lo <= tolerance (5%).
+4. Confirm: then lo and hi each need `confirm` (2) stages with a strict majority; lo runs again,
+   then hi. A lo that fails twice in three becomes hi and bisection goes on below it; a hi that
+   passes twice in three stops bounding and the search goes on above it. `max_rate` = lo.
+5. A stage passes when it completed at least `min_requests(percentile, tail)` requests (so that
    `tail` of them lie beyond the percentile), its percentile of each SLO metric is <= the SLO,
    its failure rate is <= --max-failure-rate and it is not saturated (the server kept up).
 
+Why 4: near the SLO edge one stage passes or fails by noise (a busy host, the percentile of a
+few hundred requests). A single stray verdict at an end of the bracket used to be the answer;
+now it must be repeated, and one stray verdict among three is outvoted.
+
 Nothing here sends a request: `next_rate` reads the verdicts so far and names the next rate, so
-the logic is tested against a latency that is a known function of the rate.
+the logic is tested against a latency that is a known function of the rate (plus seeded noise).
 """
 
 from __future__ import annotations
@@ -43,7 +52,8 @@ class SearchConfig:
     factor: float = 2.0  # bracketing: multiply or divide the rate by this
     expand: bool = False  # the k-th bracketing step uses factor**k (a trusted start)
     tolerance: float = 0.05  # bisection stops when (hi - lo) / lo <= this
-    max_stages: int = 20  # a search never runs more stages than this
+    confirm: int = 2  # stages each end of the final bracket needs (1: trust single stages)
+    max_stages: int = 24  # a search never runs more stages than this
 
     def __post_init__(self) -> None:
         if not (self.start > 0 and math.isfinite(self.start)):
@@ -52,15 +62,17 @@ class SearchConfig:
             raise ValueError(f"search factor must be > 1, got {self.factor}")
         if not 0 < self.tolerance < 1:
             raise ValueError(f"search tolerance must be in (0, 1), got {self.tolerance}")
+        if self.confirm < 1:
+            raise ValueError(f"--search-confirm must be >= 1, got {self.confirm}")
         if self.max_stages < 1:
             raise ValueError(f"max_stages must be >= 1, got {self.max_stages}")
 
 
-def config_for(start: float | None) -> SearchConfig:
+def config_for(start: float | None, confirm: int = 2) -> SearchConfig:
     """The cold search (None), or one from a given start that trusts it (WARM_FACTOR)."""
     if start is None:
-        return SearchConfig()
-    return SearchConfig(start=start, factor=WARM_FACTOR, expand=True)
+        return SearchConfig(confirm=confirm)
+    return SearchConfig(start=start, factor=WARM_FACTOR, expand=True, confirm=confirm)
 
 
 def min_requests(percentile: float, tail: int) -> int:
@@ -73,12 +85,32 @@ def min_requests(percentile: float, tail: int) -> int:
     return math.ceil(round(tail / (1 - percentile / 100), 9))
 
 
+def tally(history: Sequence[tuple[float, bool]]) -> dict[float, tuple[int, int]]:
+    """rate -> (stages passed, stages failed), in the order the rates were first run."""
+    votes: dict[float, tuple[int, int]] = {}
+    for rate, ok in history:
+        p, f = votes.get(rate, (0, 0))
+        votes[rate] = (p + ok, f + (not ok))
+    return votes
+
+
 def bracket(history: Sequence[tuple[float, bool]]) -> tuple[float | None, float | None]:
-    """(lo, hi): hi the lowest failing rate, lo the highest passing rate below it (None: none
-    yet). A pass above a fail (noise) does not move lo past hi."""
-    hi = min((r for r, ok in history if not ok), default=None)
-    lo = max((r for r, ok in history if ok and (hi is None or r < hi)), default=None)
+    """(lo, hi) by each rate's majority verdict: hi the lowest failing rate, lo the highest
+    passing rate below it (None: none yet). A pass above a fail (noise) does not move lo past
+    hi; a tied rate counts for neither."""
+    decided = [(r, p > f) for r, (p, f) in tally(history).items() if p != f]
+    hi = min((r for r, ok in decided if not ok), default=None)
+    lo = max((r for r, ok in decided if ok and (hi is None or r < hi)), default=None)
     return lo, hi
+
+
+def converged(cfg: SearchConfig, history: Sequence[tuple[float, bool]]) -> bool:
+    """The bracket is within the tolerance and both its ends are confirmed."""
+    lo, hi = bracket(history)
+    if lo is None or hi is None or (hi - lo) / lo > cfg.tolerance:
+        return False
+    votes = tally(history)
+    return all(sum(votes[end]) >= cfg.confirm for end in (lo, hi))
 
 
 def next_rate(cfg: SearchConfig, history: Sequence[tuple[float, bool]]) -> float | None:
@@ -87,16 +119,38 @@ def next_rate(cfg: SearchConfig, history: Sequence[tuple[float, bool]]) -> float
         return cfg.start
     if len(history) >= cfg.max_stages:
         return None
+    votes = tally(history)
+    tied = [r for r, (p, f) in votes.items() if p == f]
+    if tied:  # a confirmation that disagreed: a third stage decides
+        return tied[0]
     lo, hi = bracket(history)
-    step = cfg.factor ** (len(history) if cfg.expand else 1)
     if hi is None:
-        return None if lo >= MAX_RATE else lo * step
+        return None if lo >= MAX_RATE else lo * _step(cfg, history, up=True)
     if lo is None:
-        rate = hi / step
+        rate = hi / _step(cfg, history, up=False)
         return None if rate < MIN_RATE else rate
-    if (hi - lo) / lo <= cfg.tolerance:
-        return None
-    return (lo + hi) / 2
+    if (hi - lo) / lo > cfg.tolerance:
+        return (lo + hi) / 2
+    for end in (lo, hi):  # the answer first
+        if sum(votes[end]) < cfg.confirm:
+            return end
+    return None
+
+
+def _step(cfg: SearchConfig, history: Sequence[tuple[float, bool]], *, up: bool) -> float:
+    """The bracketing step: factor, or with `expand` factor**k, k the stages at the end of the
+    history that each went past every rate before them in this direction (at least 1), so
+    that a bracket lost to a confirmation starts again with small steps."""
+    if not cfg.expand:
+        return cfg.factor
+    k = 0
+    for i in range(len(history) - 1, -1, -1):
+        rate, ok = history[i]
+        earlier = [r for r, _ in history[:i]]
+        if ok != up or not all(rate > r if up else rate < r for r in earlier):
+            break
+        k += 1
+    return cfg.factor ** max(k, 1)
 
 
 def replay(cfg: SearchConfig, passes: Callable[[float], bool]) -> list[tuple[float, bool]]:
@@ -108,10 +162,11 @@ def replay(cfg: SearchConfig, passes: Callable[[float], bool]) -> list[tuple[flo
 
 
 def stages_cold(cfg: SearchConfig, max_rate: float | None) -> int:
-    """How many stages the cold search would have run, replayed against what this one found
-    (a rate passes iff it is <= max_rate)."""
+    """How many stages the cold search (same `confirm`) would have run, replayed against what
+    this one found (a rate passes iff it is <= max_rate: every confirmation agrees)."""
     limit = -1.0 if max_rate is None else max_rate
-    return len(replay(replace(config_for(None), max_stages=cfg.max_stages), lambda r: r <= limit))
+    cold = replace(config_for(None, cfg.confirm), max_stages=cfg.max_stages)
+    return len(replay(cold, lambda r: r <= limit))
 
 
 def percentiles_ms(lat: Latencies, percentile: float) -> dict[str, float | None]:
@@ -211,10 +266,11 @@ def summary_of(cfg: SearchConfig, history: list[dict]) -> dict:
         "factor": cfg.factor,
         "expand": cfg.expand,
         "tolerance": cfg.tolerance,
+        "confirm": cfg.confirm,
         "stages_run": len(history),
         "stages_cold": cold_n,
         "stages_saved": cold_n - len(history),
-        "converged": lo is not None and hi is not None and (hi - lo) / lo <= cfg.tolerance,
+        "converged": converged(cfg, pairs),
         "history": history,
     }
 
