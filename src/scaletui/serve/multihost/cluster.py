@@ -1,5 +1,8 @@
 """Where one process of a multi-process server stands: the `--coordinator`, `--num-processes`,
-`--process-id`, `--step-timeout` and `--tp-over-hosts` flags as one frozen config."""
+`--process-id`, `--step-timeout` and `--tp-over-hosts` flags as one frozen config.
+`--coordinator auto` takes the three from the launcher's environment, as
+`jax.distributed.initialize()` does without arguments (Slurm, Open MPI, Kubernetes, Cloud
+TPU): one process per host, every local device its own."""
 
 from __future__ import annotations
 
@@ -48,7 +51,9 @@ class Cluster:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Cluster | None:
-        """None for one process (no flags, or --num-processes 1)."""
+        """None for one process (no flags, or --num-processes 1, or one detected)."""
+        if args.coordinator == "auto":
+            return detected(args)
         given = [args.coordinator, args.num_processes, args.process_id]
         if all(v is None for v in given) or args.num_processes == 1:
             return None
@@ -65,3 +70,26 @@ class Cluster:
             args.step_timeout,
             args.tp_over_hosts,
         )
+
+
+def detected(args: argparse.Namespace) -> Cluster | None:
+    """`--coordinator auto`: the coordinator, process count and id JAX's cluster detection
+    reads from the launcher's environment (None when it finds one process); a flag given beside
+    it wins over the environment. ConfigError when no launcher is found."""
+    from jax._src import clusters  # JAX's own detection, which initialize() runs unasked
+
+    found = clusters.ClusterEnv.auto_detect_unset_distributed_params(
+        None, args.num_processes, args.process_id, None, None, None
+    )
+    coordinator, count, pid = found[:3]
+    if coordinator is None or count is None or pid is None:
+        names = ", ".join(e.__name__ for e in clusters.ClusterEnv._cluster_types)
+        raise ConfigError(
+            "coordinator",
+            "auto",
+            f"no launcher found in the environment (JAX detects {names})",
+            "give --coordinator HOST:PORT --num-processes N --process-id I",
+        )
+    if count == 1:
+        return None
+    return Cluster(coordinator, count, pid, args.step_timeout, args.tp_over_hosts)

@@ -29,7 +29,12 @@ HEARTBEAT_S = 25  # jax.distributed's heartbeat timeout: under the 30 s every pr
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("multi-process (jax.distributed; docs/serve.md, Multi-host)")
-    g.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's JAX coordinator")
+    g.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="process 0's JAX coordinator; `auto`: the coordinator, process count and id from "
+        "the launcher's environment (Slurm, Open MPI, Kubernetes, Cloud TPU), as JAX detects them",
+    )
     g.add_argument("--num-processes", type=int, help="processes in the server (one per host)")
     g.add_argument("--process-id", type=int, help="this process (0 serves HTTP)")
     g.add_argument(
