@@ -439,3 +439,24 @@ def test_without_a_factor_the_kpis_say_why_and_show_no_run_column():
         v = views.build_view(m)
         assert line in v.speed_line and all(k.as_run is None for k in v.kpis)
     assert views.build_view(serving()).speed_line is None  # a server that does not say
+
+
+def test_tp_over_two_processes_adds_the_dcn_term_to_every_decode_step():
+    """A server whose tp group spans 2 processes (/stats placement): the expected decode step is
+    the one-host fit's plus the roofline's DCN term, as `scaletui simulate --hosts` prices it
+    (here over a 1 MB/s link, so the term is milliseconds a step)."""
+    from scaletui.placement import Layout, place
+    from scaletui.roofline.dcn import with_dcn
+
+    slow = replace(CPU, dcn_bw=1e6)
+    knobs = replace(KNOBS, tp=2)
+    shape = server_shape({"max_seq_len": 256}, knobs, load_model("tiny"))
+    spanning = place(2, 1, Layout(2, 1), tp_over_hosts=True)
+    assert spanning.crosses_hosts == ("model",)
+    alone = expect(slow, knobs, shape, band=False)
+    over = expect(slow, knobs, shape, band=False, placement=spanning)
+    dcn = with_dcn(tui_expect.cost_models(slow, knobs, shape, None)[0], shape.model, slow, spanning)
+    # a closed loop at concurrency = slots: nearly every step runs all 4 rows
+    step_more_ms = (dcn.dcn_step_s + dcn.dcn_row_s * knobs.slots) * 1e3
+    assert step_more_ms > 1 and over.tpot_p50_ms > alone.tpot_p50_ms + 1
+    assert over.decode_step_ms - alone.decode_step_ms == pytest.approx(step_more_ms, rel=0.05)

@@ -26,8 +26,10 @@ from pathlib import Path
 from scaletui import specs
 from scaletui.dtypes import Precision
 from scaletui.loadgen.workload import Lengths, Workload, schedule
+from scaletui.placement import Placement
 from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
+from scaletui.roofline.dcn import with_dcn
 from scaletui.roofline.fitstore import fits_dir, load_fit
 from scaletui.roofline.simband import band_of, simulate_at
 from scaletui.roofline.simrecords import BOS_TOKENS as BOS
@@ -231,11 +233,16 @@ def expect(
     budget: int = TOKEN_CHUNKS,
     band: bool = True,
     speed: SpeedFactors | None = None,
+    placement: Placement | None = None,
 ) -> Expectation:
     """Simulate the knobs' load on the server they describe, `shape` (`server_shape`; ValueError:
     why not); with `band`, at the measured spread's two ends too; at `speed` (the server's
-    measured factors: "as run"), the point alone at that speed."""
+    measured factors: "as run"), the point alone at that speed. With a `placement` over
+    processes, each call also pays its DCN term (`roofline.dcn.with_dcn`, as `scaletui
+    simulate --hosts` does: a one-host fit cannot hold it)."""
     decode, prefill, choice = cost_models(hardware, knobs, shape, use_fits)
+    if placement is not None and hardware is not None:
+        decode, prefill = (with_dcn(c, shape.model, hardware, placement) for c in (decode, prefill))
     if knobs.longest + BOS > shape.max_seq_len:
         raise ValueError(
             f"the longest input + output + BOS = {knobs.longest + BOS} ({knobs.lengths_label()}) "
@@ -294,15 +301,17 @@ def expect_cached(
     budget: int = TOKEN_CHUNKS,
     band: bool = True,
     speed: SpeedFactors | None = None,
+    placement: Placement | None = None,
 ) -> Expectation | str:
     """`expect`, memoized (the render tick asks for the same few every second; `generation`
     changes when a fit is written), or why there is none, in words."""
     key = (repr(hardware), knobs, shape, use_fits, generation, budget, band, speed, fits_dir())
+    key += (placement,)
     if key not in _MEMO:
         if len(_MEMO) >= MEMO_ENTRIES:
             _MEMO.clear()
         try:
-            _MEMO[key] = expect(hardware, knobs, shape, use_fits, budget, band, speed)
+            _MEMO[key] = expect(hardware, knobs, shape, use_fits, budget, band, speed, placement)
         except (ValueError, KeyError, specs.SpecError) as exc:
             _MEMO[key] = f"no expectation: {exc}"
     return _MEMO[key]

@@ -310,6 +310,7 @@ class SessionState:
             shape = self.server_shape(knobs)
         except (TypeError, ValueError) as exc:  # another server's /stats config, or a bad edit
             return f"no expectation: cannot read the server's config: {exc}"
+        where = placement_of(knobs, self.stats.placement)  # over a server's processes
         return expect_cached(
             self.hardware.spec,
             knobs,
@@ -319,6 +320,7 @@ class SessionState:
             budget,
             band,
             speed,
+            where,
         )
 
     def expectation(self, knobs: Knobs | None = None) -> Expectation | None:
