@@ -7,11 +7,10 @@ load), then t/T to tp 2 halving the weights per chip and fitting tp 2, then `w` 
 from __future__ import annotations
 
 import asyncio
-import io
 import sys
 
 import pytest
-from rich.console import Console
+from tui_waits import text_of, wait_for
 
 from scaletui import specs
 from scaletui.procs import group_alive
@@ -55,20 +54,6 @@ base = CostModel.assumed(load_model(flag["--model"]), load_hardware("local"), dt
 info = {"date": "2026-12-01T02:08:00+00:00", "host": "e2e", "seconds": 1.0}
 save_fit(replace(base, kernels=flag["--kernels"], source="fit", info=info))
 """
-
-
-def text_of(renderable) -> str:
-    console = Console(width=100, record=True, file=io.StringIO())
-    console.print(renderable)
-    return console.export_text()
-
-
-async def wait_for(predicate, seconds: float) -> bool:
-    for _ in range(int(seconds / 0.25)):
-        if predicate():
-            return True
-        await asyncio.sleep(0.25)
-    return predicate()
 
 
 @pytest.mark.slow

@@ -6,11 +6,10 @@ with it while the TUI keeps running (stand-in processes), and the flags' checks.
 from __future__ import annotations
 
 import asyncio
-import io
 import sys
 
 import pytest
-from rich.console import Console
+from tui_waits import text_of, wait_for
 
 from scaletui.procs import group_alive
 from scaletui.records import Record
@@ -150,20 +149,6 @@ def test_flags_check_processes_and_default_a_replica_per_process(monkeypatch) ->
     assert (ctl.host_devices, state.applied.tp, state.applied.dp) == (1, 2, 1)
     _, ctl, _ = app_module.build(parse([]), watch_tty=False)
     assert (ctl.processes, ctl.serve_env()) == (1, None)
-
-
-def text_of(renderable) -> str:
-    console = Console(width=100, record=True, file=io.StringIO())
-    console.print(renderable)
-    return console.export_text()
-
-
-async def wait_for(predicate, seconds: float) -> bool:
-    for _ in range(int(seconds / 0.25)):
-        if predicate():
-            return True
-        await asyncio.sleep(0.25)
-    return predicate()
 
 
 @pytest.mark.slow

@@ -139,11 +139,11 @@ class EnginePrograms:
         fn = partial(kv_cache.insert, layout=self.ops.layout)
         return self._exe(("insert", t), fn, args, self._state_sh, donate=(0,))
 
-    def _generate_exe(self, bucket: int) -> object:
-        if ("generate", bucket) in self._exes:
-            return self._exes[("generate", bucket)]
+    def _step_fn_and_args(self, step: Callable, bucket: int) -> tuple[Callable, tuple]:
+        """A generate program's function (`steps.generate` or `generate_mixed`) and its first
+        arguments at KV bucket `bucket`: params, state, step constants, page table."""
         fn = partial(
-            steps.generate,
+            step,
             m=self.model,
             ops=self.ops,
             max_steps=self.config.decode_steps,
@@ -154,7 +154,12 @@ class EnginePrograms:
         shape = (self.rows, bucket // self.page_size)
         table = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self._table_sh(shape))
         eos = self._small(steps.eos_row(self.eos_ids).shape, jnp.int32)
-        args = (self.params, self._state_spec(), StepConsts(i32, i32, eos), table)
+        return fn, (self.params, self._state_spec(), StepConsts(i32, i32, eos), table)
+
+    def _generate_exe(self, bucket: int) -> object:
+        if ("generate", bucket) in self._exes:
+            return self._exes[("generate", bucket)]
+        fn, args = self._step_fn_and_args(steps.generate, bucket)
         out = (self._state_sh, self._rep, self._rep)
         return self._exe(("generate", bucket), fn, args, out, donate=(1,))
 
@@ -162,27 +167,12 @@ class EnginePrograms:
         """generate at KV bucket `bucket` with a chunk of `mix_tokens` in its first step."""
         if ("mixed", bucket) in self._exes:
             return self._exes[("mixed", bucket)]
-        fn = partial(
-            steps.generate_mixed,
-            m=self.model,
-            ops=self.ops,
-            max_steps=self.config.decode_steps,
-            max_len=self.max_seq_len,
-            slots=self.slots,
-        )
-        i32 = self._small((), jnp.int32)
-        shape = (self.rows, bucket // self.page_size)
-        table = jax.ShapeDtypeStruct(shape, jnp.int32, sharding=self._table_sh(shape))
-        eos = self._small(steps.eos_row(self.eos_ids).shape, jnp.int32)
-        args = (
-            self.params,
-            self._state_spec(),
-            StepConsts(i32, i32, eos),
-            table,
+        fn, args = self._step_fn_and_args(steps.generate_mixed, bucket)
+        args += (
             self._small((self.mix_tokens,), jnp.int32),
             self._args_spec(),
             self._small((self.pages_per_seq,), jnp.int32),
-            i32,
+            self._small((), jnp.int32),
             self._prior_spec(),
         )
         out = (self._state_sh, self._rep, self._rep, self._rep, self._rep)
