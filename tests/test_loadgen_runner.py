@@ -44,12 +44,14 @@ async def test_ttft_tpot_itl_match_the_server_truth(api):
     recs = result.records
     ttft = [writes[r.index][0] - r.t_send for r in recs]
     tpot = [(writes[r.index][-1] - writes[r.index][0]) / 15 for r in recs]
-    assert np.median(ttft) == pytest.approx(0.030, abs=0.010)  # the mock does what it says
+    # the mock does what it says: never early; a loaded host's event loop makes it late, which
+    # the client must then measure too (the checks against the truth below stay tight)
+    assert 0.028 <= np.median(ttft) < 0.1
     assert s["median_ttft_ms"] == pytest.approx(
         np.median(ttft) * 1e3, abs=2.0
     )  # role chunk skipped
     assert s["median_tpot_ms"] == pytest.approx(np.median(tpot) * 1e3, abs=2.0)
-    assert np.median(tpot) == pytest.approx(5 * 0.012 / 15, abs=0.002)
+    assert 5 * 0.012 / 15 - 0.002 <= np.median(tpot) < 0.02  # never early (above)
     # ITL per token: a 3-token chunk 12 ms after the previous gives three 4 ms samples
     lat = latencies(recs)
     assert len(lat.itl) == 20 * (16 - 3)
