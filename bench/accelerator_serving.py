@@ -27,7 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _smoke import shrink
+from _smoke import NO_WARMUP, shrink
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,15 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--serve-only", action="store_true", help="exec `scaletui serve` and no more")
     p.add_argument("--port", type=int, default=0, help="--serve-only: its port (0 = a free one)")
     p.add_argument("--check", action="store_true", help="parse every command line and exit")
-    # a smoke run (bench/_smoke.py): one closed loop and a short Poisson run on tiny
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", help=NO_WARMUP)
+    # a smoke run (bench/_smoke.py): one closed loop and a short Poisson run on tiny, each shape
+    # compiled when first run
     smoke = dict(slots=2, concurrency=[1], requests_per_stream=1, qps=8.0, poisson_requests=2)
+    smoke["warmup"] = False
     return shrink(p, model="tiny", dtype="f32", max_seq_len=64, input_len=16, output_len=4, **smoke)
 
 
 def serve_argv(args: argparse.Namespace, port: int) -> list[str]:
     argv = ["--model", args.model, "--dtype", args.dtype, "--slots", str(args.slots),
             "--port", str(port), "--log-interval", "10"]  # fmt: skip
-    return argv + (["--max-seq-len", str(args.max_seq_len)] if args.max_seq_len else [])
+    argv += ["--max-seq-len", str(args.max_seq_len)] if args.max_seq_len else []
+    return argv + ([] if args.warmup else ["--no-warmup"])
 
 
 def loads(args: argparse.Namespace, url: str) -> list[tuple[str, list[str]]]:

@@ -26,7 +26,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
 import numpy as np  # noqa: E402
 import orjson  # noqa: E402
-from _smoke import shrink  # noqa: E402
+from _smoke import NO_WARMUP, shrink  # noqa: E402
 
 from scaletui.serve.engine.build import JaxEngineFactory  # noqa: E402
 from scaletui.serve.engine.engine_api import SamplingParams  # noqa: E402
@@ -62,8 +62,8 @@ async def run(sched: Scheduler, prompts, outs, offsets) -> tuple[list, list, flo
     return [g[0] for g in got], [g[1] for g in got], time.perf_counter() - t0
 
 
-def serve(shape: ServerShape, pieces: list[float] | None = None) -> Scheduler:
-    sched = Scheduler(shape, JaxEngineFactory())
+def serve(shape: ServerShape, warmup: bool, pieces: list[float] | None = None) -> Scheduler:
+    sched = Scheduler(shape, JaxEngineFactory(), warmup=warmup)
     sched.start()
     assert sched.state == "serving", sched.error
     if pieces is not None:  # time every prefill_pages piece (the off run's)
@@ -98,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", type=float, default=0.7, help="fraction of the measured capacity")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", help=NO_WARMUP)
     shrink(p, model="tiny", slots=4, max_seq_len=64, budget=16, prompt_len=24, output_len=8,
-           requests=12)  # fmt: skip
+           requests=12, warmup=False)  # fmt: skip
     a = p.parse_args(argv)
     shape = ServerShape(
         load_model(a.model),
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [rng.integers(1, 250, n).tolist() for n in ins]  # distinct: no prefix hits
     outs = [int(o) for o in outs]
     pieces: list[float] = []
-    off = serve(shape, pieces)
+    off = serve(shape, a.warmup, pieces)
     try:
         burst = 2 * a.slots
         _, _, took = asyncio.run(run(off, prompts[:burst], outs[:burst], [0.0] * burst))
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         ttft_off, tpot_off, _ = asyncio.run(run(off, prompts, outs, offsets))
     finally:
         off.shutdown()
-    on = serve(dataclasses.replace(shape, mixed_batches=True))
+    on = serve(dataclasses.replace(shape, mixed_batches=True), a.warmup)
     try:
         ttft_on, tpot_on, _ = asyncio.run(run(on, prompts, outs, offsets))
     finally:

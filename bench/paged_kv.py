@@ -35,7 +35,7 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
 import orjson  # noqa: E402
-from _smoke import shrink  # noqa: E402
+from _smoke import NO_WARMUP, shrink  # noqa: E402
 
 from scaletui.loadgen import cli as loadgen_cli  # noqa: E402
 from scaletui.serve.engine import memory  # noqa: E402
@@ -59,14 +59,15 @@ def log(msg: str) -> None:
 
 
 @contextmanager
-def server(model: str, dtype: str, **config):
-    """An in-process server on a free port: (url, scheduler)."""
-    m = load_model(model)
+def server(args: argparse.Namespace, **config):
+    """An in-process server of `args`' model, dtype and warm-up on a free port: (url,
+    scheduler)."""
+    m = load_model(args.model)
     if config.get("max_seq_len", 0) > m.max_seq_len:  # dummy weights: any RoPE length works
         m = dataclasses.replace(m, max_seq_len=config["max_seq_len"])
     tok = load_tokenizer(None, m.vocab_size)
-    cfg = ServerShape(m, dtype=dtype, **config)
-    sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, (tok.eos_id,)))
+    cfg = ServerShape(m, dtype=args.dtype, **config)
+    sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, (tok.eos_id,)), warmup=args.warmup)
     app = create_app(sched, tok, ApiSettings(log_interval_s=0))
     t0 = time.perf_counter()
     with serve_in_thread(app) as url:
@@ -105,7 +106,7 @@ def prefix(args: argparse.Namespace) -> dict:
              "--num-requests", str(args.requests), "--seed", "1"]  # fmt: skip
     rows = {}
     for cache in (False, True):
-        with server(args.model, args.dtype, slots=8, max_seq_len=args.long_len // 2,
+        with server(args, slots=8, max_seq_len=args.long_len // 2,
                     prefix_cache=cache) as (url, _):  # fmt: skip
             summary = loadgen(url, flags)
             pages = stats(url)["kv_pages"]
@@ -144,7 +145,7 @@ def budget(args: argparse.Namespace) -> dict:
              "--num-requests", "100000"]  # fmt: skip
     rows = {}
     for tokens in (0, args.max_batched_tokens):
-        with server(args.model, args.dtype, slots=9, max_seq_len=args.long_len + 64,
+        with server(args, slots=9, max_seq_len=args.long_len + 64,
                     max_batched_tokens=tokens) as (url, sched):  # fmt: skip
             warm = ["--concurrency", "8", "--input-len", str(args.input_len), "--output-len", "8"]
             loadgen(url, [*warm, "--num-requests", "8"])  # warm: every decode bucket compiled
@@ -185,7 +186,7 @@ def memory_(args: argparse.Namespace) -> dict:
     slot_cache_slots = int(args.pool_gib * GiB // (page_bytes // page * seq))
     want = 5 * slot_cache_slots
     n_in, n_out = 96, 32
-    with server(args.model, args.dtype, slots=want, max_seq_len=seq, page_size=page,
+    with server(args, slots=want, max_seq_len=seq, page_size=page,
                 kv_pages=pages, decode_steps=4, max_waiting=2 * want) as (url, _):  # fmt: skip
         stop, seen = threading.Event(), []
         watch = threading.Thread(target=_watch, args=(url, stop, seen), daemon=True)
@@ -232,9 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batched-tokens", type=int, default=256)
     p.add_argument("--pool-gib", type=float, default=1.0, help="memory: the KV pool")
     p.add_argument("--json", action="store_true")
-    # a smoke run (bench/_smoke.py): each scenario for a few requests and about a second
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", help=NO_WARMUP)
+    # a smoke run (bench/_smoke.py): each scenario for a few requests and about a second, each
+    # shape compiled when first run
     shrink(
         p,
+        warmup=False,
         model="tiny",
         dtype="f32",
         prefix_len=32,

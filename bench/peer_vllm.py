@@ -415,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--out", help="write the JSON rows here too")
     # a smoke run (bench/_smoke.py): the tiny shape, one precision, a few short requests
     smoke = dict(concurrency=[1], requests_per_stream=1, output_len=4, ttft_requests=1)
+    smoke["serve_args"] = ["--no-warmup"]  # each shape compiled when first run
     return shrink(p, shape="tiny", precisions=["f32"], input_len=16, ttft_lens=[16], **smoke)
 
 

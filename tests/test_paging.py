@@ -172,14 +172,14 @@ def test_fake_engine_refuses_a_table_that_misses_a_written_position() -> None:
 async def serve_real(
     waves: list, slots: int, max_seq_len: int = 64, **config
 ) -> tuple[list[list[int]], dict]:
-    """The real tiny engine (pages of 16, 4 decode steps, prompt buckets from 32: few programs
-    to compile) serving `waves` of requests one wave after the other; every request's tokens
-    (each must end at its length) and the settled page counts."""
+    """The real tiny engine (pages of 16, 4 decode steps, prompt buckets from 32, no warm-up:
+    only the programs a wave runs compile) serving `waves` of requests one wave after the
+    other; every request's tokens (each must end at its length) and the settled page counts."""
     from scaletui.serve.engine.build import JaxEngineFactory
 
     cfg = ServerShape(load_model("tiny"), slots=slots, max_seq_len=max_seq_len, page_size=16,
                       decode_steps=4, min_prefill_bucket=32, **config)  # fmt: skip
-    sched = Scheduler(cfg, JaxEngineFactory(300, (257,)))
+    sched = Scheduler(cfg, JaxEngineFactory(300, (257,)), warmup=False)
     sched.start()
     assert sched.state == "serving", sched.error
     try:

@@ -452,7 +452,7 @@ def test_kv_bytes_follow_the_cache_precision() -> None:
 async def test_admin_config_switches_precision_and_stats_show_it() -> None:
     tok = load_tokenizer(None, TINY.vocab_size)
     cfg = ServerShape(TINY, slots=2, max_seq_len=64, decode_steps=4, min_prefill_bucket=32)
-    sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, (tok.eos_id,)))
+    sched = Scheduler(cfg, JaxEngineFactory(tok.vocab_size, (tok.eos_id,)), warmup=False)
     app = create_app(sched, tok, ApiSettings(log_interval_s=0, drain_timeout_s=60))
     async with TestClient(TestServer(app)) as client:
         while sched.state != "serving":

@@ -90,6 +90,13 @@ def parser() -> argparse.ArgumentParser:
         help="the engine fit each call is priced by, for the speed factor (/metrics, /stats "
         "speed): auto = the stored fit for this shape on this host",
     )
+    a(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="serve at once: each shape compiles on its first call (that request waits), not "
+        "all before serving (development, tests; one process only)",
+    )
     a("--host-devices", type=int, help="JAX CPU: number of virtual host devices (XLA flag)")
     a("--fake", action="store_true", help="serve the hand-computable FakeEngine (tests, demos)")
     a("--fake-step-ms", type=float, default=2.0, help="--fake: milliseconds per decode step")
@@ -289,6 +296,8 @@ def main(argv: list[str]) -> int:
     for name in ("header_timeout", "body_timeout", "keepalive_timeout"):
         if not vars(args)[name] > 0:
             return _error(f"--{name.replace('_', '-')} must be > 0, got {vars(args)[name]}")
+    if cluster and not args.warmup:
+        return _error("--no-warmup is for one process: every process compiles before serving")
     if cluster and not cluster.leader:  # no HTTP: it runs the passes process 0 sends
         return multihost.follow(cluster, config, factory)
     try:
@@ -311,7 +320,7 @@ def main(argv: list[str]) -> int:
     if cluster:
         sched = multihost.lockstep(cluster, config, factory, fit=args.fit)
     else:
-        sched = Scheduler(config, factory, fit=args.fit)
+        sched = Scheduler(config, factory, fit=args.fit, warmup=args.warmup)
     app = create_app(sched, tok, settings)
     banner = (
         f"model {model.name}{' (fake engine)' if args.fake else ''}, slots {config.slots}, "

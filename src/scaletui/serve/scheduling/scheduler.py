@@ -18,10 +18,10 @@
 5. `cancel` (client disconnect, stop string) marks the request; its slot is released before the
    next decode call.
 6. `reconfigure` stops admitting (`Unavailable`, HTTP 503), drains in-flight requests (aborting
-   them past a timeout), rebuilds the engines, compiles every bucket and resumes.
-A worker that dies logs, sets state "failed" and fails every pending request; nothing hangs.
-A reconfigure from "failed" rebuilds the engines and resumes serving. The queues, the slot table
-and how a request ends live in the scheduler's `RequestBook` (book.py).
+   them past a timeout), rebuilds the engines, compiles every bucket (unless `warmup` is off:
+   then each compiles on its first call) and resumes. A worker that dies logs, sets state
+   "failed" and fails every pending request; a reconfigure from "failed" rebuilds and resumes.
+The queues, the slot table and how a request ends live in `RequestBook` (book.py).
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ class Scheduler:
         metrics: ServerMetrics | None = None,
         on_plan: Callable[[StepPlan], None] | None = None,  # each pass's decisions (tests)
         fit: str = "auto",  # the engine fit its calls are priced by: auto | none | a YAML path
+        warmup: bool = True,  # compile and run every shape before serving (else on first use)
     ) -> None:
-        self.config, self.on_plan, self.fit = config, on_plan, fit
+        self.config, self.on_plan, self.fit, self.warmup = config, on_plan, fit, warmup
         self.speed = SpeedModel(reason="the engines are not built yet")
         self.factory = factory
         self.metrics = metrics or ServerMetrics()
@@ -99,21 +100,20 @@ class Scheduler:
         self.compile = {"state": "running", "seconds": 0.0, "count": 0, "done": 0, "total": 0}
         prefill, generate = self.factory.build(config)
         unique = distinct((prefill, generate))
-        units = [e.describe().warmup_total for e in unique]
+        units = [e.describe().warmup_total if self.warmup else 0 for e in unique]
         total = self.compile["total"] = sum(units)
         seconds = sum(
-            e.warmup(progress=self._progress(sum(units[:i]), t0)) for i, e in enumerate(unique)
+            e.warmup(progress=self._progress(sum(units[:i]), t0))
+            for i, e in enumerate(unique)
+            if self.warmup
         )
         self.metrics.compile.observe(seconds)
         count = sum(e.compile_count() for e in unique)
-        self.compile = {
-            "state": "done",
-            "seconds": seconds,
-            "count": count,
-            "done": total,
-            "total": total,
-        }
-        log.info("compiled %d shapes and ran each once in %.1f s", total, seconds)
+        self.compile = dict(state="done", seconds=seconds, count=count, done=total, total=total)
+        if self.warmup:
+            log.info("compiled %d shapes and ran each once in %.1f s", total, seconds)
+        else:
+            log.info("no warm-up: each shape compiles on its first call")
         self.engines, self.config = (prefill, generate), config
         self._price(config, generate.describe().kernels)
         self.pages = PageTables(generate)
