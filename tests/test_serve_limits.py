@@ -164,6 +164,30 @@ def test_compile_progress_counts_shapes_done_of_total(caplog) -> None:
     assert "compiled 4 shapes and ran each once in" in caplog.text
 
 
+def test_without_warmup_nothing_compiles_before_serving(caplog) -> None:
+    """`serve --no-warmup`: the engines are built and serve at once; no shape is run."""
+    caplog.set_level(logging.INFO)
+    cfg = ServerShape(load_model("tiny"), max_seq_len=128, mode="disaggregated")
+    sched = Scheduler(cfg, FakeEngineFactory(warmup_s=60.0), warmup=False)
+    t0 = time.perf_counter()
+    sched.start()
+    try:
+        assert sched.state == "serving" and time.perf_counter() - t0 < 30
+        assert sched.compile == dict(state="done", seconds=0.0, count=0, done=0, total=0)
+        assert "no warm-up: each shape compiles on its first call" in caplog.text
+    finally:
+        sched.shutdown()
+
+
+def test_no_warmup_is_refused_for_a_multi_process_server(capsys) -> None:
+    from scaletui.commands import serve
+
+    argv = ["--model", "tiny", "--fake", "--no-warmup", "--num-processes", "2"]
+    argv += ["--process-id", "0", "--coordinator", "127.0.0.1:1"]
+    assert serve.main(argv) == 2
+    assert "--no-warmup is for one process" in capsys.readouterr().err
+
+
 async def test_stats_has_compile_progress_and_connections() -> None:
     async with fake_server() as (client, _):
         stats = await (await client.get("/stats")).json()

@@ -276,6 +276,8 @@ def main(argv: list[str]) -> int:
         warn_oversubscribed(args.host_devices)
     try:
         cluster = multihost.Cluster.from_args(args)
+        if cluster and not args.warmup:
+            return _error("--no-warmup is for one process: every process compiles before serving")
         if cluster:
             multihost.initialize(cluster)  # before anything else uses JAX
         model = load_model(args.model)
@@ -296,8 +298,6 @@ def main(argv: list[str]) -> int:
     for name in ("header_timeout", "body_timeout", "keepalive_timeout"):
         if not vars(args)[name] > 0:
             return _error(f"--{name.replace('_', '-')} must be > 0, got {vars(args)[name]}")
-    if cluster and not args.warmup:
-        return _error("--no-warmup is for one process: every process compiles before serving")
     if cluster and not cluster.leader:  # no HTTP: it runs the passes process 0 sends
         return multihost.follow(cluster, config, factory)
     try:
