@@ -56,6 +56,11 @@ save_fit(replace(base, kernels=flag["--kernels"], source="fit", info=info))
 """
 
 
+# the server compiles each shape when a request first runs it, not all at start (the TUI's
+# own servers warm up; here the load runs few shapes)
+QUICK = ["--no-warmup"]
+
+
 @pytest.mark.slow
 async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))  # no `local` spec yet
@@ -68,7 +73,7 @@ async def test_real_server_and_load_put_measured_numbers_on_screen(tmp_path, mon
         host_devices=2,  # tp 2 needs two; fewer devices than the suite's 8 start faster
         # one prompt bucket (BOS+6+8); f32 compute, not the CPU default (bf16 where the native
         # kernels multiply bf16 pairs), so `w` steps f32 -> bf16 -> int8 on every CPU
-        serve_args=["--max-seq-len", "16", "--decode-steps", "2", "--dtype", "f32"],
+        serve_args=["--max-seq-len", "16", "--decode-steps", "2", "--dtype", "f32", *QUICK],
         log_dir=tmp_path,
         poll_s=0.5,
         calibrate_cmd=[sys.executable, "-c", FAKE_CALIBRATE],
