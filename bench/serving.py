@@ -119,7 +119,7 @@ def hardware(name: str, probe_s: float = 1.0):
         return load_hardware(name), name
     except SpecError:
         sys.path.insert(0, os.path.dirname(__file__))
-        from decode_roofline import probe_hardware
+        from _decode_roofline import probe_hardware
 
         return probe_hardware(probe_s), "inline probe (run `scaletui calibrate` for a better one)"
 

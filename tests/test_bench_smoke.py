@@ -141,7 +141,7 @@ def test_the_weights_only_floor_runs_on_every_op_set(tiny):
 
     m, params = tiny
     kernels = ["xla", "native"] if native.available() else ["xla"]
-    with bench_module("decode_roofline") as bench:
+    with bench_module("_decode_roofline") as bench:
         for tied in (False, True):
             spec = dataclasses.replace(m, tied_embeddings=tied)
             p = {k: v for k, v in params.items() if not (tied and k == "lm_head")}
