@@ -100,12 +100,11 @@ class Scheduler:
         self.compile = {"state": "running", "seconds": 0.0, "count": 0, "done": 0, "total": 0}
         prefill, generate = self.factory.build(config)
         unique = distinct((prefill, generate))
-        units = [e.describe().warmup_total if self.warmup else 0 for e in unique]
+        warming = unique if self.warmup else ()  # no warm-up: each shape compiles when first run
+        units = [e.describe().warmup_total for e in warming]
         total = self.compile["total"] = sum(units)
         seconds = sum(
-            e.warmup(progress=self._progress(sum(units[:i]), t0))
-            for i, e in enumerate(unique)
-            if self.warmup
+            e.warmup(progress=self._progress(sum(units[:i]), t0)) for i, e in enumerate(warming)
         )
         self.metrics.compile.observe(seconds)
         count = sum(e.compile_count() for e in unique)
