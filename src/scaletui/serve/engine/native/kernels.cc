@@ -404,7 +404,12 @@ ffi::Error DenseI8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
 #if defined(__AVX512BF16__)
 static_assert(kPanel == 64, "the pairs kernel is written for AVX-512's 64-column panels");
 constexpr bool kBF16Dot = true;
-constexpr int64_t kDotPairs = 64;  // k pairs per block: 64 x 2P bf16 = 16 KiB of weight
+// k pairs per block: 512 x 2P bf16 = 128 KiB of weight, read from L2 by every row block after
+// the first. Each block costs a load and a store of the 6 x 64 sums per row block; at 64 pairs
+// (16 KiB, L1-sized) those round trips held the kernel to 0.75 of the core's vdpbf16ps rate,
+// at 512 it runs at 0.87-0.91 (M = 128 and 512; docs/benchmarks.md, "The native dense kernel").
+constexpr int64_t kDotPairs = 512;
+constexpr int64_t kI8Pairs = 64;  // int8: k pairs converted to an L1 buffer of bf16 pairs at once
 constexpr int64_t kDotAhead = 32;  // pairs ahead to prefetch: 8 KiB, as the widening kernel
 
 // x [M, D] bf16 -> pairs [ceil(M/6), ceil(D/2), 6] as uint32 (low half: the even k), zero past
@@ -501,17 +506,17 @@ void int8_pairs(const int8_t* panel, int64_t j0, int64_t kp, int64_t d, uint16_t
 // a panel becomes bf16 pairs in an L1 buffer once per 192 rows, then every row block reads it.
 void dot_i8_panels(const uint32_t* xp, int64_t m, int64_t d, const int8_t* w, const float* scale,
                    int64_t p0, int64_t p1, float* y, int64_t n) {
-  alignas(64) uint16_t block[kDotPairs * 2 * kPanel];
+  alignas(64) uint16_t block[kI8Pairs * 2 * kPanel];
   const int64_t d2 = (d + 1) / 2;
   for (int64_t r0 = 0; r0 < m; r0 += kGemmRows) {
     const int64_t r1 = std::min(m, r0 + kGemmRows);
     for (int64_t p = p0; p < p1; ++p) {
       const int8_t* panel = w + p * d * kPanel;
-      for (int64_t k0 = 0; k0 < d2; k0 += kDotPairs) {
-        const int64_t kp = std::min(kDotPairs, d2 - k0);
+      for (int64_t k0 = 0; k0 < d2; k0 += kI8Pairs) {
+        const int64_t kp = std::min(kI8Pairs, d2 - k0);
         // the next block's lines (this panel's or the next one's) load while this one computes
         const char* next = reinterpret_cast<const char*>(panel + 2 * (k0 + kp) * kPanel);
-        for (int64_t b = 0; b < 2 * kDotPairs * kPanel; b += 64) __builtin_prefetch(next + b, 0, 2);
+        for (int64_t b = 0; b < 2 * kI8Pairs * kPanel; b += 64) __builtin_prefetch(next + b, 0, 2);
         int8_pairs(panel, k0, kp, d, block);
         for (int64_t r = r0; r < r1; r += kRowBlock)
           dot_rows(xp + ((r / kRowBlock) * d2 + k0) * kRowBlock, block, kp, y + r * n + p * kPanel,
