@@ -274,11 +274,15 @@ void dense_panel(const float* x, int64_t m, int64_t d, const W* panel, const flo
 // x is copied into row blocks of kRowBlock rows interleaved by k ([ceil(M/6), D, 6]), so the
 // micro-kernel's broadcasts read one sequential stream (x's own rows sit D floats apart: with
 // D a multiple of 1024 every row maps to the same few L1 sets). Each thread owns a range of
-// panels and walks it k block by k block: the block of packed x (rows x kGemmK) stays in L2
-// across the thread's panels, and one panel's k block (kGemmK x kPanel, widened to f32 once
-// for bf16/int8) stays in L1 across the row blocks. Row chunks of kGemmRows bound the L2 part.
+// panels and walks it k block by k block: one panel's k block (kGemmK x kPanel, widened to f32
+// once for bf16/int8) stays in L2 across the row blocks, whose packed x streams past it. Row
+// chunks of kGemmRows bound the packed x one k block holds.
 
-constexpr int64_t kGemmK = 16384 / (kPanel * 4);  // panel rows per k block: a 16 KiB f32 block
+// panel rows per k block: 1024 x kPanel f32 = 256 KiB, read from L2 by every row block. Each
+// block costs a load and a store of the 6 x kPanel sums per row block; at 64 rows (16 KiB, in
+// L1) those held the kernel at 154 / 171 GFLOP/s for 128 / 512 rows of a 2048 x 8192 bf16
+// matmul on Zen 4, at 1024 it runs 182 / 196 (bench/dense_kernels.py `widen`, side by side).
+constexpr int64_t kGemmK = 1024;
 constexpr int64_t kGemmRows = 32 * kRowBlock;      // rows per chunk (packed x: <= 192 KiB per k block)
 
 // y[0:rows, 0:kPanel] (+)= xb[kc, 6] @ wb[kc, kPanel]; rows <= 6 (xb zero past them).
@@ -316,7 +320,8 @@ std::vector<float> pack_rows(const float* x, int64_t m, int64_t d) {
 template <typename W>
 void gemm_panels(const float* xp, int64_t m, int64_t d, const W* w, const float* scale,
                  int64_t p0, int64_t p1, float* y, int64_t n) {
-  alignas(64) float block[kGemmK * kPanel];
+  std::vector<float> scratch(std::is_same_v<W, float> ? 0 : kGemmK * kPanel);  // widened block
+  float* block = scratch.data();
   for (int64_t r0 = 0; r0 < m; r0 += kGemmRows) {
     const int64_t r1 = std::min(m, r0 + kGemmRows);
     for (int64_t k0 = 0; k0 < d; k0 += kGemmK) {
