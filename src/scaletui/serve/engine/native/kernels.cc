@@ -413,8 +413,8 @@ constexpr bool kBF16Dot = true;
 // the first. Each block costs a load and a store of the 6 x 64 sums per row block; at 64 pairs
 // (16 KiB, L1-sized) those round trips held the kernel to 0.75 of the core's vdpbf16ps rate,
 // at 512 it runs at 0.87-0.91 (M = 128 and 512; docs/benchmarks.md, "The native dense kernel").
+// int8 panels are converted to bf16 pairs one such block at a time (128 rows: 310 -> 336-351).
 constexpr int64_t kDotPairs = 512;
-constexpr int64_t kI8Pairs = 64;  // int8: k pairs converted to an L1 buffer of bf16 pairs at once
 constexpr int64_t kDotAhead = 32;  // pairs ahead to prefetch: 8 KiB, as the widening kernel
 
 // x [M, D] bf16 -> pairs [ceil(M/6), ceil(D/2), 6] as uint32 (low half: the even k), zero past
@@ -501,27 +501,28 @@ void int8_pairs(const int8_t* panel, int64_t j0, int64_t kp, int64_t d, uint16_t
                                    : _mm_setzero_si128();
       const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(r0, r1)));
       const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(r0, r1)));
-      _mm512_store_si512(dst + j * 2 * kPanel + c * 2 * kLanes,
+      _mm512_storeu_si512(dst + j * 2 * kPanel + c * 2 * kLanes,
                          reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
     }
   }
 }
 
 // Panels [p0, p1) of y = (x @ Q) * scale for int8 Q in plain panels [N/P, D, P]: each k block of
-// a panel becomes bf16 pairs in an L1 buffer once per 192 rows, then every row block reads it.
+// a panel becomes bf16 pairs in a buffer (L2) once per 192 rows, then every row block reads it.
 void dot_i8_panels(const uint32_t* xp, int64_t m, int64_t d, const int8_t* w, const float* scale,
                    int64_t p0, int64_t p1, float* y, int64_t n) {
-  alignas(64) uint16_t block[kI8Pairs * 2 * kPanel];
+  std::vector<uint16_t> scratch(kDotPairs * 2 * kPanel);  // one k block as bf16 pairs
+  uint16_t* block = scratch.data();
   const int64_t d2 = (d + 1) / 2;
   for (int64_t r0 = 0; r0 < m; r0 += kGemmRows) {
     const int64_t r1 = std::min(m, r0 + kGemmRows);
     for (int64_t p = p0; p < p1; ++p) {
       const int8_t* panel = w + p * d * kPanel;
-      for (int64_t k0 = 0; k0 < d2; k0 += kI8Pairs) {
-        const int64_t kp = std::min(kI8Pairs, d2 - k0);
+      for (int64_t k0 = 0; k0 < d2; k0 += kDotPairs) {
+        const int64_t kp = std::min(kDotPairs, d2 - k0);
         // the next block's lines (this panel's or the next one's) load while this one computes
         const char* next = reinterpret_cast<const char*>(panel + 2 * (k0 + kp) * kPanel);
-        for (int64_t b = 0; b < 2 * kI8Pairs * kPanel; b += 64) __builtin_prefetch(next + b, 0, 2);
+        for (int64_t b = 0; b < 2 * kDotPairs * kPanel; b += 64) __builtin_prefetch(next + b, 0, 2);
         int8_pairs(panel, k0, kp, d, block);
         for (int64_t r = r0; r < r1; r += kRowBlock)
           dot_rows(xp + ((r / kRowBlock) * d2 + k0) * kRowBlock, block, kp, y + r * n + p * kPanel,
