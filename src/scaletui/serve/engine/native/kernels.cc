@@ -283,7 +283,7 @@ void dense_panel(const float* x, int64_t m, int64_t d, const W* panel, const flo
 // L1) those held the kernel at 154 / 171 GFLOP/s for 128 / 512 rows of a 2048 x 8192 bf16
 // matmul on Zen 4, at 1024 it runs 182 / 196 (bench/dense_kernels.py `widen`, side by side).
 constexpr int64_t kGemmK = 1024;
-constexpr int64_t kGemmRows = 32 * kRowBlock;      // rows per chunk (packed x: <= 192 KiB per k block)
+constexpr int64_t kGemmRows = 32 * kRowBlock;  // rows per chunk (packed x: <= 768 KiB per k block)
 
 // y[0:rows, 0:kPanel] (+)= xb[kc, 6] @ wb[kc, kPanel]; rows <= 6 (xb zero past them).
 inline void gemm_micro(const float* xb, const float* wb, int64_t kc, float* y, int64_t ldy,
@@ -413,7 +413,7 @@ constexpr bool kBF16Dot = true;
 // the first. Each block costs a load and a store of the 6 x 64 sums per row block; at 64 pairs
 // (16 KiB, L1-sized) those round trips held the kernel to 0.75 of the core's vdpbf16ps rate,
 // at 512 it runs at 0.87-0.91 (M = 128 and 512; docs/benchmarks.md, "The native dense kernel").
-// int8 panels are converted to bf16 pairs one such block at a time (128 rows: 310 -> 336-351).
+// int8 panels are converted to bf16 pairs one such block at a time (128 rows: 299-310 -> 319-351).
 constexpr int64_t kDotPairs = 512;
 constexpr int64_t kDotAhead = 32;  // pairs ahead to prefetch: 8 KiB, as the widening kernel
 
@@ -447,7 +447,7 @@ constexpr int kSpreadPasses = 3;  // from this many row blocks the next k block 
 // passes take turns prefetching the *next* k block (the memory right after this one: the next
 // k block or panel), so it loads while they all compute and the next first pass reads L2: with
 // only the first pass prefetching, 16 rows waited on memory and then computed with it idle
-// (2048 x 8192 at 16 rows: 202-306 -> 342-369 GFLOP/s side by side).
+// (2048 x 8192 at 16-18 rows: 301-320 -> 310-367 GFLOP/s side by side, docs/benchmarks.md).
 inline WeightPrefetch weight_prefetch(int pass, int passes, int64_t kp) {
   if (passes >= kSpreadPasses) return {kp, pass, passes};
   return {kDotAhead, pass == 0 ? 0 : -1, 1};
