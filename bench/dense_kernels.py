@@ -12,8 +12,10 @@ every weight once). Per row count M, best of --repeats:
 - `int8-bf16x`: bf16 x on the same int8 panels: from `native.I8_DOT_ROWS` rows each k block is
   converted to bf16 pairs once and multiplied as pairs (AVX512_BF16; skipped elsewhere).
 
-Prints ms, GB/s of weight read and GFLOP/s per layout, and pairs / widen. For reference numbers
-see docs/benchmarks.md ("The native dense kernel").
+Prints ms, GB/s of weight read and GFLOP/s per layout, and pairs / widen; first the CPU's
+multiply-add ceiling (`_dot_ceiling.py`: register-only `vdpbf16ps`, or f32 FMAs, on 1 thread and
+on all), and per row count the fastest bf16-x layout's fraction of it. For reference numbers see
+docs/benchmarks.md ("The native dense kernel").
 
     python bench/dense_kernels.py --rows 1 4 16 64 512
 """
@@ -25,6 +27,7 @@ import os
 import sys
 import time
 
+import _dot_ceiling
 from _smoke import shrink
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
@@ -37,8 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--stream-mib", type=int, default=256, help="weight bytes per call (bf16)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--ceiling-iters",
+        type=int,
+        default=20_000_000,
+        help="iterations of the ceiling's loop per thread (24 multiply-adds each)",
+    )
     # a smoke run (bench/_smoke.py): two row counts of a small matmul
-    args = shrink(ap, rows=[1, 4], d=256, n=512, stream_mib=1, repeats=1).parse_args(argv)
+    args = shrink(ap, rows=[1, 4], d=256, n=512, stream_mib=1, repeats=1,
+                  ceiling_iters=10_000).parse_args(argv)  # fmt: skip
 
     import jax
     import jax.numpy as jnp
@@ -51,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     if not native.available():
         print(f"dense_kernels: no native kernels here: {native.unavailable_reason()}")
         return 1
+    threads = os.cpu_count() or 1
+    kind, ceiling = _dot_ceiling.ceilings(sorted({1, threads}), args.ceiling_iters)
+    if ceiling:
+        per = ", ".join(f"{rate:.0f} on {t} thread{'s' * (t > 1)}" for t, rate in ceiling.items())
+        print(f"ceiling, {kind} with no memory traffic: {per} (GFLOP/s)")
     d, n = args.d, args.n
     count = max(1, args.stream_mib * 2**20 // (d * n * 2))
     raw = [np.random.default_rng(i).standard_normal((d, n), np.float32) for i in range(count)]
@@ -76,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"[M, {d}] @ [{d}, {n}], {count} weights per call; ms per matmul, best of "
           f"{args.repeats}; CPU: {native.toolchain.cpu_features()}")  # fmt: skip
-    print("M".rjust(5), *(f"{name:>24}" for name in layouts), "  pairs/widen")
+    print("M".rjust(5), *(f"{name:>24}" for name in layouts), "  pairs/widen", "  of ceiling")
     for m in args.rows:
         cells, ms = [], {}
         for name, (dtype, _) in layouts.items():
@@ -91,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
             read = d * n * (1 if name.startswith("int8") else 2) / best / 1e9
             cells.append(f"{ms[name]:7.2f} {read:5.1f}GB/s {2 * m * d * n / best / 1e9:4.0f}GF")
         ratio = f"{ms['widen'] / ms['pairs']:.2f}x" if "pairs" in ms else "-"
-        print(f"{m:5d}", *(f"{c:>24}" for c in cells), f"  {ratio:>10}", flush=True)
+        best = min(ms.values())  # the fastest layout's share of the ceiling on every thread
+        share = f"{2 * m * d * n / best / 1e6 / ceiling[threads]:.2f}" if ceiling else "-"
+        print(
+            f"{m:5d}", *(f"{c:>24}" for c in cells), f"  {ratio:>10}", f"  {share:>10}", flush=True
+        )
     return 0
 
 
