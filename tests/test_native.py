@@ -510,7 +510,6 @@ def test_large_batches_take_xla_matmul_on_the_same_panels():
 
 
 @needs_kernels
-@needs_kernels
 def test_dense_kernels_bench_runs_every_layout_the_cpu_has(capsys):
     from bench_modules import bench_module
 
@@ -527,14 +526,21 @@ def test_dense_kernels_bench_runs_every_layout_the_cpu_has(capsys):
             "1",
             "--repeats",
             "1",
+            "--ceiling-iters",
+            "10000",
         ]
         assert bench.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
-    header, rows = lines[1].split(), lines[2:]
+    # the ceiling first, in GFLOP/s on 1 thread and on all (a CPU with AVX2 or AVX-512 has one)
+    ceiling = re.fullmatch(r"ceiling, (.+) with no memory traffic: (\d+) on 1 thread.*", lines[0])
+    assert ceiling and float(ceiling[2]) > 0
+    assert ceiling[1].startswith("bf16 pairs" if native.bf16_dot_products() else "f32 FMA")
+    header, rows = lines[2].split(), lines[3:]
     assert header[:3] == ["M", "widen", "pairs" if native.bf16_dot_products() else "int8"]
     assert [r.split()[0] for r in rows] == ["1", "7"]
-    ratio = rows[0].split()[-1]
+    *_, ratio, share = rows[0].split()
     assert ratio.endswith("x") if native.bf16_dot_products() else ratio == "-"
+    assert float(share) > 0  # the fastest layout's fraction of the ceiling
 
 
 @needs_kernels
