@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from scaletui.serve.engine import kv_cache, model, native, slot_state
+from scaletui.serve.engine import host_copy, kv_cache, model, native, slot_state
 from scaletui.serve.engine.chunks import ChunkCalls
 from scaletui.serve.engine.engine_api import (
     LOGPROBS_MODES,
@@ -88,6 +88,9 @@ class JaxEngine(EnginePrograms, ChunkCalls):
         self.logprobs_processed = logprobs_mode == PROCESSED
         self.mesh = mesh
         self.devices = list(mesh.devices.flat)
+        # multi-process, disaggregated: the process that sends this engine's results to the
+        # processes holding none of its devices (host_copy.py); None: every process reads them
+        self.source = host_copy.source_process(self.devices)
         self.precision = p = config.precision
         self.dtype = jnp.dtype(JNP_DTYPES[p.compute])  # activations
         self.kv_dtype = jnp.dtype(JNP_DTYPES[p.kv])  # KV-cache storage (int8: with scales)
@@ -137,17 +140,16 @@ class JaxEngine(EnginePrograms, ChunkCalls):
     def weight_bytes(self) -> int:
         """Weight bytes summed over this engine's devices (replicas counted on each)."""
         leaves = jax.tree.leaves(self.params)
-        return sum(sh.data.nbytes for x in leaves for sh in x.addressable_shards)
+        return sum(_shard_bytes(x) * len(x.sharding.device_set) for x in leaves)
 
     @cached_property
     def weight_bytes_per_device(self) -> int:
-        return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(self.params))
+        return sum(_shard_bytes(x) for x in jax.tree.leaves(self.params))
 
     @cached_property
     def kv_cache_bytes_per_device(self) -> int:
         """K/V pages (and int8 scales) on the busiest device, in their storage dtypes."""
-        spec = jax.tree.leaves(self._state_spec().cache)
-        return sum(int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize for a in spec)
+        return sum(_shard_bytes(a) for a in jax.tree.leaves(self._state_spec().cache))
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -205,6 +207,8 @@ class JaxEngine(EnginePrograms, ChunkCalls):
                 end = start + self.chunk
                 kv, tok, lp = step(self.params, chunk, args(start, padded[min(end, n - 1)]), kv)
                 rows.append(lp)
+        if self.source is not None:
+            tok, lp, rows = host_copy.host_copy((tok, lp, rows), self.source)
         return Prefix.of_prompt(kv, tokens, int(tok), params, self.eos_ids, lp, rows)
 
     def prefill_pages(
@@ -250,8 +254,10 @@ class JaxEngine(EnginePrograms, ChunkCalls):
         if to is self:
             return prefix
         t = prefix.kv[0][0].shape[0]
-        kv = jax.device_put(prefix.kv, to._prefix_sh(t))
-        return replace(prefix, kv=kv)
+        kv = prefix.kv
+        if self.source is not None or to.source is not None:  # across processes: via the host
+            kv = host_copy.host_copy(kv, self.source)
+        return replace(prefix, kv=jax.device_put(kv, to._prefix_sh(t)))
 
     def insert(
         self, state: SlotState, prefix: Prefix, slot: int, pages: Sequence[int]
@@ -326,10 +332,10 @@ class JaxEngine(EnginePrograms, ChunkCalls):
 
     def _step_output(self, state: SlotState, arrays, packed, lps, steps: int, bucket: int):
         """(state, StepOutput) from a generate call's packed outputs: the one host sync."""
-        host = np.asarray(packed)
         n = self.slots
         asked = (state.active & state.logprobs).any()  # else the logprobs stay on the device
-        lp = np.asarray(lps)[:steps, :, :n].copy() if asked else None
+        host, lps = host_copy.host_copy((packed, lps if asked else None), self.source)
+        lp = lps[:steps, :, :n].copy() if asked else None
         out = host[:-1].reshape(self.config.decode_steps, 3, self.rows)[:steps]
         lengths = host[-1].copy()
         done = out[:, 2].astype(bool)
@@ -339,3 +345,8 @@ class JaxEngine(EnginePrograms, ChunkCalls):
             out[:, 0, :n].copy(), out[:, 1, :n].astype(bool), done[:, :n], lengths[:n].copy(), lp
         )
         return state.replaced(arrays, lengths=lengths, active=active), result
+
+
+def _shard_bytes(a) -> int:
+    """Bytes of one device's shard of `a` (an array or its spec), whichever process holds it."""
+    return int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize

@@ -1,6 +1,7 @@
-"""Which global devices a multi-process server's mesh takes: `placement.place()` over the
+"""Which global devices a multi-process server's meshes take: `placement.place()` over the
 processes (one host each), so `tp` stays within a process and `dp` crosses processes unless
-`--tp-over-hosts` lets a tp group span them.
+`--tp-over-hosts` lets a tp group span them; disaggregated, the prefill set and the generate set
+start on different processes where both fit that way.
 
 Devices are numbered process by process (process p holds p*D .. p*D+D-1, D devices each), the
 order `place()` assumes; the mesh takes its generate groups in order, one dp row per group.
@@ -36,11 +37,13 @@ def placement(config: ServerShape, tp_over_hosts: bool = False) -> Placement:
     it cannot be placed, or when a process would hold none of the mesh's devices (it would have
     no part in the programs the others run)."""
     lay = layout()
+    pre = prefill_devices(config, lay)
     try:
-        placed = place(config.tp, config.dp, lay, tp_over_hosts=tp_over_hosts)
+        placed = place(config.tp, config.dp, lay, prefill_devices=pre, tp_over_hosts=tp_over_hosts)
     except ValueError as e:
-        raise ConfigError("tp", config.tp, str(e)) from e
-    used = {lay.host_of(d) for g in placed.generate for d in g}
+        name = "prefill_devices" if "prefill_devices" in str(e) else "tp"
+        raise ConfigError(name, getattr(config, name), str(e)) from e
+    used = {lay.host_of(d) for g in (*placed.prefill, *placed.generate) for d in g}
     if len(used) < lay.hosts:
         raise ConfigError(
             "dp" if config.tp <= lay.devices_per_host else "tp",
@@ -52,7 +55,20 @@ def placement(config: ServerShape, tp_over_hosts: bool = False) -> Placement:
     return placed
 
 
+def prefill_devices(config: ServerShape, lay: Layout) -> int:
+    """The disaggregated prefill set's size (split_devices' default: half of all devices); 0
+    interleaved."""
+    if config.mode != "disaggregated":
+        return 0
+    return config.prefill_devices or max(1, lay.devices // 2)
+
+
 def placed(config: ServerShape, tp_over_hosts: bool = False) -> list[jax.Device]:
-    """The mesh's devices in mesh order (dp rows of tp), as `placement()` puts them."""
-    devs = ordered()
-    return [devs[i] for g in placement(config, tp_over_hosts).generate for i in g]
+    """The devices in the order the engines take them (serve/weights/sharding.split_devices):
+    the prefill set's (disaggregated), then the generate mesh's (dp rows of tp), as
+    `placement()` puts them, then any the meshes leave out (so that split_devices' default
+    prefill share, half of them, is the placement's)."""
+    devs, where = ordered(), placement(config, tp_over_hosts)
+    taken = [i for g in (*where.prefill, *where.generate) for i in g]
+    rest = [i for i in range(len(devs)) if i not in taken] if where.prefill else []
+    return [devs[i] for i in taken + rest]

@@ -11,8 +11,10 @@ the global mesh. What could make the processes' decisions differ is kept off the
    fixed-size array and sends it to every process (link.py); every process, process 0
    included, unpacks that same array and applies it: arrivals join the waiting queue, cancels
    mark their requests. No process reads its own clock to decide anything.
-3. Every process runs `Batcher.interleaved_pass`; the engine's sampled tokens are replicated,
-   so every book ends the pass identical. Only process 0's requests have a client listening.
+3. Every process runs `Batcher.interleaved_pass` (disaggregated: `_disaggregated_pass`); the
+   engine's sampled tokens are replicated (or broadcast from the process that holds an
+   engine's devices: serve/engine/host_copy.py), so every book ends the pass identical. Only
+   process 0's requests have a client listening.
 4. A watchdog thread turns a lost process (its connection closed) or a pass that does not end
    within --step-timeout into `fatal`: in-flight requests fail with a 503 naming the process,
    /health fails, and the process exits non-zero (process 0 after a short grace, so the 503s
@@ -34,6 +36,7 @@ from scaletui.serve.engine.engine_api import EngineFactory
 from scaletui.serve.multihost import wire
 from scaletui.serve.multihost.cluster import Cluster
 from scaletui.serve.multihost.link import FollowerLink, LeaderLink
+from scaletui.serve.scheduling.batcher import Batcher
 from scaletui.serve.scheduling.book import RequestBook
 from scaletui.serve.scheduling.events import Busy, ErrorKind, Request
 from scaletui.serve.scheduling.metrics import ServerMetrics
@@ -85,8 +88,6 @@ class LockstepScheduler(Scheduler):
         exit_process: Callable[[int], None] = _exit,
         fit: str = "auto",  # Scheduler's: the engine fit its calls are priced by
     ) -> None:
-        if config.mode != "interleaved":
-            raise ValueError("a multi-process server runs --mode interleaved only")
         super().__init__(config, factory, fit=fit)
         self.cluster, self.link, self.barrier = cluster, link, barrier
         self.exit_process = exit_process
@@ -138,8 +139,6 @@ class LockstepScheduler(Scheduler):
             if self.state != "serving":
                 raise Busy(f"the server is {self.state}; try again when it is serving")
             new = self.config.updated(**changes)  # ValueError names the value
-            if new.mode != "interleaved":
-                raise ValueError("a multi-process server runs --mode interleaved only")
             event = wire.Reconfig(dict(changes))
             if event.words > self.wire.token_cap:
                 raise ValueError(f"the changes {changes} do not fit in a pass's array")
@@ -198,7 +197,11 @@ class LockstepScheduler(Scheduler):
 
     # -- the pass loop (every process) -------------------------------------------------------
 
-    def _interleaved_loop(self) -> None:
+    def _loops(self) -> list[tuple[str, Callable[[], None]]]:
+        """One loop in either mode: the passes run in lock step (disaggregated too)."""
+        return [("lockstep", self._pass_loop)]
+
+    def _pass_loop(self) -> None:
         batcher, never = self._batcher(), threading.Event()  # only the stop word stops a pass
         self.barrier()  # every process compiled: from here a slow pass means a stuck one
         self._mark(armed=True)
@@ -217,7 +220,10 @@ class LockstepScheduler(Scheduler):
                     batcher = None  # the old engines go with it: the new ones take their memory
                     self._rebuild(got.events[-1].changes)
                     batcher = self._batcher()
-                busy = batcher.interleaved_pass(never)
+                if self.config.mode == "interleaved":
+                    busy = batcher.interleaved_pass(never)
+                else:
+                    busy = self._disaggregated_pass(batcher, never)
                 self._mark()
                 if isinstance(self.link, FollowerLink):
                     self.link.finished(got.number)
@@ -227,6 +233,28 @@ class LockstepScheduler(Scheduler):
                     self._idle()
         finally:
             self._armed = False
+
+    def _disaggregated_pass(self, batcher: Batcher, never: threading.Event) -> bool:
+        """Disaggregated, as one pass: prefill the head of the queue while the generate side
+        has a free slot for it (FCFS), hand each prefix over (its K/V and first token reach
+        every process: host_copy.py), then one generate call (`Batcher.disaggregated_pass`,
+        not waiting for a hand-over). The prefill engine runs on its processes while the
+        generate engine's wait at the hand-over: the two sides take turns, not overlap."""
+        prefill, generate = self.engines
+        room = len(self.book.free_slots()) - self._transfer.qsize() - (batcher.pending is not None)
+        prefilled = 0
+        while room > 0 and (req := self.book.next_waiting(False, never)) is not None:
+            prefix = self._prefill(prefill, req)
+            if prefix is None:  # rejected, or it ended at its first token
+                continue
+            t0 = time.perf_counter()
+            prefix = prefill.transfer(prefix, generate)
+            self.metrics.record_step("transfer", time.perf_counter() - t0, prefix.length)
+            self._transfer.put((req, prefix))
+            room, prefilled = room - 1, prefilled + 1
+        batcher.disaggregated_pass(self._transfer, wait_s=0)
+        busy = any(r is not None for r in self.book.slots) or batcher.pending is not None
+        return busy or prefilled > 0 or not self._transfer.empty()
 
     def _exchange(self) -> wire.PassInput | None:
         """The next pass's inputs: packed and sent (process 0) or received (the others)."""

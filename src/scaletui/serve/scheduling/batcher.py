@@ -200,9 +200,10 @@ class Batcher:
             return
         self.state = self.engine.insert(self.state, prefix, slot, job.pages)
 
-    def disaggregated_pass(self, handover: queue.Queue) -> None:
+    def disaggregated_pass(self, handover: queue.Queue, wait_s: float = 0.1) -> None:
         """Insert prefilled requests from the `handover` queue into free slots, then one
-        generate call while any slot is busy (it blocks briefly for a hand-over when idle)."""
+        generate call while any slot is busy (when idle it waits up to `wait_s` for a
+        hand-over; 0: not at all)."""
         book, self.plan = self.book, policy.StepPlan()
         self.release_cancelled()
         busy = any(r is not None for r in book.slots)
@@ -211,7 +212,7 @@ class Batcher:
         while None in book.slots:
             if self.pending is None:
                 try:
-                    self.pending = handover.get(block=not busy, timeout=0.1)
+                    self.pending = handover.get(block=not busy and wait_s > 0, timeout=wait_s)
                 except queue.Empty:
                     break
             if not self.insert(*self.pending, requeue=not busy):

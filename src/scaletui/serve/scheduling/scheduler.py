@@ -159,17 +159,20 @@ class Scheduler:
                 return
             self._stop.clear()
             self._transfer = queue.Queue(maxsize=max(2, self.config.slots))
-            if self.config.mode == "interleaved":
-                targets = [("interleaved", self._interleaved_loop)]
-            else:
-                targets = [("prefill", self._prefill_loop), ("generate", self._generate_loop)]
             self._threads = [
                 threading.Thread(target=self._guard, args=(fn,), name=f"scaletui-{n}", daemon=True)
-                for n, fn in targets
+                for n, fn in self._loops()
             ]
             self.state, self.error = "serving", None
             for t in self._threads:
                 t.start()
+
+    def _loops(self) -> list[tuple[str, Callable[[], None]]]:
+        """The worker threads' (name, loop): one interleaved loop, or a prefill and a generate
+        loop joined by the hand-over queue."""
+        if self.config.mode == "interleaved":
+            return [("interleaved", self._interleaved_loop)]
+        return [("prefill", self._prefill_loop), ("generate", self._generate_loop)]
 
     def _stop_workers(self) -> None:
         with self._life:
