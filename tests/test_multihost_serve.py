@@ -256,7 +256,8 @@ def test_two_processes_serve_disaggregated_prefill_on_one_and_generate_on_the_ot
     """Prefill on process 0's two devices, generate on process 1's (placement puts the two sets
     on different hosts): the hand-over crosses processes (serve/engine/host_copy.py) and the
     answers are a one-process disaggregated server's, logprobs included; /admin/config turns
-    it into interleaved tp 2 x dp 2 on both processes, answering as one process does."""
+    it into interleaved tp 2 x dp 2 on both processes, answering as one process does, and back;
+    then the generate side's process dies mid-request: a 503 naming it, process 0 exits."""
     coordinator = f"127.0.0.1:{_free_port()}"
     cluster = ["--coordinator", coordinator, "--num-processes", "2"]
     leader = _serve(2, *DISAGGREGATED, *cluster, "--process-id", "0", "--port", "0")
@@ -285,8 +286,23 @@ def test_two_processes_serve_disaggregated_prefill_on_one_and_generate_on_the_ot
         assert status == 200 and result["config"]["mode"] == "interleaved", result
         assert _get(url + "/stats")[1]["placement"]["prefill"] == []
         assert _answers(_together(url, bodies)) == _answers(_together(ref, bodies))
-        leader.send_signal(signal.SIGTERM)  # the stop word: every process leaves and exits 0
-        assert leader.wait(timeout=30) == 0 and follower.wait(timeout=30) == 0
+
+        # disaggregated again; then process 1, the generate side, hangs and dies mid-request
+        status, result = _admin(url, {"mode": "disaggregated", "dp": 1})
+        assert status == 200 and _get(url + "/stats")[1]["placement"]["prefill"] == [[0, 1]]
+        follower.send_signal(signal.SIGSTOP)
+        pending: list = []
+        hung = threading.Thread(target=lambda: pending.append(_post(url, BODIES[1])))
+        hung.start()
+        time.sleep(1.0)
+        assert not pending  # in flight: the pass waits on process 1
+        follower.kill()
+        killed = time.monotonic()
+        hung.join(timeout=20)
+        status, body = pending[0]
+        assert status == 503 and "process 1" in body["error"]["message"], body
+        leader.wait(timeout=30)
+        assert leader.returncode not in (0, None) and time.monotonic() - killed < 30
     finally:
         for p in procs:
             if p.poll() is None:
