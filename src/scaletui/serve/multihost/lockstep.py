@@ -240,16 +240,12 @@ class LockstepScheduler(Scheduler):
         every process: host_copy.py), then one generate call (`Batcher.disaggregated_pass`,
         not waiting for a hand-over). The prefill engine runs on its processes while the
         generate engine's wait at the hand-over: the two sides take turns, not overlap."""
-        prefill, generate = self.engines
         room = len(self.book.free_slots()) - self._transfer.qsize() - (batcher.pending is not None)
         prefilled = 0
         while room > 0 and (req := self.book.next_waiting(False, never)) is not None:
-            prefix = self._prefill(prefill, req)
+            prefix = self._prefill_and_hand_over(req)
             if prefix is None:  # rejected, or it ended at its first token
                 continue
-            t0 = time.perf_counter()
-            prefix = prefill.transfer(prefix, generate)
-            self.metrics.record_step("transfer", time.perf_counter() - t0, prefix.length)
             self._transfer.put((req, prefix))
             room, prefilled = room - 1, prefilled + 1
         batcher.disaggregated_pass(self._transfer, wait_s=0)

@@ -244,6 +244,18 @@ class Scheduler:
         self.metrics.prefill.observe(now - req.t_scheduled)
         return self.book.prefilled(req, prefix, now)
 
+    def _prefill_and_hand_over(self, req: Request) -> Prefix | None:
+        """Disaggregated: prefill `req` and move its prefix to the generate engine's devices (the
+        move timed as a transfer step); None when the request already ended."""
+        prefill_engine, generate_engine = self.engines
+        prefix = self._prefill(prefill_engine, req)
+        if prefix is None:
+            return None
+        t0 = time.perf_counter()
+        prefix = prefill_engine.transfer(prefix, generate_engine)
+        self.metrics.record_step("transfer", time.perf_counter() - t0, prefix.length)
+        return prefix
+
     def _interleaved_loop(self) -> None:
         batcher = self._batcher()
         while not self._stop.is_set():
@@ -259,17 +271,13 @@ class Scheduler:
         return Batcher(c, engine, self.book, self.pages, m, self.on_plan, lambda: self.speed)
 
     def _prefill_loop(self) -> None:
-        prefill_engine, generate_engine = self.engines
         while not self._stop.is_set():
             req = self.book.next_waiting(True, self._stop)
             if req is None:
                 continue
-            prefix = self._prefill(prefill_engine, req)
+            prefix = self._prefill_and_hand_over(req)
             if prefix is None:
                 continue
-            t0 = time.perf_counter()
-            prefix = prefill_engine.transfer(prefix, generate_engine)
-            self.metrics.record_step("transfer", time.perf_counter() - t0, prefix.length)
             while not self._stop.is_set():  # bounded: back-pressure on prefill
                 try:
                     self._transfer.put((req, prefix), timeout=0.1)
