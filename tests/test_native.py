@@ -88,7 +88,8 @@ def test_dense_reads_bf16_and_int8_panels(m, d):
 
 
 @needs_kernels
-@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 16, 23, 200])  # 1-6: one row block; 200: two chunks
+# 1-6: one row block; 200: two chunks; 1100 (with D 4200): packed x past the kept 8 MiB buffer
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 16, 23, 200, 1100])
 @pytest.mark.parametrize(("d", "n"), [(301, 150), (512, 1024), (4200, 64)])  # odd D: a zero row
 def test_dense_bf16_x_multiplies_exactly_with_f32_sums(m, d, n):
     """bf16 activations: every product exact, f32 sums, whether the weights are bf16 pairs

@@ -417,19 +417,53 @@ constexpr bool kBF16Dot = true;
 constexpr int64_t kDotPairs = 512;
 constexpr int64_t kDotAhead = 32;  // pairs ahead to prefetch: 8 KiB, as the widening kernel
 
-// x [M, D] bf16 -> pairs [ceil(M/6), ceil(D/2), 6] as uint32 (low half: the even k), zero past
-// M and D: the broadcasts the micro-kernel reads, in order.
-std::vector<uint32_t> pack_pairs(const uint16_t* x, int64_t m, int64_t d) {
-  const int64_t blocks = (m + kRowBlock - 1) / kRowBlock, d2 = (d + 1) / 2;
-  std::vector<uint32_t> out(blocks * d2 * kRowBlock, 0u);
-  for (int64_t r = 0; r < m; ++r) {
-    uint32_t* dst = out.data() + (r / kRowBlock) * d2 * kRowBlock + r % kRowBlock;
-    const uint16_t* src = x + r * d;
-    for (int64_t k = 0; k < d; k += 2) {
-      const uint32_t hi = k + 1 < d ? src[k + 1] : 0u;
-      dst[(k / 2) * kRowBlock] = src[k] | (hi << 16);
+// Row block b of x [M, D] bf16 as pairs [ceil(D/2), 6] uint32 (low half: the even k), zero past
+// M and D: the broadcasts the micro-kernel reads, in order. Written into block b of `out`.
+void pack_pair_block(const uint16_t* x, int64_t m, int64_t d, int64_t b, uint32_t* out) {
+  const int64_t d2 = (d + 1) / 2, whole = d / 2;
+  uint32_t* dst = out + b * d2 * kRowBlock;
+  for (int r = 0; r < kRowBlock; ++r) {
+    const int64_t row = b * kRowBlock + r;
+    if (row >= m) {
+      for (int64_t j = 0; j < d2; ++j) dst[j * kRowBlock + r] = 0u;
+      continue;
     }
+    const uint16_t* src = x + row * d;
+    for (int64_t j = 0; j < whole; ++j)
+      dst[j * kRowBlock + r] = src[2 * j] | static_cast<uint32_t>(src[2 * j + 1]) << 16;
+    if (d % 2) dst[whole * kRowBlock + r] = src[d - 1];
   }
+}
+
+// x packed as pairs [ceil(M/6), ceil(D/2), 6]; the buffer is the calling thread's, kept between
+// calls up to kKeepPacked bytes (a fresh one each call faulted in its pages and zeroed them: 3 %
+// of an O or down projection at 128 rows), or owned here past that.
+constexpr size_t kKeepPacked = size_t{8} << 20;
+constexpr int64_t kPackGrain = 1 << 16;  // pairs a thread packs per claim
+struct PackedPairs {
+  std::unique_ptr<uint32_t[]> owned;
+  const uint32_t* data = nullptr;
+};
+
+// Row blocks are shared out over the pool when x is large (a prompt): the packing ran on one
+// thread while the other waited, 2-3 % of a prompt's matmuls.
+PackedPairs pack_pairs(ffi::ThreadPool& pool, const uint16_t* x, int64_t m, int64_t d) {
+  thread_local std::unique_ptr<uint32_t[]> kept;
+  thread_local size_t kept_size = 0;
+  const int64_t blocks = (m + kRowBlock - 1) / kRowBlock, per_block = (d + 1) / 2 * kRowBlock;
+  const size_t size = static_cast<size_t>(blocks * per_block);
+  PackedPairs out;
+  uint32_t* buf;
+  if (size * sizeof(uint32_t) > kKeepPacked) {
+    out.owned.reset(new uint32_t[size]);
+    buf = out.owned.get();
+  } else {
+    if (kept_size < size) kept.reset(new uint32_t[size]), kept_size = size;
+    buf = kept.get();
+  }
+  out.data = buf;
+  parallel_for(pool, blocks, std::max<int64_t>(1, kPackGrain / per_block),
+               [&](int64_t b) { pack_pair_block(x, m, d, b, buf); });
   return out;
 }
 
@@ -575,13 +609,13 @@ ffi::Error DenseI8Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffe
 #if defined(__AVX512BF16__)
   const int64_t d = wd[1], panels = wd[0], n = panels * kPanel;
   const int64_t m = static_cast<int64_t>(x.element_count()) / d;
-  const std::vector<uint32_t> packed =
-      pack_pairs(reinterpret_cast<const uint16_t*>(x.typed_data()), m, d);
+  const PackedPairs packed =
+      pack_pairs(pool, reinterpret_cast<const uint16_t*>(x.typed_data()), m, d);
   const int8_t* wp = w.typed_data();
   float* yp = y->typed_data();
   const int64_t slices = std::min(panels, max_helpers(pool) + 1);
   parallel_for(pool, slices, 1, [&](int64_t i) {
-    dot_i8_panels(packed.data(), m, d, wp, scale.typed_data(), i * panels / slices,
+    dot_i8_panels(packed.data, m, d, wp, scale.typed_data(), i * panels / slices,
                   (i + 1) * panels / slices, yp, n);
   });
   return ffi::Error::Success();
@@ -605,13 +639,13 @@ ffi::Error DenseBF16DotT(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Bu
 #if defined(__AVX512BF16__)
   const int64_t d = xd.back(), d2 = wd[1], panels = wd[0], n = panels * kPanel;
   const int64_t m = static_cast<int64_t>(x.element_count()) / d;
-  const std::vector<uint32_t> packed =
-      pack_pairs(reinterpret_cast<const uint16_t*>(x.typed_data()), m, d);
+  const PackedPairs packed =
+      pack_pairs(pool, reinterpret_cast<const uint16_t*>(x.typed_data()), m, d);
   const auto* wp = reinterpret_cast<const uint16_t*>(w.typed_data());
   float* yp = y->typed_data();
   const int64_t slices = std::min(panels, max_helpers(pool) + 1);
   parallel_for(pool, slices, 1, [&](int64_t i) {
-    dot_panels(packed.data(), m, d2, wp, i * panels / slices, (i + 1) * panels / slices, yp, n);
+    dot_panels(packed.data, m, d2, wp, i * panels / slices, (i + 1) * panels / slices, yp, n);
   });
   return ffi::Error::Success();
 #else
