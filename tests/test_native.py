@@ -134,6 +134,37 @@ def test_pairs_panels_interleave_row_pairs_and_round_trip():
         native.pack(w.astype(np.float32), pairs=True)
 
 
+@needs_kernels
+@pytest.mark.parametrize(("m", "d"), [(1, 64), (7, 301), (16, 512), (200, 96)])  # 200: 2 chunks
+def test_swiglu_gives_the_bits_of_dense_then_xlas_ops(m, d):
+    """The MLP's fused activation: silu(x Wg) * (x Wu) from [Wg | Wu] pairs panels, bit for bit
+    what `dense` and XLA's bf16 ops give (their roundings kept), over gate values wide enough to
+    reach exp's far ends; other weights and dtypes are not its to take."""
+    if not native.bf16_dot_products():
+        pytest.skip("no AVX512_BF16: the MLP runs unfused")
+    rng = np.random.default_rng(m + d)
+    f = 2 * native.panel_width()
+    x = (_rand(rng, m, d) * 4).astype(ml_dtypes.bfloat16)
+    w = jax.device_put(native.pack(_rand(rng, d, 2 * f).astype(ml_dtypes.bfloat16), pairs=True))
+
+    def unfused(x, w):
+        gate, up = jnp.split(native.dense(x, w, 2 * f).astype(jnp.bfloat16), 2, axis=-1)
+        return jax.nn.silu(gate) * up
+
+    got = jax.jit(native.swiglu, static_argnums=2)(jnp.asarray(x), w, f)
+    want = jax.jit(unfused)(jnp.asarray(x), w)
+    assert got.dtype == jnp.bfloat16 and got.shape == (m, f)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    assert np.abs(np.asarray(native.dense(jnp.asarray(x), w, 2 * f))).max() > 90  # exp's clamp
+    xb = jnp.asarray(x)
+    assert not native.fuses_swiglu(xb.astype(jnp.float32), w, f)  # f32 activations
+    assert not native.fuses_swiglu(xb, w, f - 1)  # the gate not whole panels
+    plain = jax.device_put(native.pack(_rand(rng, d, 2 * f).astype(ml_dtypes.bfloat16)))
+    assert not native.fuses_swiglu(xb, plain, f)  # widening panels
+    with pytest.raises(ValueError, match="pairs panels of 2 x"):
+        native.swiglu(xb, plain, f)
+
+
 STORAGE = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "int8": np.int8}
 
 

@@ -131,9 +131,13 @@ def native_embed(params: dict, tokens: jax.Array, m: ModelSpec, compute=jnp.floa
 
 
 def native_mlp(p: dict, h: jax.Array, m: ModelSpec) -> jax.Array:
-    gateup = native_ops.dense(h, p["w_gateup"], 2 * m.d_ff).astype(h.dtype)
-    gate, up = jnp.split(gateup, 2, axis=-1)
-    return native_ops.dense(jax.nn.silu(gate) * up, p["w_down"], m.d_model).astype(h.dtype)
+    if native_ops.fuses_swiglu(h, p["w_gateup"], m.d_ff):  # bf16 pairs: the kernel applies it
+        act = native_ops.swiglu(h, p["w_gateup"], m.d_ff)
+    else:
+        gateup = native_ops.dense(h, p["w_gateup"], 2 * m.d_ff).astype(h.dtype)
+        gate, up = jnp.split(gateup, 2, axis=-1)
+        act = jax.nn.silu(gate) * up
+    return native_ops.dense(act, p["w_down"], m.d_model).astype(h.dtype)
 
 
 def native_logits(params: dict, x: jax.Array, m: ModelSpec) -> jax.Array:

@@ -45,6 +45,7 @@ DENSE = {
 }
 DENSE_BF16_DOT = "scaletui_dense_bf16_dot"  # bf16 x on bf16 pairs panels (AVX512_BF16)
 DENSE_BF16_DOT_BITS = "scaletui_dense_bf16_dot_bits"  # the same panels held as uint16 bits
+SWIGLU = "scaletui_dense_bf16_dot_swiglu"  # silu(x Wg) * (x Wu) in bf16 on [Wg | Wu] pairs panels
 DENSE_I8_DOT = "scaletui_dense_i8_dot"  # bf16 x on int8 panels as bf16 pairs, I8_DOT_ROWS rows up
 I8_DOT_ROWS = 8  # below it the widening int8 kernel is as fast (the step reads the weight)
 ATTENTION = {
@@ -63,6 +64,7 @@ _SYMBOLS = {
     DENSE["int8"]: "ScaletuiDenseI8",
     DENSE_BF16_DOT: "ScaletuiDenseBF16Dot",
     DENSE_BF16_DOT_BITS: "ScaletuiDenseBF16DotBits",
+    SWIGLU: "ScaletuiDenseBF16DotSwiGLU",
     DENSE_I8_DOT: "ScaletuiDenseI8Dot",
     ATTENTION["float32"]: "ScaletuiDecodeAttentionF32",
     ATTENTION["bfloat16"]: "ScaletuiDecodeAttentionBF16",
@@ -342,6 +344,30 @@ def dense(x: jax.Array, w: PackedWeight, n: int) -> jax.Array:
     out = jax.ShapeDtypeStruct((*x.shape[:-1], columns), jnp.float32)
     y = jax.ffi.ffi_call(target, out)(*args)
     return y if y.shape[-1] == n else y[..., :n]
+
+
+def fuses_swiglu(x: jax.Array, w: PackedWeight, f: int) -> bool:
+    """Whether `swiglu` takes this MLP: x bf16, W = [Wg | Wu] bf16 pairs panels, the gate `f`
+    columns whole panels (so each gate panel has its up panel `f` columns on)."""
+    return (
+        x.dtype == jnp.bfloat16
+        and is_pairs(w)
+        and w.dtype == jnp.bfloat16
+        and f % panel_width() == 0
+        and w.shape[0] * panel_width() == 2 * f
+    )
+
+
+def swiglu(x: jax.Array, w: PackedWeight, f: int) -> jax.Array:
+    """The MLP's activation in one kernel call: silu(x @ Wg) * (x @ Wu) -> bf16 [..., f], for x
+    [..., D] bf16 and W = [Wg | Wu] [D, 2f] packed in pairs (`fuses_swiglu`). The same numbers as
+    `dense` then XLA's ops (gate and up rounded to bf16, the product to bf16), without writing
+    the f32 sums [..., 2f] out and reading them back."""
+    if not fuses_swiglu(x, w, f):
+        raise ValueError(f"swiglu: needs bf16 x and [Wg | Wu] bf16 pairs panels of 2 x {f} columns")
+    _require()
+    out = jax.ShapeDtypeStruct((*x.shape[:-1], f), jnp.bfloat16)
+    return jax.ffi.ffi_call(SWIGLU, out)(x, w)
 
 
 def decode_attention(
