@@ -455,7 +455,10 @@ def _same(a, b):
 
 @needs_kernels
 @pytest.mark.parametrize(
-    ("dtype", "groups", "hd", "size"), [("f32", 2, 16, 8), ("bf16", 4, 64, 16)]
+    ("dtype", "groups", "hd", "size"),
+    # bf16: q bf16 too (bf16 pairs with AVX512_BF16; hd 80: a 64-wide part and a 16-wide one);
+    # f32 q: bf16 values, q handed over as f32 (f32 compute on a bf16 pool: f32 FMAs)
+    [("f32", 2, 16, 8), ("bf16", 4, 64, 16), ("bf16", 2, 80, 16), ("f32 q", 4, 64, 16)],
 )
 @pytest.mark.parametrize(("t", "start"), [(7, 0), (40, 16), (70, 32)])
 def test_prefill_attention_matches_xla_and_is_the_same_whole_or_split(
@@ -469,6 +472,7 @@ def test_prefill_attention_matches_xla_and_is_the_same_whole_or_split(
     stored = kv_cache.pool_dtype(value, bits=True)  # bf16 as the CPU pool holds it
     arr = lambda *shape: jnp.asarray(_rand(rng, *shape), value)
     q, k, v = arr(t, kh * groups, hd), arr(t, kh, hd), arr(t, kh, hd)
+    q = q.astype(jnp.float32) if dtype == "f32 q" else q
     prior = {
         "k": kv_cache.to_pool(arr(width, kh, hd, size), stored),
         "v": kv_cache.to_pool(arr(width, kh, size, hd), stored),

@@ -58,6 +58,7 @@ PREFILL_ATTENTION = {
     "float32": "scaletui_prefill_attention_f32",
     "uint16": "scaletui_prefill_attention_bf16_bits",  # a bf16 pool, as kv_cache stores it
 }
+PREFILL_ATTENTION_BF16_DOT = "scaletui_prefill_attention_bf16_dot"  # bf16 q on it (AVX512_BF16)
 _SYMBOLS = {
     DENSE["float32"]: "ScaletuiDenseF32",
     DENSE["bfloat16"]: "ScaletuiDenseBF16",
@@ -72,6 +73,7 @@ _SYMBOLS = {
     ATTENTION["int8"]: "ScaletuiDecodeAttentionI8",
     PREFILL_ATTENTION["float32"]: "ScaletuiPrefillAttentionF32",
     PREFILL_ATTENTION["uint16"]: "ScaletuiPrefillAttentionBF16Bits",
+    PREFILL_ATTENTION_BF16_DOT: "ScaletuiPrefillAttentionBF16Dot",
 }
 CACHE_PARTS = ("k", "v", "k_scale", "v_scale")  # an f32 / bf16 cache has the first two
 _panel: list[int] = []  # the loaded kernels' panel width
@@ -433,7 +435,10 @@ def prefill_attention(q: jax.Array, own: tuple, prior: dict | None, start) -> ja
     them, f32 or bf16). `start` a multiple of S within the pages. -> f32 [T, N, H].
 
     Flash attention's online softmax in f32 over blocks of key positions from 0, so a query
-    gives the same bits whether its prompt came whole, in chunks or over a cached prefix."""
+    gives the same bits whether its prompt came whole, in chunks or over a cached prefix. A bf16
+    q on a bf16 pool runs on bf16 pairs where the CPU has AVX512_BF16 (`vdpbf16ps`: q K^T's
+    products exact, the probabilities rounded to bf16 for P V, as flash attention on GPUs);
+    otherwise q is taken as f32 and the products are f32 FMAs."""
     _require()
     k, v = own
     if prior is None:  # one zero page: nothing before position 0 is read
@@ -447,6 +452,10 @@ def prefill_attention(q: jax.Array, own: tuple, prior: dict | None, start) -> ja
             f"prefill_attention: K/V and pages in one f32 or bf16 storage, got {k.dtype}, "
             f"{v.dtype}, {pk.dtype}, {pv.dtype}"
         )
+    if q.dtype == jnp.bfloat16 and k.dtype == jnp.uint16 and bf16_dot_products():
+        target = PREFILL_ATTENTION_BF16_DOT
+    else:
+        q = q.astype(jnp.float32)
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
     start = jnp.asarray(start, jnp.int32).reshape(1)
-    return jax.ffi.ffi_call(target, out)(q.astype(jnp.float32), k, v, pk, pv, start)
+    return jax.ffi.ffi_call(target, out)(q, k, v, pk, pv, start)

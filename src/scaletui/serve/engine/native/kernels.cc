@@ -1241,17 +1241,153 @@ void prefill_tile(const PrefillShape& s, int64_t kh, int64_t r0, int64_t rows, c
   }
 }
 
-// Args: q [T, N, H] f32; the chunk's own k, v [T, K, H] and the sequence's gathered pages k
+#if defined(__AVX512BF16__)
+// --- the same on bf16 pairs (AVX512_BF16): a bf16 q over a bf16 pool -------------------------
+
+// One KV head's keys 0..len-1 as vdpbf16ps operands: kt [len / kPanel, H / 2, 2 kPanel] (block
+// b's row j: dims 2j and 2j + 1 of its kPanel keys, key c's pair at 2c, 2c + 1) and v [len / 2,
+// 2H] (row j: keys 2j and 2j + 1, dim h's pair at 2h, 2h + 1). Sources as gather_keys'.
+void gather_key_pairs(const uint16_t* own_k, const uint16_t* own_v, const uint16_t* prior_k,
+                      const uint16_t* prior_v, int64_t t, int64_t kv_heads, int64_t hd, int64_t ps,
+                      int64_t start, int64_t kh, int64_t len, uint16_t* kt, uint16_t* v) {
+  for (int64_t j = 0; j < len; ++j) {
+    const uint16_t *kj = nullptr, *vj = nullptr;  // key j's K column and V row; none past them
+    int64_t kstride = 1;
+    if (j < start) {
+      const int64_t block = (j / ps * kv_heads + kh) * hd * ps;
+      kj = prior_k + block + j % ps, kstride = ps;  // K^T [H, S]
+      vj = prior_v + block + j % ps * hd;           // V [S, H]
+    } else if (j < start + t) {
+      kj = own_k + ((j - start) * kv_heads + kh) * hd;
+      vj = own_v + ((j - start) * kv_heads + kh) * hd;
+    }
+    for (int64_t h = 0; h < hd; ++h) {
+      kt[((j / kPanel * hd / 2 + h / 2) * kPanel + j % kPanel) * 2 + h % 2] =
+          kj ? kj[h * kstride] : 0;
+      v[(j / 2 * hd + h) * 2 + j % 2] = vj ? vj[h] : 0;
+    }
+  }
+}
+
+// acc[r, h0 : h0 + CV vectors] += probs [MR, kPanel / 2 pairs] @ v's kPanel keys from j0
+template <int CV>
+inline void prefill_value_pairs(const uint32_t* probs, const uint16_t* v, int64_t hd, int64_t h0,
+                                int64_t j0, float* acc) {
+  __m512 a[kRowBlock][CV];
+  for (int r = 0; r < kRowBlock; ++r)
+    for (int c = 0; c < CV; ++c) a[r][c] = load(acc + r * hd + h0 + c * kLanes);
+  for (int64_t j = 0; j < kPanel / 2; ++j) {
+    const uint16_t* row = v + ((j0 / 2 + j) * hd + h0) * 2;
+    __m512bh vv[CV];
+    for (int c = 0; c < CV; ++c) vv[c] = (__m512bh)_mm512_loadu_si512(row + c * 2 * kLanes);
+    for (int r = 0; r < kRowBlock; ++r) {
+      const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(probs[r * kPanel / 2 + j]));
+      for (int c = 0; c < CV; ++c) a[r][c] = _mm512_dpbf16_ps(a[r][c], p, vv[c]);
+    }
+  }
+  for (int r = 0; r < kRowBlock; ++r)
+    for (int c = 0; c < CV; ++c) store(acc + r * hd + h0 + c * kLanes, a[r][c]);
+}
+
+// prefill_tile on bf16 pairs: q K^T with vdpbf16ps (q and K are bf16: every product exact, f32
+// sums), scaled after; each block's probabilities rounded to bf16 (the sum taken of the rounded
+// ones) for P V with vdpbf16ps, as flash attention does on GPUs. Twice the multiply-adds of the
+// f32 FMAs; a row's arithmetic still depends only on its position and the keys.
+void prefill_tile_pairs(const PrefillShape& s, int64_t kh, int64_t r0, int64_t rows,
+                        const uint16_t* q, const uint16_t* kt, const uint16_t* v, float* out) {
+  constexpr int MR = kRowBlock;
+  const int64_t hd = s.head_dim;
+  alignas(64) uint32_t qs[kMaxHeadDim / 2 * MR];  // [H / 2, MR]: q's dim pairs
+  alignas(64) float acc[MR * kMaxHeadDim];        // [MR, H]
+  alignas(64) uint32_t probs[MR * kPanel / 2];    // a block's probabilities in bf16 pairs
+  float m[MR], l[MR];
+  int32_t pos[MR];
+  const vf scale = splat(1.0f / std::sqrt(static_cast<float>(hd)));
+  int64_t last = 0;
+  for (int r = 0; r < MR; ++r) {
+    m[r] = -1e30f, l[r] = 0.0f;
+    std::fill(acc + r * hd, acc + (r + 1) * hd, 0.0f);
+    if (r >= rows) {  // a spare row: every key masked, never written out
+      pos[r] = -1;
+      for (int64_t j = 0; j < hd / 2; ++j) qs[j * MR + r] = 0u;
+      continue;
+    }
+    const int64_t t = (r0 + r) / s.groups, head = kh * s.groups + (r0 + r) % s.groups;
+    pos[r] = static_cast<int32_t>(s.start + t);
+    last = std::max<int64_t>(last, pos[r]);
+    const uint16_t* qh = q + (t * s.heads + head) * hd;
+    for (int64_t j = 0; j < hd / 2; ++j)
+      qs[j * MR + r] = qh[2 * j] | static_cast<uint32_t>(qh[2 * j + 1]) << 16;
+  }
+  vi iota;
+  for (int i = 0; i < kLanes; ++i) iota[i] = i;
+  for (int64_t j0 = 0; j0 <= last; j0 += kPanel) {
+    __m512 sc[MR][kVecs];
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < kVecs; ++c) sc[r][c] = _mm512_setzero_ps();
+    const uint16_t* kb = kt + j0 * hd;  // this block's pairs [H / 2, 2 kPanel]
+    for (int64_t j = 0; j < hd / 2; ++j) {
+      __m512bh kv[kVecs];
+      for (int c = 0; c < kVecs; ++c)
+        kv[c] = (__m512bh)_mm512_loadu_si512(kb + j * 2 * kPanel + c * 2 * kLanes);
+      for (int r = 0; r < MR; ++r) {
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(static_cast<int>(qs[j * MR + r]));
+        for (int c = 0; c < kVecs; ++c) sc[r][c] = _mm512_dpbf16_ps(sc[r][c], x, kv[c]);
+      }
+    }
+    for (int r = 0; r < MR; ++r) {  // the softmax step in vectors: it was half the tile's time
+      vi keep[kVecs];
+      vf mx = splat(-1e30f), scores[kVecs];
+      for (int c = 0; c < kVecs; ++c) {
+        keep[c] = iota + static_cast<int32_t>(j0 + c * kLanes) <= pos[r];
+        scores[c] = keep[c] ? vf(sc[r][c]) * scale : splat(-1e30f);
+        mx = scores[c] > mx ? scores[c] : mx;
+      }
+      const float m_new = std::max(m[r], _mm512_reduce_max_ps(mx));
+      const float fade = std::exp(m[r] - m_new);  // exactly 1 when the max stays
+      vf sum{}, e[kVecs];
+      for (int c = 0; c < kVecs; ++c) {
+        e[c] = keep[c] ? round_bf16(vexp(scores[c] - splat(m_new))) : vf{};
+        sum += e[c];
+      }
+      l[r] = l[r] * fade + _mm512_reduce_add_ps(sum);
+      m[r] = m_new;
+      if (fade != 1.0f)
+        for (int64_t h = 0; h < hd; h += kLanes)
+          store(acc + r * hd + h, load(acc + r * hd + h) * splat(fade));
+      for (int c = 0; c < kVecs; c += 2)  // rounded already: exact; keys 2j, 2j + 1 in pair j
+        _mm512_storeu_si512(probs + r * kPanel / 2 + c * kLanes / 2,
+                            reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e[c + 1], e[c])));
+    }
+    int64_t h0 = 0;
+    for (; h0 + kPanel <= hd; h0 += kPanel) prefill_value_pairs<kVecs>(probs, v, hd, h0, j0, acc);
+    for (; h0 < hd; h0 += kLanes) prefill_value_pairs<1>(probs, v, hd, h0, j0, acc);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int64_t t = (r0 + r) / s.groups, head = kh * s.groups + (r0 + r) % s.groups;
+    float* o = out + (t * s.heads + head) * hd;
+    for (int64_t h = 0; h < hd; ++h) o[h] = acc[r * hd + h] / l[r];
+  }
+}
+#endif
+
+// Args: q [T, N, H] f32 (or bf16 on a bf16 pool: vdpbf16ps, prefill_tile_pairs); the chunk's
+// own k, v [T, K, H] and the sequence's gathered pages k
 // [W, K, H, S], v [W, K, S, H] in the pool's storage (f32, or U16 holding bf16 bits); start
 // (int32 scalar: the chunk's first position, a multiple of S, at most W S). Ret: out [T, N, H].
 // Query i (position start + i) attends over positions 0..start+i: those before start read from
 // the pages, the rest from the chunk.
-template <ffi::DataType D>
-ffi::Error PrefillAttention(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
-                            ffi::Buffer<D, 3> k, ffi::Buffer<D, 3> v, ffi::Buffer<D, 4> prior_k,
+template <ffi::DataType Q, ffi::DataType D>
+ffi::Error PrefillAttention(ffi::ThreadPool threads, ffi::Buffer<Q, 3> q, ffi::Buffer<D, 3> k,
+                            ffi::Buffer<D, 3> v, ffi::Buffer<D, 4> prior_k,
                             ffi::Buffer<D, 4> prior_v, ffi::Buffer<ffi::S32> start_buf,
                             ffi::ResultBuffer<ffi::F32, 3> out) {
   using T = std::conditional_t<D == ffi::DataType::U16, uint16_t, Native<D>>;
+  constexpr bool kPairs = Q == ffi::DataType::BF16;  // a bf16 q on a bf16 pool: vdpbf16ps
+#if !defined(__AVX512BF16__)
+  if constexpr (kPairs)
+    return ffi::Error::InvalidArgument("prefill_attention: a bf16 q needs AVX512_BF16");
+#endif
   auto qd = q.dimensions();
   auto kd = k.dimensions();
   auto pk = prior_k.dimensions();
@@ -1273,36 +1409,51 @@ ffi::Error PrefillAttention(ffi::ThreadPool threads, ffi::Buffer<ffi::F32, 3> q,
     return bad("start must be a multiple of the page size within the pages");
   const int64_t len = (start + qd[0] + kPanel - 1) / kPanel * kPanel;
   const PrefillShape s{qd[0], qd[1], kd[1], qd[1] / kd[1], qd[2], start, len};
-  std::vector<float> keys(2 * s.kv_heads * len * s.head_dim);  // per KV head: kt, then v
-  const int64_t per_head = 2 * len * s.head_dim;
+  const int64_t per_head = 2 * len * s.head_dim;  // per KV head: kt, then v
+  using Key = std::conditional_t<kPairs, uint16_t, float>;
+  std::vector<Key> keys(s.kv_heads * per_head);
   const T* own_k = reinterpret_cast<const T*>(k.typed_data());
   const T* own_v = reinterpret_cast<const T*>(v.typed_data());
   const T* pages_k = reinterpret_cast<const T*>(prior_k.typed_data());
   const T* pages_v = reinterpret_cast<const T*>(prior_v.typed_data());
   parallel_for(threads, s.kv_heads, 1, [&](int64_t kh) {
-    float* kt = keys.data() + kh * per_head;
-    gather_keys(own_k, own_v, pages_k, pages_v, s.t, s.kv_heads, s.head_dim, ps, start, kh, len,
-                kt, kt + len * s.head_dim);
+    Key* kt = keys.data() + kh * per_head;
+#if defined(__AVX512BF16__)
+    if constexpr (kPairs) {
+      gather_key_pairs(own_k, own_v, pages_k, pages_v, s.t, s.kv_heads, s.head_dim, ps, start,
+                       kh, len, kt, kt + len * s.head_dim);
+      return;
+    }
+#endif
+    if constexpr (!kPairs)
+      gather_keys(own_k, own_v, pages_k, pages_v, s.t, s.kv_heads, s.head_dim, ps, start, kh,
+                  len, kt, kt + len * s.head_dim);
   });
   const int64_t tiles = (s.t * s.groups + kRowBlock - 1) / kRowBlock;  // per KV head
-  const float* qp = q.typed_data();
+  const auto* qp = reinterpret_cast<const std::conditional_t<kPairs, uint16_t, float>*>(
+      q.typed_data());
   float* op = out->typed_data();
   // the latest (longest) tiles first, so the last ones claimed are short
   parallel_for(threads, s.kv_heads * tiles, 1, [&](int64_t i) {
     const int64_t kh = i % s.kv_heads, tile = tiles - 1 - i / s.kv_heads;
-    const float* kt = keys.data() + kh * per_head;
-    const int64_t r0 = tile * kRowBlock;
-    prefill_tile(s, kh, r0, std::min<int64_t>(kRowBlock, s.t * s.groups - r0), qp, kt,
-                 kt + len * s.head_dim, op);
+    const Key* kt = keys.data() + kh * per_head;
+    const int64_t r0 = tile * kRowBlock, rows = std::min<int64_t>(kRowBlock, s.t * s.groups - r0);
+#if defined(__AVX512BF16__)
+    if constexpr (kPairs) {
+      prefill_tile_pairs(s, kh, r0, rows, qp, kt, kt + len * s.head_dim, op);
+      return;
+    }
+#endif
+    if constexpr (!kPairs) prefill_tile(s, kh, r0, rows, qp, kt, kt + len * s.head_dim, op);
   });
   return ffi::Error::Success();
 }
 
-template <ffi::DataType D>
+template <ffi::DataType Q, ffi::DataType D>
 auto PrefillAttentionBinding() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::ThreadPool>()
-      .Arg<ffi::Buffer<ffi::F32, 3>>()
+      .template Arg<ffi::Buffer<Q, 3>>()
       .template Arg<ffi::Buffer<D, 3>>()
       .template Arg<ffi::Buffer<D, 3>>()
       .template Arg<ffi::Buffer<D, 4>>()
@@ -1400,8 +1551,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiDecodeAttentionI8, DecodeAttentionI8,
                                   .Ret<F32x3>()
                                   .RemainingRets());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiPrefillAttentionF32, PrefillAttention<ffi::F32>,
-                              PrefillAttentionBinding<ffi::F32>());
+// the macro splits on commas: one name per instantiation
+constexpr auto PrefillAttentionF32 = PrefillAttention<ffi::F32, ffi::F32>;
+constexpr auto PrefillAttentionBF16Bits = PrefillAttention<ffi::F32, ffi::U16>;
+constexpr auto PrefillAttentionBF16Dot = PrefillAttention<ffi::BF16, ffi::U16>;
+constexpr auto BindF32 = PrefillAttentionBinding<ffi::F32, ffi::F32>;
+constexpr auto BindBF16Bits = PrefillAttentionBinding<ffi::F32, ffi::U16>;
+constexpr auto BindBF16Dot = PrefillAttentionBinding<ffi::BF16, ffi::U16>;
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiPrefillAttentionBF16Bits, PrefillAttention<ffi::U16>,
-                              PrefillAttentionBinding<ffi::U16>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiPrefillAttentionF32, PrefillAttentionF32, BindF32());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiPrefillAttentionBF16Bits, PrefillAttentionBF16Bits,
+                              BindBF16Bits());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ScaletuiPrefillAttentionBF16Dot, PrefillAttentionBF16Dot,
+                              BindBF16Dot());
