@@ -486,6 +486,20 @@ PackedPairs pack_pairs(ffi::ThreadPool& pool, const uint16_t* x, int64_t m, int6
   return out;
 }
 
+// x [..., D] bf16 packed once (pack_pairs), then `panels` weight panels (or the MLP's panel
+// pairs) shared out as one contiguous range per thread: run(x packed, rows, p0, p1).
+template <typename Run>
+void over_panels(ffi::ThreadPool& pool, const ffi::Buffer<ffi::BF16>& x, int64_t d,
+                 int64_t panels, const Run& run) {
+  const int64_t m = static_cast<int64_t>(x.element_count()) / d;
+  const PackedPairs packed =
+      pack_pairs(pool, reinterpret_cast<const uint16_t*>(x.typed_data()), m, d);
+  const int64_t slices = std::min(panels, max_helpers(pool) + 1);
+  parallel_for(pool, slices, 1, [&](int64_t i) {
+    run(packed.data, m, i * panels / slices, (i + 1) * panels / slices);
+  });
+}
+
 // Which weight rows a row block prefetches: rows first, first + every, ... of its k block, each
 // `pairs` pair rows on (a pair row is 4 cache lines); first < 0: none.
 struct WeightPrefetch {
@@ -674,16 +688,9 @@ ffi::Error DenseI8Dot(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffe
                                        std::to_string(kPanel) + ", D, " +
                                        std::to_string(kPanel) + "] and a scale per column");
 #if defined(__AVX512BF16__)
-  const int64_t d = wd[1], panels = wd[0], n = panels * kPanel;
-  const int64_t m = static_cast<int64_t>(x.element_count()) / d;
-  const PackedPairs packed =
-      pack_pairs(pool, reinterpret_cast<const uint16_t*>(x.typed_data()), m, d);
-  const int8_t* wp = w.typed_data();
-  float* yp = y->typed_data();
-  const int64_t slices = std::min(panels, max_helpers(pool) + 1);
-  parallel_for(pool, slices, 1, [&](int64_t i) {
-    dot_i8_panels(packed.data, m, d, wp, scale.typed_data(), i * panels / slices,
-                  (i + 1) * panels / slices, yp, n);
+  const int64_t d = wd[1], n = wd[0] * kPanel;
+  over_panels(pool, x, d, wd[0], [&](const uint32_t* xp, int64_t m, int64_t p0, int64_t p1) {
+    dot_i8_panels(xp, m, d, w.typed_data(), scale.typed_data(), p0, p1, y->typed_data(), n);
   });
   return ffi::Error::Success();
 #else
@@ -704,16 +711,12 @@ ffi::Error DenseBF16DotT(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Bu
                                        std::to_string(kPanel) + ", ceil(D/2), " +
                                        std::to_string(2 * kPanel) + "]");
 #if defined(__AVX512BF16__)
-  const int64_t d = xd.back(), d2 = wd[1], panels = wd[0], n = panels * kPanel;
-  const int64_t m = static_cast<int64_t>(x.element_count()) / d;
-  const PackedPairs packed =
-      pack_pairs(pool, reinterpret_cast<const uint16_t*>(x.typed_data()), m, d);
+  const int64_t d2 = wd[1], n = wd[0] * kPanel;
   const auto* wp = reinterpret_cast<const uint16_t*>(w.typed_data());
-  float* yp = y->typed_data();
-  const int64_t slices = std::min(panels, max_helpers(pool) + 1);
-  parallel_for(pool, slices, 1, [&](int64_t i) {
-    dot_panels(packed.data, m, d2, wp, i * panels / slices, (i + 1) * panels / slices, yp, n);
-  });
+  over_panels(pool, x, xd.back(), wd[0],
+              [&](const uint32_t* xp, int64_t m, int64_t p0, int64_t p1) {
+                dot_panels(xp, m, d2, wp, p0, p1, y->typed_data(), n);
+              });
   return ffi::Error::Success();
 #else
   return ffi::Error::InvalidArgument("dense_bf16_dot: this CPU has no AVX512_BF16");
@@ -745,15 +748,11 @@ ffi::Error DenseBF16DotSwiGLU(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
         std::to_string(kPanel) + ", ceil(D/2), " + std::to_string(2 * kPanel) +
         "] and y [..., F]");
 #if defined(__AVX512BF16__)
-  const int64_t d = xd.back(), d2 = wd[1], half = wd[0] / 2, f = half * kPanel;
-  const int64_t m = static_cast<int64_t>(x.element_count()) / d;
-  const PackedPairs packed =
-      pack_pairs(pool, reinterpret_cast<const uint16_t*>(x.typed_data()), m, d);
+  const int64_t d2 = wd[1], half = wd[0] / 2;  // panel pairs: gate j, up j + half
   const auto* wp = reinterpret_cast<const uint16_t*>(w.typed_data());
   auto* yp = reinterpret_cast<uint16_t*>(y->typed_data());
-  const int64_t slices = std::min(half, max_helpers(pool) + 1);
-  parallel_for(pool, slices, 1, [&](int64_t i) {
-    dot_swiglu_panels(packed.data, m, d2, wp, i * half / slices, (i + 1) * half / slices, yp, f);
+  over_panels(pool, x, xd.back(), half, [&](const uint32_t* xp, int64_t m, int64_t p0, int64_t p1) {
+    dot_swiglu_panels(xp, m, d2, wp, p0, p1, yp, half * kPanel);
   });
   return ffi::Error::Success();
 #else
@@ -1162,6 +1161,45 @@ struct PrefillShape {
   int64_t t, heads, kv_heads, groups, head_dim, start, len;  // len: keys held, kPanel-aligned
 };
 
+// A tile's kRowBlock rows before the first key block: m, l and the sums cleared, pos[r] row r's
+// position (-1: a spare row past `rows`, every key masked, never written out), and take(r, its
+// q row, or null for a spare row) to lay q out. Returns the last position (the blocks to walk).
+template <typename T, typename Take>
+int64_t start_tile(const PrefillShape& s, int64_t kh, int64_t r0, int64_t rows, const T* q,
+                   float* m, float* l, float* acc, int32_t* pos, const Take& take) {
+  int64_t last = 0;
+  for (int r = 0; r < kRowBlock; ++r) {
+    m[r] = -1e30f, l[r] = 0.0f;
+    std::fill(acc + r * s.head_dim, acc + (r + 1) * s.head_dim, 0.0f);
+    if (r >= rows) {
+      pos[r] = -1;
+      take(r, static_cast<const T*>(nullptr));
+      continue;
+    }
+    const int64_t t = (r0 + r) / s.groups, head = kh * s.groups + (r0 + r) % s.groups;
+    pos[r] = static_cast<int32_t>(s.start + t);
+    last = std::max<int64_t>(last, pos[r]);
+    take(r, q + (t * s.heads + head) * s.head_dim);
+  }
+  return last;
+}
+
+// A row's sums so far, scaled as the online softmax's max moved (fade exactly 1: it stayed).
+inline void fade_row(float* acc, int64_t hd, float fade) {
+  if (fade != 1.0f)
+    for (int64_t h = 0; h < hd; h += kLanes) store(acc + h, load(acc + h) * splat(fade));
+}
+
+// A tile's rows out: row r is query (r0 + r) / G, head kh G + (r0 + r) % G; out = acc / l.
+inline void write_rows(const PrefillShape& s, int64_t kh, int64_t r0, int64_t rows,
+                       const float* acc, const float* l, float* out) {
+  for (int r = 0; r < rows; ++r) {
+    const int64_t t = (r0 + r) / s.groups, head = kh * s.groups + (r0 + r) % s.groups;
+    float* o = out + (t * s.heads + head) * s.head_dim;
+    for (int64_t h = 0; h < s.head_dim; ++h) o[h] = acc[r * s.head_dim + h] / l[r];
+  }
+}
+
 // Rows r0 .. r0 + rows - 1 (rows <= kRowBlock) of KV head kh (row r: query r / G, head
 // kh G + r % G, at position start + r / G) over keys 0..its position, kPanel keys a block from
 // key 0. A row's arithmetic depends only on its position and the keys, not on the rows beside it
@@ -1177,21 +1215,9 @@ void prefill_tile(const PrefillShape& s, int64_t kh, int64_t r0, int64_t rows, c
   float m[MR], l[MR];
   int32_t pos[MR];
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  int64_t last = 0;
-  for (int r = 0; r < MR; ++r) {
-    m[r] = -1e30f, l[r] = 0.0f;
-    std::fill(acc + r * hd, acc + (r + 1) * hd, 0.0f);
-    if (r >= rows) {  // a spare row: every key masked, never written out
-      pos[r] = -1;
-      for (int64_t h = 0; h < hd; ++h) qs[h * MR + r] = 0.0f;
-      continue;
-    }
-    const int64_t t = (r0 + r) / s.groups, head = kh * s.groups + (r0 + r) % s.groups;
-    pos[r] = static_cast<int32_t>(s.start + t);
-    last = std::max<int64_t>(last, pos[r]);
-    const float* qh = q + (t * s.heads + head) * hd;
-    for (int64_t h = 0; h < hd; ++h) qs[h * MR + r] = qh[h] * scale;
-  }
+  const int64_t last = start_tile(s, kh, r0, rows, q, m, l, acc, pos, [&](int r, const float* qh) {
+    for (int64_t h = 0; h < hd; ++h) qs[h * MR + r] = qh ? qh[h] * scale : 0.0f;
+  });
   vi iota;
   for (int i = 0; i < kLanes; ++i) iota[i] = i;
   for (int64_t j0 = 0; j0 <= last; j0 += kPanel) {
@@ -1226,19 +1252,13 @@ void prefill_tile(const PrefillShape& s, int64_t kh, int64_t r0, int64_t rows, c
       for (int i = 0; i < kLanes; ++i) total += sum[i];
       l[r] = l[r] * fade + total;
       m[r] = m_new;
-      if (fade != 1.0f)
-        for (int64_t h = 0; h < hd; h += kLanes)
-          store(acc + r * hd + h, load(acc + r * hd + h) * splat(fade));
+      fade_row(acc + r * hd, hd, fade);
     }
     int64_t h0 = 0;
     for (; h0 + kPanel <= hd; h0 += kPanel) prefill_values<kVecs>(probs, v, hd, h0, j0, acc);
     for (; h0 < hd; h0 += kLanes) prefill_values<1>(probs, v, hd, h0, j0, acc);
   }
-  for (int r = 0; r < rows; ++r) {
-    const int64_t t = (r0 + r) / s.groups, head = kh * s.groups + (r0 + r) % s.groups;
-    float* o = out + (t * s.heads + head) * hd;
-    for (int64_t h = 0; h < hd; ++h) o[h] = acc[r * hd + h] / l[r];
-  }
+  write_rows(s, kh, r0, rows, acc, l, out);
 }
 
 #if defined(__AVX512BF16__)
@@ -1303,22 +1323,11 @@ void prefill_tile_pairs(const PrefillShape& s, int64_t kh, int64_t r0, int64_t r
   float m[MR], l[MR];
   int32_t pos[MR];
   const vf scale = splat(1.0f / std::sqrt(static_cast<float>(hd)));
-  int64_t last = 0;
-  for (int r = 0; r < MR; ++r) {
-    m[r] = -1e30f, l[r] = 0.0f;
-    std::fill(acc + r * hd, acc + (r + 1) * hd, 0.0f);
-    if (r >= rows) {  // a spare row: every key masked, never written out
-      pos[r] = -1;
-      for (int64_t j = 0; j < hd / 2; ++j) qs[j * MR + r] = 0u;
-      continue;
-    }
-    const int64_t t = (r0 + r) / s.groups, head = kh * s.groups + (r0 + r) % s.groups;
-    pos[r] = static_cast<int32_t>(s.start + t);
-    last = std::max<int64_t>(last, pos[r]);
-    const uint16_t* qh = q + (t * s.heads + head) * hd;
+  auto pairs = [&](int r, const uint16_t* qh) {  // q's dims 2j, 2j + 1 as one uint32
     for (int64_t j = 0; j < hd / 2; ++j)
-      qs[j * MR + r] = qh[2 * j] | static_cast<uint32_t>(qh[2 * j + 1]) << 16;
-  }
+      qs[j * MR + r] = qh ? qh[2 * j] | static_cast<uint32_t>(qh[2 * j + 1]) << 16 : 0u;
+  };
+  const int64_t last = start_tile(s, kh, r0, rows, q, m, l, acc, pos, pairs);
   vi iota;
   for (int i = 0; i < kLanes; ++i) iota[i] = i;
   for (int64_t j0 = 0; j0 <= last; j0 += kPanel) {
@@ -1352,9 +1361,7 @@ void prefill_tile_pairs(const PrefillShape& s, int64_t kh, int64_t r0, int64_t r
       }
       l[r] = l[r] * fade + _mm512_reduce_add_ps(sum);
       m[r] = m_new;
-      if (fade != 1.0f)
-        for (int64_t h = 0; h < hd; h += kLanes)
-          store(acc + r * hd + h, load(acc + r * hd + h) * splat(fade));
+      fade_row(acc + r * hd, hd, fade);
       for (int c = 0; c < kVecs; c += 2)  // rounded already: exact; keys 2j, 2j + 1 in pair j
         _mm512_storeu_si512(probs + r * kPanel / 2 + c * kLanes / 2,
                             reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e[c + 1], e[c])));
@@ -1363,11 +1370,7 @@ void prefill_tile_pairs(const PrefillShape& s, int64_t kh, int64_t r0, int64_t r
     for (; h0 + kPanel <= hd; h0 += kPanel) prefill_value_pairs<kVecs>(probs, v, hd, h0, j0, acc);
     for (; h0 < hd; h0 += kLanes) prefill_value_pairs<1>(probs, v, hd, h0, j0, acc);
   }
-  for (int r = 0; r < rows; ++r) {
-    const int64_t t = (r0 + r) / s.groups, head = kh * s.groups + (r0 + r) % s.groups;
-    float* o = out + (t * s.heads + head) * hd;
-    for (int64_t h = 0; h < hd; ++h) o[h] = acc[r * hd + h] / l[r];
-  }
+  write_rows(s, kh, r0, rows, acc, l, out);
 }
 #endif
 
