@@ -29,6 +29,10 @@
 //                        pool stays as stored (bf16, or int8 with an f32 scale per position
 //                        and KV head, applied to the scores and the probabilities) and widens
 //                        to f32 in registers, like the weights.
+//   scaletui_prefill_attention_{f32,bf16_bits,bf16_dot}
+//                        a prompt chunk's causal attention over its earlier pages and its own
+//                        K/V (flash attention's online softmax), f32 FMAs; bf16_dot: a bf16 q
+//                        over a bf16 pool on vdpbf16ps, the probabilities rounded to bf16.
 //
 // Work is split over XLA's intra-op thread pool. Written with GCC vector extensions and
 // compiled with -march=native: with AVX-512 a vector is 16 floats and a dense panel 64 columns
