@@ -599,8 +599,8 @@ inline vf round_bf16(vf v) {
 // (1 / exp(g / 2))^2, which overflows to inf below -88.7 as f32's exp does (silu -0 there)
 inline vf silu_bf16(vf g) {
   const vf one = splat(1.0f);
-  const vf half = one / vexp(g * splat(0.5f));
-  const vf e = round_bf16(g < splat(0.0f) ? half * half : vexp(-g));
+  const vf root = one / vexp(g * splat(0.5f));  // exp(-g / 2), for g < 0
+  const vf e = round_bf16(g < splat(0.0f) ? root * root : vexp(-g));
   return round_bf16(g * round_bf16(one / round_bf16(one + e)));
 }
 
