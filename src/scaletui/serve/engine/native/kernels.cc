@@ -809,6 +809,10 @@ inline void prefetch_next(const Ahead& ahead, int64_t i, int64_t n) {
     __builtin_prefetch(bytes + line * 64, 0, 2);
 }
 
+// vectors of kLanes stored T per 64-byte cache line (a prefetch per line, not per vector)
+template <typename T>
+constexpr int kVecsPerLine = std::max<int>(1, 64 / (kLanes * sizeof(T)));
+
 // scores[g, p0 + p] = q[g] . K[:, p0 + p] for whole passes of PB vectors of positions from p0
 // while they fit in len, K^T stored [H, w] (row stride w): G * PB independent accumulators in
 // flight. Then passes of PB / 2 vectors, and so on down to one, so a page of 64 keeps 4 or
@@ -823,7 +827,8 @@ int64_t score_passes(const T* kt, int64_t w, int64_t hd, int64_t p0, int64_t len
       const T* row = kt + h * w + p0;
       vf kv[PB];
       for (int j = 0; j < PB; ++j) {
-        __builtin_prefetch(row + 16 * w + j * kLanes, 0, 2);  // 16 rows ahead, into L2
+        if (j % kVecsPerLine<T> == 0)  // 16 rows ahead, into L2: once per cache line
+          __builtin_prefetch(row + 16 * w + j * kLanes, 0, 2);
         kv[j] = widen(row + j * kLanes);
       }
       for (int g = 0; g < G; ++g) {
@@ -840,13 +845,18 @@ int64_t score_passes(const T* kt, int64_t w, int64_t hd, int64_t p0, int64_t len
 }
 
 // scores[g, p] = q[g] . K[:, p] (* scale[p], int8) for p < len of one page, K^T stored [H, w].
-// The tail past the last whole vector is scalar, so no load reads past position len - 1.
+// Where the page is whole vectors wide, the last vector runs whole too: its columns past len
+// are in the page (stale or zero), and their scores are never used (the softmax masks every
+// position past the row's). Elsewhere the tail is scalar, so no load leaves the page; as a
+// scalar tail it was a chain of dependent FMAs per (head, position), 3 / 4 of a 16-row step's
+// attention time with 11 positions in it.
 template <int G, typename T>
 void page_scores(const T* kt, int64_t w, int64_t hd, int64_t len, const float* q,
                  const float* scale, float* scores, int64_t stride, const Ahead& ahead) {
   constexpr int PB = G <= 2 ? kAccs / 2 : G <= 4 ? kAccs / 4 : kAccs / 8;  // vectors per pass
-  for (int64_t p0 = score_passes<G, PB>(kt, w, hd, 0, len, q, scores, stride, ahead); p0 < len;
-       ++p0) {
+  const int64_t covered = w % kLanes == 0 ? (len + kLanes - 1) / kLanes * kLanes : len;
+  for (int64_t p0 = score_passes<G, PB>(kt, w, hd, 0, covered, q, scores, stride, ahead);
+       p0 < len; ++p0) {
     for (int g = 0; g < G; ++g) {
       float acc = 0.0f;
       for (int64_t h = 0; h < hd; ++h) acc += q[g * hd + h] * to_f32(kt[h * w + p0]);
@@ -858,19 +868,22 @@ void page_scores(const T* kt, int64_t w, int64_t hd, int64_t len, const float* q
     for (int64_t p = 0; p < len; ++p) scores[g * stride + p] *= scale[p];
 }
 
-// out[g] += sum_p probs[g, p] (* scale[p], int8) * V[p] over one page's len rows, V stored
-// [S, H].
+// out[g] += sum_p probs[g, p] (* scale[p], int8: folded into probs here) * V[p] over one
+// page's len rows, V stored [S, H].
 template <int G, typename T>
-void page_values(const T* vp, int64_t hd, int64_t len, const float* probs, int64_t stride,
+void page_values(const T* vp, int64_t hd, int64_t len, float* probs, int64_t stride,
                  const float* scale, vf (*acc)[kMaxHeadDim / kLanes], const Ahead& ahead) {
   const int64_t nv = hd / kLanes;
+  if (scale != nullptr)  // first, so each broadcast below is one load (not a multiply, a shuffle)
+    for (int g = 0; g < G; ++g)
+      for (int64_t p = 0; p < len; ++p) probs[g * stride + p] *= scale[p];
   for (int64_t p = 0; p < len; ++p) {
     prefetch_next(ahead, p, len);
-    const float s = scale == nullptr ? 1.0f : scale[p];
     vf pr[G];
-    for (int g = 0; g < G; ++g) pr[g] = splat(probs[g * stride + p] * s);
+    for (int g = 0; g < G; ++g) pr[g] = splat(probs[g * stride + p]);
     for (int64_t j = 0; j < nv; ++j) {
-      __builtin_prefetch(vp + (p + 32) * hd + j * kLanes, 0, 2);  // 32 positions ahead
+      if (j % kVecsPerLine<T> == 0)  // 32 positions ahead: once per cache line
+        __builtin_prefetch(vp + (p + 32) * hd + j * kLanes, 0, 2);
       vf v = widen(vp + p * hd + j * kLanes);
       for (int g = 0; g < G; ++g) acc[g][j] += pr[g] * v;
     }
@@ -889,7 +902,7 @@ struct StepKV {
 template <int G, typename T>
 void attend_one(const AttnShape& s, int64_t r, int64_t kh, int32_t pos, const int32_t* table,
                 const float* q, const StepKV<T>& step, const PagePool<T>& pool, float* out,
-                std::vector<float>& scores) {
+                std::vector<float>& scores, const void* then) {
   const int64_t hd = s.head_dim, ps = s.page, block = hd * ps;  // block: one K or V page block
   const int64_t head = r * s.kv_heads + kh;  // this row's KV head in k_new / v_new / q / out
   const bool scaled = pool.k_scale != nullptr;
@@ -953,7 +966,7 @@ void attend_one(const AttnShape& s, int64_t r, int64_t kh, int32_t pos, const in
   vf acc[G][kMaxHeadDim / kLanes] = {};
   for (int64_t i = 0; i < n_read; ++i) {
     const int64_t b = at(i);
-    const Ahead ahead{i + 1 < n_read ? pool.v + at(i + 1) * block : nullptr, lines};
+    const Ahead ahead{i + 1 < n_read ? pool.v + at(i + 1) * block : then, lines};
     page_values<G>(pool.v + b * block, hd, std::min<int64_t>(ps, n_pos - i * ps),
                    scores.data() + i * ps, stride, scaled ? pool.v_scale + b * ps : nullptr, acc,
                    ahead);
@@ -967,7 +980,7 @@ void attend_one(const AttnShape& s, int64_t r, int64_t kh, int32_t pos, const in
 template <typename T>
 using AttendFn = void (*)(const AttnShape&, int64_t, int64_t, int32_t, const int32_t*,
                           const float*, const StepKV<T>&, const PagePool<T>&, float*,
-                          std::vector<float>&);
+                          std::vector<float>&, const void*);
 
 template <typename T>
 AttendFn<T> attend_for(int64_t groups) {
@@ -986,6 +999,8 @@ AttendFn<T> attend_for(int64_t groups) {
 
 template <ffi::DataType D>
 using Native = ffi::NativeType<D>;
+
+constexpr int64_t kAttendGrain = 4;  // (row, KV head) items a thread claims at a time
 
 // Args: q [R, N, H] f32, k_new/v_new [R, K, H] in the pool's storage type, (int8: their scales
 // [R, K] f32,) positions [>= R] int32, page_table [>= R, W] int32, then the pool: k [P, K, H,
@@ -1056,10 +1071,20 @@ ffi::Error DecodeAttentionAny(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32, 3>
   const int32_t* pos = positions.typed_data();
   const int32_t* table = page_table.typed_data();
   float* op = out->typed_data();
-  parallel_for(threads, s.rows * s.kv_heads, 1, [&](int64_t i) {
-    thread_local std::vector<float> scores;
+  const int64_t items = s.rows * s.kv_heads, block = s.head_dim * s.page;
+  // the first K block an item reads: its row's first page, its KV head
+  auto first_k = [&](int64_t i) -> const void* {
     const int64_t r = i / s.kv_heads, kh = i % s.kv_heads;
-    attend(s, r, kh, pos[r], table + r * s.width, qp, step, pool, op, scores);
+    return pool.k + (std::clamp<int64_t>(table[r * s.width], 0, s.pages - 1) * s.kv_heads + kh) * block;
+  };
+  parallel_for(threads, (items + kAttendGrain - 1) / kAttendGrain, 1, [&](int64_t c) {
+    thread_local std::vector<float> scores;
+    const int64_t end = std::min(items, (c + 1) * kAttendGrain);
+    for (int64_t i = c * kAttendGrain; i < end; ++i) {
+      const int64_t r = i / s.kv_heads, kh = i % s.kv_heads;
+      attend(s, r, kh, pos[r], table + r * s.width, qp, step, pool, op, scores,
+             i + 1 < end ? first_k(i + 1) : nullptr);
+    }
   });
   return ffi::Error::Success();
 }
