@@ -177,6 +177,17 @@ def test_dense_kernels(smoke):
     assert _main("dense_kernels", []) == 0
 
 
+def test_decode_attention(smoke, capsys):
+    from scaletui.serve.engine import native
+
+    if not native.available():
+        pytest.skip(f"no native kernels here: {native.unavailable_reason()}")
+    assert _main("decode_attention", []) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert len(rows) == 1 and rows[0].split()[:2] == ["2", "20"]  # batch 2, context 20
+    assert 0 < float(rows[0].split()[4])  # floor / ms
+
+
 def test_calibrate_check(smoke, capsys):
     assert _main("calibrate_check", []) in (0, 1)  # 1: a check missed (small sizes: noise)
     out = capsys.readouterr().out
