@@ -847,9 +847,9 @@ int64_t score_passes(const T* kt, int64_t w, int64_t hd, int64_t p0, int64_t len
 // scores[g, p] = q[g] . K[:, p] (* scale[p], int8) for p < len of one page, K^T stored [H, w].
 // Where the page is whole vectors wide, the last vector runs whole too: its columns past len
 // are in the page (stale or zero), and their scores are never used (the softmax masks every
-// position past the row's). Elsewhere the tail is scalar, so no load leaves the page; as a
-// scalar tail it was a chain of dependent FMAs per (head, position), 3 / 4 of a 16-row step's
-// attention time with 11 positions in it.
+// position past the row's). Elsewhere the tail is scalar, so no load leaves the page. (As a
+// scalar tail it ran a chain of dependent FMAs per (head, position): with 11 positions in it,
+// a quarter of a 16-row layer's attention; bench/decode_attention.py.)
 template <int G, typename T>
 void page_scores(const T* kt, int64_t w, int64_t hd, int64_t len, const float* q,
                  const float* scale, float* scores, int64_t stride, const Ahead& ahead) {
@@ -898,7 +898,8 @@ struct StepKV {
 };
 
 // One (row, KV head): write the new K/V at `pos` (page table[pos / S], column pos % S), then
-// attend its G query heads over positions 0..pos, read from pages table[0 .. pos / S].
+// attend its G query heads over positions 0..pos, read from pages table[0 .. pos / S]. `then`:
+// the block read next (the next task's first K block), prefetched during the last V page, or null.
 template <int G, typename T>
 void attend_one(const AttnShape& s, int64_t r, int64_t kh, int32_t pos, const int32_t* table,
                 const float* q, const StepKV<T>& step, const PagePool<T>& pool, float* out,
@@ -1075,7 +1076,8 @@ ffi::Error DecodeAttentionAny(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32, 3>
   // the first K block an item reads: its row's first page, its KV head
   auto first_k = [&](int64_t i) -> const void* {
     const int64_t r = i / s.kv_heads, kh = i % s.kv_heads;
-    return pool.k + (std::clamp<int64_t>(table[r * s.width], 0, s.pages - 1) * s.kv_heads + kh) * block;
+    const int64_t page = std::clamp<int64_t>(table[r * s.width], 0, s.pages - 1);
+    return pool.k + (page * s.kv_heads + kh) * block;
   };
   parallel_for(threads, (items + kAttendGrain - 1) / kAttendGrain, 1, [&](int64_t c) {
     thread_local std::vector<float> scores;
