@@ -897,6 +897,13 @@ struct StepKV {
   const float *k_scale, *v_scale;    // [R, K], int8 only
 };
 
+// The block index of page i of a row's page `table`, KV head kh, in the pool's k or v. Ids
+// outside the pool are clamped into it rather than read or written out of bounds (the engine
+// never hands them out).
+inline int64_t page_block(const AttnShape& s, const int32_t* table, int64_t i, int64_t kh) {
+  return std::clamp<int64_t>(table[i], 0, s.pages - 1) * s.kv_heads + kh;
+}
+
 // One (row, KV head): write the new K/V at `pos` (page table[pos / S], column pos % S), then
 // attend its G query heads over positions 0..pos, read from pages table[0 .. pos / S]. `then`:
 // the block read next (the next task's first K block), prefetched during the last V page, or null.
@@ -907,11 +914,7 @@ void attend_one(const AttnShape& s, int64_t r, int64_t kh, int32_t pos, const in
   const int64_t hd = s.head_dim, ps = s.page, block = hd * ps;  // block: one K or V page block
   const int64_t head = r * s.kv_heads + kh;  // this row's KV head in k_new / v_new / q / out
   const bool scaled = pool.k_scale != nullptr;
-  // page i's (page, KV head) block index; ids outside the pool are clamped into it rather than
-  // read or written out of bounds (the engine never hands them out)
-  auto at = [&](int64_t i) {
-    return std::clamp<int64_t>(table[i], 0, s.pages - 1) * s.kv_heads + kh;
-  };
+  auto at = [&](int64_t i) { return page_block(s, table, i, kh); };  // page i's block
   // a position past the page table (the engine sizes tables to rule it out) writes nothing
   // and attends over every position the table reaches; a negative one counts as 0
   const int64_t p = std::max<int32_t>(pos, 0), capacity = s.width * ps;
@@ -1075,9 +1078,7 @@ ffi::Error DecodeAttentionAny(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32, 3>
   const int64_t items = s.rows * s.kv_heads, block = s.head_dim * s.page;
   // the first K block an item reads: its row's first page, its KV head
   auto first_k = [&](int64_t i) -> const void* {
-    const int64_t r = i / s.kv_heads, kh = i % s.kv_heads;
-    const int64_t page = std::clamp<int64_t>(table[r * s.width], 0, s.pages - 1);
-    return pool.k + (page * s.kv_heads + kh) * block;
+    return pool.k + page_block(s, table + i / s.kv_heads * s.width, 0, i % s.kv_heads) * block;
   };
   parallel_for(threads, (items + kAttendGrain - 1) / kAttendGrain, 1, [&](int64_t c) {
     thread_local std::vector<float> scores;
