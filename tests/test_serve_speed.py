@@ -5,11 +5,13 @@ says why and no predicted counter is exported."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
+from scaletui.roofline import speedlog
 from scaletui.roofline.costmodel import CostModel
-from scaletui.roofline.fitstore import save_fit
+from scaletui.roofline.fitstore import load_fit, save_fit
 from scaletui.serve.http.testing import fake_server
 from scaletui.serve.scheduling.speed import find_speed_model
 from scaletui.shape import ServerShape
@@ -111,3 +113,23 @@ def test_a_fit_file_of_another_shape_is_refused_naming_both(tmp_path):
     path = save_fit(fake_fit("small"), tmp_path / "small.yaml")
     with pytest.raises(ValueError, match="is for small .* not this server's tiny"):
         find_speed_model(ServerShape(load_model("tiny"), max_seq_len=128), str(path))
+
+
+async def test_the_server_logs_its_factor_in_blocks_and_a_band_reads_them_back(monkeypatch):
+    """Every BLOCK_S of calls the server appends the block's factor to the fit's speed log;
+    `drift_spread` reads the blocks of the fit's engine back (here each block holds a call or
+    two: the FakeEngine's 2x decode and 0.5x prefill factors, as /stats shows them)."""
+    monkeypatch.setattr(speedlog, "BLOCK_S", 1e-3)
+    monkeypatch.setattr(speedlog, "MIN_BLOCK_CALLS", 1)
+    monkeypatch.setattr(speedlog, "MIN_BLOCKS", 2)
+    fit = load_fit(save_fit(fake_fit()))  # as stored: with the engine that made it
+    async with fake_server(step_s=STEP_S, decode_steps=4) as (client, _):
+        await run_two(client)
+    blocks = speedlog.read_blocks(speedlog.log_path(fit))
+    assert {b["kind"] for b in blocks} == {"decode", "prefill"}
+    assert sum(b["calls"] for b in blocks if b["kind"] == "decode") == 4  # a call a block
+    got = speedlog.drift_spread(fit)
+    # a block of one call carries its oversleep whole, where /stats sums it over the window
+    assert 1.9 < got["decode"]["p50"] < 2.8 and 0.45 < got["prefill"]["p50"] < 0.75
+    other = replace(fit, info={"fit_version": 1})  # a fit of another engine: not read
+    assert speedlog.drift_spread(other) == {}

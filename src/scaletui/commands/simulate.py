@@ -40,6 +40,7 @@ from scaletui.roofline.simrecords import (
     SimResult,
     SimTiming,
 )
+from scaletui.roofline.speedlog import drift_spread
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.shape_flags import add_flags
 from scaletui.specs import ModelSpec, SpecError, load_hardware, load_model
@@ -211,8 +212,9 @@ def speed_spread(args: argparse.Namespace, decode: CostModel) -> SpeedSpread:
             host = (load_hardware(name).extra.get("measured") or {}).get("spread")
         except SpecError:  # a --fit of a host whose spec is not here: the host part unknown
             host = None
-    residuals = decode.info.get("residual_spread") if decode.source == "fit" else None
-    return SpeedSpread.measured(host, residuals)
+    fitted = decode.source == "fit"
+    residuals = decode.info.get("residual_spread") if fitted else None
+    return SpeedSpread.measured(host, residuals, drift_spread(decode) if fitted else None)
 
 
 def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:

@@ -6,11 +6,16 @@ read a band"), not a fixed percentage. The spread has two sources:
    floor over a window (`measured.spread` of the `local` spec: p10, p50, p90 of each);
 2. the fit: a fitted cost model's calls measured over what it answers, p10/p50/p90 per step kind
    (`info.residual_spread` of the fit, `costfit.residual_spread`).
+3. the horizon: the speed factors the server measured against its fit in past runs on this
+   host (`roofline/speedlog.py`'s blocks, p10/p50/p90 per step kind), which carry the drift
+   between a fit and a run minutes or hours later that a calibration window does not see.
 They make two speed scenarios, `SpeedFactors` (time multipliers per decode call, prefill call
-and host time): fast = the host's p90 read bandwidth and FLOP/s (p10 dispatch) over their p50,
-times the fit's p10 residual; slow = the other ends. Decode calls follow the read bandwidth (a
-decode step streams the weights), prefill the GEMM FLOP/s, the scheduler's host time the dispatch
-floor.
+and host time): fast = the faster of the host's p90 read bandwidth and FLOP/s over their p50
+and the past runs' p10 factor, times the fit's p10 residual; slow = the other ends. Decode calls
+follow the read bandwidth (a decode step streams the weights), prefill the GEMM FLOP/s, the
+scheduler's host time the dispatch floor. The host and the horizon are two readings of one
+thing, the host's speed at run time against the fit, so the band takes the wider of the two at
+each end rather than their product.
 
 Why two simulations give the p10-p90 band (simband.py runs them): a shared host's speed moves in
 spells of seconds to minutes, so one run meets roughly one speed; every figure the simulator
@@ -142,16 +147,20 @@ class SpeedSpread:
         return not (self.fast.unit and self.slow.unit)
 
     @classmethod
-    def measured(cls, host: dict | None, residuals: dict | None = None) -> SpeedSpread:
-        """From a hardware spec's `measured.spread` (`host`; None or {} for a spec without one)
-        and a fit's `info.residual_spread` (`residuals`; None for an assumed model or a fit made
-        before it). ValueError for a spread that is there but malformed."""
-        host, residuals = host or {}, residuals or {}
+    def measured(
+        cls, host: dict | None, residuals: dict | None = None, drift: dict | None = None
+    ) -> SpeedSpread:
+        """From a hardware spec's `measured.spread` (`host`; None or {} for a spec without one),
+        a fit's `info.residual_spread` (`residuals`; None for an assumed model or a fit made
+        before it) and the past runs' speed factors (`drift`: `speedlog.drift_spread`; None or
+        {} when none were logged). ValueError for a spread that is there but malformed."""
+        host, residuals, drift = host or {}, residuals or {}, drift or {}
         got = {k: Spread.from_dict(host[k]) for k in ("read_bw", "flops_per_s", "dispatch_s")
                if host.get(k)}  # fmt: skip
         res = {k: Spread.from_dict(residuals[k]) for k in ("decode", "prefill") if k in residuals}
-        read = _slow_over_p50(got.get("read_bw"), False)
-        flops = _slow_over_p50(got.get("flops_per_s"), False)
+        past = {k: Spread.from_dict(drift[k]) for k in ("decode", "prefill") if k in drift}
+        read = _widest(_slow_over_p50(got.get("read_bw"), False), past.get("decode"))
+        flops = _widest(_slow_over_p50(got.get("flops_per_s"), False), past.get("prefill"))
         disp = _slow_over_p50(got.get("dispatch_s"), True)
         rd = res.get("decode") or Spread(1.0, 1.0, 1.0)
         rp = res.get("prefill") or Spread(1.0, 1.0, 1.0)
@@ -172,10 +181,24 @@ class SpeedSpread:
             parts.append(f"fit residuals (measured / model) p10-p90: {each}")
         else:
             parts.append("fit residuals unknown")
+        if past:
+            hours = max(float(drift[k].get("hours") or 0) for k in past)
+            each = ", ".join(f"{k} {_pct(v, 1.0)} ({v.n} blocks)" for k, v in past.items())
+            parts.append(f"past runs against the fit p10-p90: {each} over {hours:.1f} h")
+        else:
+            parts.append("no past runs logged against the fit (the server logs them)")
         return cls(fast, slow, "; ".join(parts))
 
     def to_dict(self) -> dict:
         return {"fast": vars(self.fast), "slow": vars(self.slow), "note": self.note}
+
+
+def _widest(host: tuple[float, float], past: Spread | None) -> tuple[float, float]:
+    """(fast, slow) time factors: the host's window and the past runs' p10 / p90 factors are
+    two readings of the host's speed at run time against the fit; the band takes the wider."""
+    if past is None:
+        return host
+    return min(host[0], past.p10), max(host[1], past.p90)
 
 
 def _pct(s: Spread, center: float | None = None) -> str:

@@ -41,6 +41,7 @@ from scaletui.roofline.simrecords import (
     SimTiming,
 )
 from scaletui.roofline.simulate import simulate
+from scaletui.roofline.speedlog import drift_spread
 from scaletui.shape import ServerShape
 from scaletui.tui.host import FitKey, kernels_of, serve_max_seq_len
 from scaletui.tui.knobs import Knobs
@@ -279,11 +280,13 @@ def expect(
 
 def spread_of(hardware: specs.HardwareSpec | None, cost: CostModel) -> SpeedSpread:
     """The band's spread: the spec's measured one (`local`'s; none for a spec not measured here
-    or calibrated before it) and a fit's residuals (none for assumed costs)."""
+    or calibrated before it), a fit's residuals and the server's past runs against it (none for
+    assumed costs)."""
     host = (hardware.extra.get("measured") or {}).get("spread") if hardware else None
-    residuals = cost.info.get("residual_spread") if cost.source == "fit" else None
+    fitted = cost.source == "fit"
+    residuals = cost.info.get("residual_spread") if fitted else None
     try:
-        return SpeedSpread.measured(host, residuals)
+        return SpeedSpread.measured(host, residuals, drift_spread(cost) if fitted else None)
     except ValueError as exc:  # a hand-edited spec: the point, and why there is no band
         return SpeedSpread(note=f"no band: {exc}")
 

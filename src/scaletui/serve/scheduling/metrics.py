@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -193,10 +194,11 @@ class ServerMetrics:
             child = self._children[key] = metric.labels(kind=kind)
         return child
 
-    def reset_speed(self) -> None:
+    def reset_speed(self, log_file: Path | None = None, engine: str = "") -> None:
         """Another fit prices the calls from now on: the factor's window starts afresh (the
-        counters, monotonic, go on: a scraper's window spanning the change mixes both fits)."""
-        self.speed.reset()
+        counters, monotonic, go on: a scraper's window spanning the change mixes both fits),
+        its blocks logged to `log_file` (speedlog; None: not logged)."""
+        self.speed.reset(log_file, engine)
         self.speed_factor.clear()
         self._children = {k: c for k, c in self._children.items() if k[0] is not self.speed_factor}
 

@@ -124,7 +124,7 @@ class Scheduler:
         the speed factor's window afresh."""
         speed = speed_model(config, self.fit, kernels)
         if speed.fit != self.speed.fit:
-            self.metrics.reset_speed()
+            self.metrics.reset_speed(speed.log, speed.engine)
         self.speed = speed
         log.info("engine calls priced by %s", speed.fit or f"no fit: {speed.reason}")
 
