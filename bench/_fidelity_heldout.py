@@ -269,12 +269,14 @@ def measure(
             "--seed",
             str(seed + k),
         ]
+        # the a-priori prediction before the run: its band reads the server's speed log
+        # (roofline/speedlog.py), which the run itself adds to
+        pred = simulate(flags) if h.simulated else None
         log(f"held-out {h.name}: loadgen {' '.join(flags)}")
         out = work / f"held-out-{h.name}.json"
         got = loadgen(flags, out)
-        pred = ran = None
+        ran = None
         if h.simulated:
-            pred = simulate(flags)
             factor = (got.get("server_metrics") or {}).get("speed_factor") or {}
             ran = simulate([*flags, *as_run_flag(factor)]) if factor else None
         row = run_row(h.name, rate, got, pred and pred.summary, ran and ran.summary)
