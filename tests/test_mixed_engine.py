@@ -85,3 +85,16 @@ def test_a_chunk_past_the_compiled_length_is_refused(engine):
     chunk = Chunk(list(range(1, 40)), GREEDY, 0, table[0], 0, 32)
     with pytest.raises(ValueError, match="chunks of 1 to 16 tokens"):
         engine.generate_mixed(state, 4, table, chunk)
+
+
+def test_the_ragged_kernel_gives_the_greedy_tokens_of_xlas_mixed_step(engine):
+    """kernels=pallas (the GPU kernels, interpreted): the mixed calls attend rows and chunk in
+    one ragged kernel call over the head-major pool, and the same schedule gives the tokens
+    XLA's ops give, mixed or not (nothing warmed up: interpret mode compiles slowly, so only
+    what the schedule calls compiles)."""
+    cfg = ServerShape(model=load_model("tiny"), slots=4, max_seq_len=64, page_size=16,
+                      decode_steps=4, max_prefill_bucket=32, max_batched_tokens=BUDGET,
+                      kernels="pallas")  # fmt: skip
+    pallas, _ = build_engines(cfg)
+    assert pallas.ops.mixed_attention is not None and pallas.mix_tokens == BUDGET
+    assert run(pallas, True) == run(engine, False)

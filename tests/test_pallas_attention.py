@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec
 
 from scaletui.serve.engine import kv_cache, model, pallas_attention
 from scaletui.serve.engine.build import plan_engines
-from scaletui.serve.weights import sharding
+from scaletui.serve.weights import quant, sharding
 from scaletui.shape import ServerShape
 from scaletui.specs import load_model
 
@@ -140,3 +140,39 @@ def test_plan_picks_pallas_on_accelerators_and_only_when_asked_on_cpu():
     assert pallas_attention.kernel_for("gpu") == "gpu"
     assert pallas_attention.kernel_for("tpu") == "tpu"
     assert pallas_attention.kernel_for("cpu") is None
+
+
+@pytest.mark.parametrize(("kv", "tp"), [("f32", 1), ("bf16", 1), ("int8", 1), ("f32", 2)])
+def test_a_mixed_step_on_the_ragged_kernel_equals_xla_rows_then_chunk(kv, tp):
+    """pallas_attention.mixed_attention (one ragged kernel call for the decode rows and the
+    chunk, GPU kernel interpreted) against XLA's mixed step: the rows' paged attention, then the
+    chunk's `_attend_chunk` over its earlier pages and its own K/V, written as whole pages. Three
+    of four rows decode (R = 3 < B = 4: the last is the step's padding), the chunk is 11 tokens
+    at 8 (a page of earlier context) in pages no row holds; tp 2 splits the KV heads."""
+    rows, width, t, start = 4, 4, 11, 8
+    q, k, v, positions, table, pool = _case(kv, rows, 1 + 4 * width + 4, width, seed=11)
+    free = sorted(set(range(1, 1 + 4 * width + 4)) - set(np.asarray(table).ravel().tolist()))
+    chunk_pages = jnp.asarray(np.random.default_rng(2).permutation(free)[:width], jnp.int32)
+    rng = np.random.default_rng(12)
+    qc, kc, vc = (jnp.asarray(rng.standard_normal((t, n, H)), jnp.float32) for n in (K * G, K, K))
+    if kv == "bf16":
+        q, qc = q.astype(jnp.bfloat16), qc.astype(jnp.bfloat16)
+    r = rows - 1
+    o_rows, want = model._paged_attention(q[:r], k[:r], v[:r], positions, table, pool)
+    entry = quant.store_kv(kc, vc, kv_cache.value_dtype(pool["k"].dtype))
+    prior = model.gather_pages([want], chunk_pages)[0]
+    o_chunk = model._attend_chunk(qc, entry, prior, jnp.int32(start))
+    want = kv_cache.write_pages(want, entry, chunk_pages[start // S : start // S + -(-t // S)])
+    mesh = sharding.make_mesh(jax.devices()[:tp], 1, tp)
+    cat = lambda a, b: jnp.concatenate([a[:r], b.astype(a.dtype)])  # noqa: E731
+    o, new = pallas_attention.mixed_attention(
+        cat(q, qc), cat(k, kc), cat(v, vc), positions, table, jnp.int32(start), chunk_pages,
+        jnp.int32(0), _to_head_major(pool), rows=r, mesh=mesh, interpret=True,
+    )  # fmt: skip
+    tol = 3e-2 if kv == "bf16" else 1e-4
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    np.testing.assert_allclose(f32(o[1:r]), f32(o_rows[1:r]), rtol=tol, atol=tol)  # 0: inactive
+    np.testing.assert_allclose(f32(o[r:]), f32(o_chunk), rtol=tol, atol=tol)
+    head_major = _to_head_major(want)
+    for name in new:  # every page: the rows' positions, the chunk's pages, scratch
+        np.testing.assert_array_equal(np.asarray(new[name]), np.asarray(head_major[name]), name)

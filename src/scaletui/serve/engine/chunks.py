@@ -95,7 +95,9 @@ class ChunkCalls:
         tokens, args = self._chunk_args(
             c.tokens, c.params, c.start, c.stop - c.start, self.mix_tokens
         )
-        prior = self._gather_exe()(state.arrays.cache, row) if c.start else self._no_prior
+        # the ragged kernel reads the earlier pages from the pool itself: nothing to gather
+        gather = c.start and self.ops.mixed_attention is None
+        prior = self._gather_exe()(state.arrays.cache, row) if gather else self._no_prior
         bucket, table, consts = self._step_inputs(state, steps, pages)
         exe = self._mixed_exe(bucket)
         inputs = (self.params, state.arrays, consts, table, tokens, args, row, scratch, prior)

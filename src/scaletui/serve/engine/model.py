@@ -198,6 +198,10 @@ class Ops(NamedTuple):
     # a prompt chunk's attention, `_attend_chunk`'s signature (prior None: nothing earlier, start
     # 0); None: XLA's, `_attend_chunk` (paged) and `_attend` (whole prompt)
     prefill_attention: Callable | None = None
+    # a mixed step's attention in one call, decode rows and chunk (q, k, v [R + T, ...],
+    # positions, pages, start, chunk_pages, scratch, pool, rows=R) -> (o, the pool with both
+    # written); None: decode_attention for the rows, then prefill_attention for the chunk
+    mixed_attention: Callable | None = None
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -503,6 +507,9 @@ def mixed(
     cos, sin = rope(pos, m.head_dim, m.rope_theta, m.rope_scaling)
 
     def attend(i, q, k, v):
+        if ops.mixed_attention is not None:
+            args = (positions, pages, start, chunk_pages, scratch, cache[i])
+            return ops.mixed_attention(q, k, v, *args, rows=r)
         o, pool = ops.decode_attention(q[:r], k[:r], v[:r], positions, pages, cache[i])
         entry = quant.store_kv(k[r:], v[r:], kv_cache.value_dtype(pool["k"].dtype))  # [T, K, H]
         mine = (ops.prefill_attention or _attend_chunk)(q[r:], entry, prior[i], start)
@@ -599,13 +606,17 @@ def pallas_ops(
     interpret: bool = False,
 ) -> Ops:
     """XLA's ops with decode attention on JAX's Pallas paged-attention kernel `kernel` ("gpu"
-    or "tpu", see pallas_attention.py) over a head-major pool sharded on `mesh`; `interpret`:
-    run the kernel in Pallas' interpret mode (CPU tests)."""
-    attention = partial(
-        pallas_attention.decode_attention, mesh=mesh, kernel=kernel, interpret=interpret
+    or "tpu", see pallas_attention.py) over a head-major pool sharded on `mesh`, and on GPU a
+    mixed step's attention on the ragged kernel (pallas_ragged.py; TPU: the decode kernel and
+    XLA's chunk attention); `interpret`: run the kernels in Pallas' interpret mode (CPU)."""
+    kw = {"mesh": mesh, "interpret": interpret}
+    attention = partial(pallas_attention.decode_attention, kernel=kernel, **kw)
+    ops = xla_ops(compute, panel=panel)._replace(
+        decode_attention=attention, layout=kv_cache.HEAD_MAJOR
     )
-    ops = xla_ops(compute, panel=panel)
-    return ops._replace(decode_attention=attention, layout=kv_cache.HEAD_MAJOR)
+    if kernel == "gpu" and mesh.shape.get("data", 1) == 1:  # mixing runs at dp 1
+        ops = ops._replace(mixed_attention=partial(pallas_attention.mixed_attention, **kw))
+    return ops
 
 
 def native_ops_for(compute: jnp.dtype = jnp.float32) -> Ops:

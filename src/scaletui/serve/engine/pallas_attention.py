@@ -5,9 +5,12 @@ a scale per position, exact to f32 rounding). TPU: `jax.experimental.pallas.ops.
 .paged_attention` (Mosaic; it reads K/V as bf16 whatever they are stored in, so an f32 cache
 is attended at bf16 precision). Both take the pool as k, v [K, P, S, H] (kv_cache.HEAD_MAJOR),
 each row's page table [B, W] and its length, and a query already scaled by 1/sqrt(H).
-JAX's ragged paged-attention kernel (TPU, mixed prefill and decode) is not used: it wants K and
-V interleaved in one [P, S, 2K, H] array, and JAX 0.10's TPU interpreter cannot run it on CPU
-(a ReshapeTransform it does not handle), so it could not be tested here.
+A mixed step (decode rows and a prompt chunk in one pass) attends both in one call of our
+ragged kernel on GPU (`mixed_attention`, pallas_ragged.py: Triton-style, checked here in
+interpret mode only). JAX's ragged paged-attention kernel for TPU is not used: it wants K and V
+interleaved in one [P, S, 2K, H] array, and JAX 0.10's TPU interpreter cannot run it on CPU (a
+ReshapeTransform it does not handle), so on TPU a mixed step runs the decode kernel for its rows
+and XLA's chunk attention (model._attend_chunk) for its chunk.
 
 The step writes each row's K/V into its page (one dynamic-update-slice per row, as
 model._replica_attention does) and then runs the kernel, all inside a `shard_map` over the
@@ -22,12 +25,14 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
-from scaletui.serve.engine import kv_cache
+from scaletui.serve.engine import kv_cache, pallas_ragged
 from scaletui.serve.weights import quant, sharding
 
 KERNELS = ("gpu", "tpu")  # which Pallas kernel: the platform's
+RAGGED_BLOCK_Q = 16  # query rows per block of the ragged kernel (a decode row takes one block)
 
 
 def kernel_for(platform: str) -> str | None:
@@ -131,3 +136,79 @@ def decode_attention(
         check_vma=False,
     )
     return run(q, step, positions, pages, layer)
+
+
+def _local_mixed(q, step: dict, chunk: dict, positions, pages, start, chunk_pages, scratch,
+                 pool: dict, *, block_q: int, interpret: bool):  # fmt: skip
+    """One device's heads of a mixed step: q [b + T, n, H] (b decode rows, then the chunk),
+    the decode rows' K/V `step` and the chunk's `chunk` in the pool's storage, positions [b],
+    pages [b, W], the chunk at start..start+T-1 of the sequence whose pages are chunk_pages
+    [W'] (past them: the `scratch` page) -> (o [b + T, n, H], the pool with both written)."""
+    b, t, hd = positions.shape[0], q.shape[0] - positions.shape[0], q.shape[2]
+    new = kv_cache.write_positions(pool, step, positions, pages, kv_cache.HEAD_MAJOR)
+    s = pool["v"].shape[2]
+    ids = lax.dynamic_slice_in_dim(
+        jnp.append(chunk_pages, jnp.full_like(chunk_pages, scratch)), start // s, -(-t // s)
+    )
+    entry = tuple(chunk[n] for n in ("k", "v", "k_scale", "v_scale") if n in chunk)
+    new = kv_cache.write_pages(new, entry, ids, kv_cache.HEAD_MAJOR)
+    width = max(pages.shape[1], chunk_pages.shape[0])
+    widen = lambda a: jnp.pad(a, ((0, 0), (0, width - a.shape[1])))  # noqa: E731
+    tables = jnp.concatenate([widen(pages), widen(chunk_pages[None])]).astype(jnp.int32)
+    # the blocks' layout is static: a block per decode row, then the chunk's; each block's
+    # first position is its run's (the row's position, the chunk's start) plus its offset
+    runs = [(row, 0, 1) for row in range(b)] + [(b, 0, t)]
+    seq, offsets, length, index = pallas_ragged.plan_blocks(runs, block_q)
+    first = jnp.concatenate([positions, jnp.full((len(seq) - b,), start)]).astype(jnp.int32)
+    starts = first + jnp.asarray(offsets)
+    qs = (q.astype(jnp.float32) * hd**-0.5).astype(q.dtype)
+    blocks = jnp.zeros((len(seq) * block_q, *q.shape[1:]), q.dtype).at[index].set(qs)
+    o = pallas_ragged.ragged_paged_attention(
+        blocks, new["k"], new["v"], tables, jnp.asarray(seq), starts, jnp.asarray(length),
+        new.get("k_scale"), new.get("v_scale"), block_q=block_q, interpret=interpret,
+    )  # fmt: skip
+    return o[index].astype(q.dtype), new
+
+
+def mixed_attention(
+    q, k, v, positions, pages, start, chunk_pages, scratch, layer: dict, *, rows: int, mesh: Mesh,
+    interpret: bool = False, block_q: int = RAGGED_BLOCK_Q,
+) -> tuple:  # fmt: skip
+    """model.Ops.mixed_attention on the ragged kernel (pallas_ragged.py, GPU): one kernel call
+    attends a mixed step's decode rows and its prompt chunk over the head-major pool of one
+    data replica (mixing runs at dp 1, policy.mix_tokens), heads split over 'model' as in
+    decode_attention. q [R + T, N, H], k/v [R + T, K, H] (the first `rows` = R decode rows),
+    positions [B], pages [B, W], the chunk at start..start+T-1 in pages chunk_pages [W'] (then
+    the `scratch` page) -> (o [R + T, N, H], the pool with the rows' K/V at their positions and
+    the chunk's as whole pages from `start`)."""
+    b = positions.shape[0]
+    pad = lambda a: jnp.pad(a[:rows], [(0, b - rows)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
+    values = jnp.int8 if "k_scale" in layer else layer["k"].dtype
+    names = ("k", "v", "k_scale", "v_scale")
+    step = dict(zip(names, quant.store_kv(pad(k), pad(v), values), strict=False))
+    chunk = dict(zip(names, quant.store_kv(k[rows:], v[rows:], values), strict=False))
+    q = jnp.concatenate([pad(q), q[rows:]])
+    axes = kv_cache.pool_axes(kv_cache.HEAD_MAJOR)
+    pool_specs = {n: sharding.spec_for(axes[n], buf.shape, mesh) for n, buf in layer.items()}
+    heads = pool_specs["k"][0]  # 'model' when tp divides K: q's heads split the same way
+    kv_spec = lambda x: PartitionSpec(*(None, heads, None)[: x.ndim])  # noqa: E731
+    body = partial(_local_mixed, block_q=block_q, interpret=interpret)
+    run = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(
+            PartitionSpec(None, heads, None),
+            {n: kv_spec(x) for n, x in step.items()},
+            {n: kv_spec(x) for n, x in chunk.items()},
+            PartitionSpec(),
+            PartitionSpec(),
+            PartitionSpec(),
+            PartitionSpec(),
+            PartitionSpec(),
+            pool_specs,
+        ),
+        out_specs=(PartitionSpec(None, heads, None), pool_specs),
+        check_vma=False,
+    )
+    o, pool = run(q, step, chunk, positions, pages, start, chunk_pages, scratch, layer)
+    return jnp.concatenate([o[:rows], o[b:]]), pool
