@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The accelerator run kit (issue 15): everything the first minutes on a GPU host should measure,
-# in one command, each stage under its own time limit, all results under $OUT (9 files).
+# in one command, each stage under its own time limit, all results under $OUT (10 files).
 #
 #   bench/accelerator_run.sh                on the GPU host (llama3-8b, limits add up to 9 min)
 #   bench/accelerator_run.sh --dry-run      here, on CPU: tiny/small models, short sweeps, in a
@@ -19,8 +19,9 @@
 # Stages: wheels (install the carried .whl/ with --no-index --target, bench/fetch_gpu_wheels.sh
 # fetches them; the dry run fetches them itself when there are none), env (versions, nvidia-smi,
 # every import), calibrate (`scaletui calibrate`),
-# greedy (bench/greedy_check.py), decode-f32, decode, decode-int8 (bench/decode_roofline.py vs
-# the h200 spec and the calibrated one, with decode attention on JAX's Pallas paged-attention
+# greedy (bench/greedy_check.py), ragged (bench/ragged_check.py: the mixed step's ragged
+# paged-attention kernel against XLA's, right and timed), decode-f32, decode, decode-int8
+# (bench/decode_roofline.py vs the h200 spec and the calibrated one, with decode attention on JAX's Pallas paged-attention
 # kernel (the engine's auto on GPU/TPU; the bf16 sweep also times XLA's attention at batch 64),
 # in three precisions so that one run records them all:
 # f32 compute and weights, then bf16 compute and weights (the full sweep), then bf16 compute
@@ -30,8 +31,8 @@
 # overlap calibrate, greedy and decode). A failed or timed-out stage does not stop the next;
 # summary.txt gets one line per stage. The project runs from src/ on PYTHONPATH: the GPU host
 # has no registry, so nothing is pip-installed there but the wheels.
-# Files in $OUT: summary.txt log.txt env.txt calibrate.yaml greedy.json decode-f32.json
-# decode.json decode-int8.json serving.json
+# Files in $OUT: summary.txt log.txt env.txt calibrate.yaml greedy.json ragged.json
+# decode-f32.json decode.json decode-int8.json serving.json
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -43,7 +44,7 @@ while (($#)); do
     --plan) PLAN=1 ;;
     --make-dry-env) MODE=make-env ;;
     --only) ONLY=,$2, && shift ;;
-    -h | --help) sed -n '2,34p' "$0" | cut -c3- && exit 0 ;;
+    -h | --help) sed -n '2,35p' "$0" | cut -c3- && exit 0 ;;
     *) echo "accelerator_run: unknown argument $1 (see --help)" >&2 && exit 2 ;;
   esac
   shift
@@ -92,8 +93,9 @@ plan() {  # $1: real | dry
     DECODE_INT8=("${sweep[@]}" --dtype bf16 --weight-dtype int8 "${short[@]}")
     SERVING=(--model "$MODEL" --dtype bf16 --slots 64 --concurrency 1 8 64 --qps 20
              --poisson-requests 200 --input-len 128 --output-len 128)
-    LIMITS=(wheels=30 env=45 calibrate=45 greedy=75 decode-f32=55 decode=135 decode-int8=55
-            serving=100)
+    RAGGED=(--model "$MODEL")
+    LIMITS=(wheels=30 env=45 calibrate=45 greedy=75 ragged=30 decode-f32=55 decode=120
+            decode-int8=55 serving=85)
   else
     CALIBRATE=(--quick --out "$OUT/calibrate.yaml")
     GREEDY=(--model small --dtype bf16 --new-tokens 32)
@@ -105,14 +107,16 @@ plan() {  # $1: real | dry
     DECODE_INT8=("${sweep[@]}" --dtype bf16 --weight-dtype int8 "${short[@]}")
     SERVING=(--model tiny --dtype bf16 --slots 8 --concurrency 1 2 8 --requests-per-stream 2
              --qps 4 --poisson-requests 8 --input-len 32 --output-len 16)
-    LIMITS=(wheels=90 env=60 calibrate=45 greedy=240 decode-f32=60 decode=120 decode-int8=60
-            serving=90)
+    RAGGED=(--model tiny --interpret --rows 4 --chunk 32 --context 64 --calls 2)
+    LIMITS=(wheels=90 env=60 calibrate=45 greedy=240 ragged=90 decode-f32=60 decode=120
+            decode-int8=60 serving=90)
   fi
   local compare=(--hardware "$HARDWARE" --compare "$OUT/calibrate.yaml" --no-floor --weights device)
   DECODE_F32+=("${compare[@]}" --json-out "$OUT/decode-f32.json")
   DECODE+=("${compare[@]}" --json-out "$OUT/decode.json")
   DECODE_INT8+=("${compare[@]}" --json-out "$OUT/decode-int8.json")
   GREEDY+=(--json-out "$OUT/greedy.json")
+  RAGGED+=(--json-out "$OUT/ragged.json")
 }
 
 selected() {  # is stage $1 to run? wheels and env always; --only decode names decode-*
@@ -128,6 +132,7 @@ limit_of() {  # stage $1's limit in seconds (120 when LIMITS leaves it out)
 stages() {  # $1 (run_stage | show_stage) for each one-command stage between env and serving
   "$1" calibrate "$PYTHON" -m scaletui.cli calibrate "${CALIBRATE[@]}"
   "$1" greedy "$PYTHON" bench/greedy_check.py "${GREEDY[@]}"
+  "$1" ragged "$PYTHON" bench/ragged_check.py "${RAGGED[@]}"
   "$1" decode-f32 "$PYTHON" bench/decode_roofline.py "${DECODE_F32[@]}"
   "$1" decode "$PYTHON" bench/decode_roofline.py "${DECODE[@]}"
   "$1" decode-int8 "$PYTHON" bench/decode_roofline.py "${DECODE_INT8[@]}"
@@ -254,6 +259,7 @@ if [[ $MODE == check ]]; then  # imports, then the real and the dry run's argume
     plan "$m"
     run_stage "calibrate-$m" "$PYTHON" -m scaletui.cli calibrate --help
     run_stage "greedy-$m" "$PYTHON" bench/greedy_check.py "${GREEDY[@]}" --check
+    run_stage "ragged-$m" "$PYTHON" bench/ragged_check.py "${RAGGED[@]}" --check
     run_stage "decode-f32-$m" "$PYTHON" bench/decode_roofline.py "${DECODE_F32[@]}" --check
     run_stage "decode-$m" "$PYTHON" bench/decode_roofline.py "${DECODE[@]}" --check
     run_stage "decode-int8-$m" "$PYTHON" bench/decode_roofline.py "${DECODE_INT8[@]}" --check

@@ -157,6 +157,15 @@ def test_greedy_check(smoke):
     assert orjson.loads((smoke / "greedy.json").read_bytes())["model"] == "tiny"
 
 
+def test_ragged_check(smoke):
+    out = smoke / "ragged.json"
+    argv = ["--model", "tiny", "--interpret", "--rows", "3", "--chunk", "20", "--context", "32",
+            "--calls", "1", "--json-out", str(out)]  # fmt: skip
+    assert _main("ragged_check", argv) == 0
+    result = orjson.loads(out.read_bytes())
+    assert result["ok"] and result["max_abs_error"] < 3e-2 and result["kernel_ms"] > 0
+
+
 def test_prefill_paths(smoke):
     assert _main("prefill_paths", ["--json-out", str(smoke / "paths.json")]) == 0
     assert orjson.loads((smoke / "paths.json").read_bytes())["paths_agree"] == [True]
