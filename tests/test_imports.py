@@ -147,6 +147,8 @@ def test_layers_import_only_what_they_may():
             "scaletui.roofline.callcost",
             "scaletui.roofline.costmodel",
             "scaletui.roofline.fitstore",
+            # and the speed log its blocks go to (the band's horizon): pure, no JAX
+            "scaletui.roofline.speedlog",
         },
         "scaletui.serve.http": {
             *serve_base,
