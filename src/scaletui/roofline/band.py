@@ -186,7 +186,7 @@ class SpeedSpread:
             each = ", ".join(f"{k} {_pct(v, 1.0)} ({v.n} blocks)" for k, v in past.items())
             parts.append(f"past runs against the fit p10-p90: {each} over {hours:.1f} h")
         else:
-            parts.append("no past runs logged against the fit (the server logs them)")
+            parts.append("no past runs logged yet")
         return cls(fast, slow, "; ".join(parts))
 
     def to_dict(self) -> dict:
