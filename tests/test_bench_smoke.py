@@ -166,6 +166,21 @@ def test_ragged_check(smoke):
     assert result["ok"] and result["max_abs_error"] < 3e-2 and result["kernel_ms"] > 0
 
 
+def test_sim_noise(smoke, capsys):
+    """A fit whose calls vary 0.5x-1.5x: the median TTFT moves over the draws, by run length."""
+    from test_serve_speed import fake_fit
+
+    from scaletui.roofline.fitstore import save_fit
+
+    fit = save_fit(fake_fit(spread=(0.5, 1.0, 1.5)), smoke / "fit.yaml")
+    argv = ["--fit", str(fit), "--model", "tiny", "--slots", "2", "--max-seq-len", "256",
+            "--requests", "8", "--arrivals", "1", "--draws", "4", "--", "--qps", "50",
+            "--input-len", "32", "--output-len", "8", "--prompt-format", "ids"]  # fmt: skip
+    assert _main("sim_noise", argv) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[0] == "8" and row[2] != "[+0%,+0%]"  # the draws moved the median TTFT
+
+
 def test_prefill_paths(smoke):
     assert _main("prefill_paths", ["--json-out", str(smoke / "paths.json")]) == 0
     assert orjson.loads((smoke / "paths.json").read_bytes())["paths_agree"] == [True]
