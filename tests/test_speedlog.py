@@ -107,3 +107,13 @@ def test_a_band_takes_the_wider_of_the_host_window_and_the_past_runs():
     got = SpeedSpread.measured(host, None, wide)
     assert (got.fast.decode, got.slow.decode) == pytest.approx((0.7, 10 / 9.5))
     assert "no past runs logged" in SpeedSpread.measured(host, None, {}).note
+
+
+def test_spread_of_reads_the_log_for_a_fit_and_not_for_assumed_costs(monkeypatch):
+    fit = fake_fit()
+    log_factors(speedlog.log_path(fit), "decode", [1.1, 1.2, 1.3, 1.4, 1.5], t0=NOW - 600)
+    monkeypatch.setattr(speedlog.time, "time", lambda: NOW)
+    got = speedlog.spread_of(None, fit)
+    assert got.slow.decode == pytest.approx(1.46) and "decode +14%..+46% (5 blocks)" in got.note
+    assumed = speedlog.spread_of(None, replace(fit, source="assumed"))
+    assert not assumed.width and "no past runs logged yet" in assumed.note

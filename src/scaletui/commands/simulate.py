@@ -26,6 +26,7 @@ from scaletui.dtypes import cpu_bf16_pairs, default_compute_dtype
 from scaletui.loadgen import flags as loadgen_flags
 from scaletui.loadgen.output import table
 from scaletui.loadgen.workload import PROMPT_FORMATS, Workload, schedule
+from scaletui.roofline import speedlog
 from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.dcn import with_dcn
@@ -40,7 +41,6 @@ from scaletui.roofline.simrecords import (
     SimResult,
     SimTiming,
 )
-from scaletui.roofline.speedlog import drift_spread
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.shape_flags import add_flags
 from scaletui.specs import ModelSpec, SpecError, load_hardware, load_model
@@ -204,7 +204,8 @@ def cost_models(
 
 def speed_spread(args: argparse.Namespace, decode: CostModel) -> SpeedSpread:
     """The band's spread: the host's from the hardware spec (--hardware, else `local` for a fit
-    made on it), the fit's residuals from a fitted cost model; unknown parts are said so."""
+    made on it), a fitted model's residuals and past runs (speedlog.spread_of); unknown parts
+    are said so."""
     name = args.hardware or ("local" if decode.hardware == "local" else None)
     host = None
     if name is not None:
@@ -212,9 +213,7 @@ def speed_spread(args: argparse.Namespace, decode: CostModel) -> SpeedSpread:
             host = (load_hardware(name).extra.get("measured") or {}).get("spread")
         except SpecError:  # a --fit of a host whose spec is not here: the host part unknown
             host = None
-    fitted = decode.source == "fit"
-    residuals = decode.info.get("residual_spread") if fitted else None
-    return SpeedSpread.measured(host, residuals, drift_spread(decode) if fitted else None)
+    return speedlog.spread_of(host, decode)
 
 
 def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:

@@ -20,11 +20,19 @@ from pathlib import Path
 
 import orjson
 
-from scaletui.roofline.band import Spread
+from scaletui.roofline.band import SpeedSpread, Spread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.fitstore import fit_path
 
-__all__ = ["BLOCK_S", "append", "drift_spread", "engine_id", "log_path", "read_blocks"]
+__all__ = [
+    "BLOCK_S",
+    "append",
+    "drift_spread",
+    "engine_id",
+    "log_path",
+    "read_blocks",
+    "spread_of",
+]
 
 BLOCK_S = 30.0  # a block closes at the first call this long after its first call
 MIN_BLOCK_CALLS = 8  # fewer calls in a block: not logged (too few to be a speed)
@@ -63,10 +71,11 @@ def append(path: Path, kind: str, seconds: float, predicted: float, calls: int, 
     record = {"t": time.time() if now is None else now, "kind": kind,
               "factor": seconds / predicted, "calls": calls, "seconds": seconds,
               "engine": engine}  # fmt: skip
+    line = orjson.dumps(record) + b"\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("ab") as f:
-        f.write(orjson.dumps(record) + b"\n")
-    if path.stat().st_size > 2 * KEEP * (len(orjson.dumps(record)) + 1):
+        f.write(line)
+    if path.stat().st_size > 2 * KEEP * len(line):  # about twice KEEP lines: count and trim
         lines = path.read_bytes().splitlines()
         if len(lines) > 2 * KEEP:
             path.write_bytes(b"\n".join(lines[-KEEP:]) + b"\n")
@@ -93,7 +102,7 @@ def read_blocks(path: Path) -> list[dict]:
 def drift_spread(cost: CostModel, now: float | None = None, path: Path | None = None) -> dict:
     """{kind: Spread dict} of the speed factors the server logged against fits of this engine
     in the last MAX_AGE_S, its LAST most recent blocks per kind (a kind with fewer than
-    MIN_BLOCKS is left out), with `days` (the span they cover); {} when there are none."""
+    MIN_BLOCKS is left out), with `hours` (the span they cover); {} when there are none."""
     now = time.time() if now is None else now
     engine = engine_id(cost)
     recent = [b for b in read_blocks(path or log_path(cost))
@@ -105,3 +114,12 @@ def drift_spread(cost: CostModel, now: float | None = None, path: Path | None = 
             out[kind] = Spread.of([float(b["factor"]) for b in mine]).to_dict()
             out[kind]["hours"] = (now - float(mine[0]["t"])) / 3600
     return out
+
+
+def spread_of(host: dict | None, cost: CostModel) -> SpeedSpread:
+    """The band's spread for `cost`: the host's measured one (a spec's `measured.spread`; None
+    when it has none) with, for a fitted model, its residuals and the server's past runs
+    against it (an assumed model has neither). ValueError for a malformed spread."""
+    fitted = cost.source == "fit"
+    residuals = cost.info.get("residual_spread") if fitted else None
+    return SpeedSpread.measured(host, residuals, drift_spread(cost) if fitted else None)

@@ -27,6 +27,7 @@ from scaletui import specs
 from scaletui.dtypes import Precision
 from scaletui.loadgen.workload import Lengths, Workload, schedule
 from scaletui.placement import Placement
+from scaletui.roofline import speedlog
 from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.dcn import with_dcn
@@ -41,7 +42,6 @@ from scaletui.roofline.simrecords import (
     SimTiming,
 )
 from scaletui.roofline.simulate import simulate
-from scaletui.roofline.speedlog import drift_spread
 from scaletui.shape import ServerShape
 from scaletui.tui.host import FitKey, kernels_of, serve_max_seq_len
 from scaletui.tui.knobs import Knobs
@@ -283,10 +283,8 @@ def spread_of(hardware: specs.HardwareSpec | None, cost: CostModel) -> SpeedSpre
     or calibrated before it), a fit's residuals and the server's past runs against it (none for
     assumed costs)."""
     host = (hardware.extra.get("measured") or {}).get("spread") if hardware else None
-    fitted = cost.source == "fit"
-    residuals = cost.info.get("residual_spread") if fitted else None
     try:
-        return SpeedSpread.measured(host, residuals, drift_spread(cost) if fitted else None)
+        return speedlog.spread_of(host, cost)
     except ValueError as exc:  # a hand-edited spec: the point, and why there is no band
         return SpeedSpread(note=f"no band: {exc}")
 
