@@ -142,7 +142,8 @@ def test_plan_picks_pallas_on_accelerators_and_only_when_asked_on_cpu():
     assert pallas_attention.kernel_for("cpu") is None
 
 
-@pytest.mark.parametrize(("kv", "tp"), [("f32", 1), ("bf16", 1), ("int8", 1), ("f32", 2)])
+# bf16 pools are the kernel's own test's (test_pallas_ragged.py); here the step around it
+@pytest.mark.parametrize(("kv", "tp"), [("int8", 1), ("f32", 2)])
 def test_a_mixed_step_on_the_ragged_kernel_equals_xla_rows_then_chunk(kv, tp):
     """pallas_attention.mixed_attention (one ragged kernel call for the decode rows and the
     chunk, GPU kernel interpreted) against XLA's mixed step: the rows' paged attention, then the
@@ -155,8 +156,6 @@ def test_a_mixed_step_on_the_ragged_kernel_equals_xla_rows_then_chunk(kv, tp):
     chunk_pages = jnp.asarray(np.random.default_rng(2).permutation(free)[:width], jnp.int32)
     rng = np.random.default_rng(12)
     qc, kc, vc = (jnp.asarray(rng.standard_normal((t, n, H)), jnp.float32) for n in (K * G, K, K))
-    if kv == "bf16":
-        q, qc = q.astype(jnp.bfloat16), qc.astype(jnp.bfloat16)
     r = rows - 1
     o_rows, want = model._paged_attention(q[:r], k[:r], v[:r], positions, table, pool)
     entry = quant.store_kv(kc, vc, kv_cache.value_dtype(pool["k"].dtype))
@@ -169,10 +168,9 @@ def test_a_mixed_step_on_the_ragged_kernel_equals_xla_rows_then_chunk(kv, tp):
         cat(q, qc), cat(k, kc), cat(v, vc), positions, table, jnp.int32(start), chunk_pages,
         jnp.int32(0), _to_head_major(pool), rows=r, mesh=mesh, interpret=True,
     )  # fmt: skip
-    tol = 3e-2 if kv == "bf16" else 1e-4
-    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
-    np.testing.assert_allclose(f32(o[1:r]), f32(o_rows[1:r]), rtol=tol, atol=tol)  # 0: inactive
-    np.testing.assert_allclose(f32(o[r:]), f32(o_chunk), rtol=tol, atol=tol)
+    tol = 1e-4
+    np.testing.assert_allclose(o[1:r], o_rows[1:r], rtol=tol, atol=tol)  # row 0: inactive
+    np.testing.assert_allclose(o[r:], o_chunk, rtol=tol, atol=tol)
     head_major = _to_head_major(want)
     for name in new:  # every page: the rows' positions, the chunk's pages, scratch
         np.testing.assert_array_equal(np.asarray(new[name]), np.asarray(head_major[name]), name)
