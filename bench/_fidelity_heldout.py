@@ -1,9 +1,11 @@
 """bench/fidelity.py's held-out workloads (issue 44, part 4): bursty arrivals with lengths,
 prefixes and conversations the simulator was not tuned on, each as (1) the a-priori banded
 prediction, (2) a loadgen run against the real server, (3) the speed factor the server measured
-over that stage (loadgen's `server_metrics.speed_factor`) and (4) the prediction re-run at it
-("as run"); and for the first bursty run a per-request timeline, simulated against measured:
-queue wait, prefill, first decode, so a TTFT miss can be put on the queue or on the calls.
+over that stage (loadgen's `server_metrics.speed_factor`) and (4) the prediction re-run at the
+speeds the run met ("as run": `--as-run-from` the loadgen result, each call at its moment's speed
+from the stage's speed timeline; beside it "as run, mean": at the stage's one mean factor);
+and for the first bursty run a per-request timeline, simulated against measured: queue wait,
+prefill, first decode, so a TTFT miss can be put on the queue or on the calls.
 
 Pure parts (the workloads' flags, a run's row, the timeline) are tested; `measure` needs a
 server and loadgen.
@@ -99,9 +101,10 @@ def workloads(
 
 
 def run_row(name: str, rate: float, measured: dict, predicted: dict | None,
-            as_run: dict | None) -> dict:  # fmt: skip
+            as_run: dict | None, as_run_mean: dict | None = None) -> dict:  # fmt: skip
     """One held-out run: per judged figure the measurement, the prediction's point and band,
-    whether the measurement is inside the band, and the as-run figure's error."""
+    whether the measurement is inside the band, and the as-run figures' errors (as run: at the
+    speeds in time; mean: at the stage's mean factor)."""
     factor = (measured.get("server_metrics") or {}).get("speed_factor") or {}
     row: dict = {"kind": "held_out_run", "workload": name, "qps": round(rate, 4),
                  "completed": measured.get("completed"), "speed_factor": factor}  # fmt: skip
@@ -110,6 +113,7 @@ def run_row(name: str, rate: float, measured: dict, predicted: dict | None,
         point = predicted.get(key) if predicted else None
         band = (predicted or {}).get("band", {}).get(key)
         ar = as_run.get(key) if as_run else None
+        mean = as_run_mean.get(key) if as_run_mean else None
         row[ours] = {
             "measured": m,
             "predicted": point,
@@ -117,6 +121,8 @@ def run_row(name: str, rate: float, measured: dict, predicted: dict | None,
             "inside": None if m is None or band is None else band[0] <= m <= band[1],
             "as_run": ar,
             "as_run_error": None if m is None or not ar else m / ar - 1,
+            "as_run_mean": mean,
+            "as_run_mean_error": None if m is None or not mean else m / mean - 1,
         }
     return row
 
@@ -181,7 +187,8 @@ def _f(v: float | None, fmt: str = ".1f") -> str:
 def rows_text(rows: Sequence[dict]) -> str:
     """The held-out runs as a table: per figure measured, [band], in?, as-run and its error."""
     lines = [f"\n{'held-out':<9} {'qps':>6} {'speed d/p':>10}  {'metric':<11} {'measured':>8} "
-             f"{'predicted [p10-p90]':>24} {'in':>3} {'as-run':>7} {'m/ar-1':>7}"]  # fmt: skip
+             f"{'predicted [p10-p90]':>24} {'in':>3} {'as-run':>7} {'m/ar-1':>7} "
+             f"{'mean ar':>7} {'m/mr-1':>7}"]  # fmt: skip
     for r in rows:
         f = r["speed_factor"]
         speed = f"{_f(f.get('decode'), '.2f')}/{_f(f.get('prefill'), '.2f')}"
@@ -189,13 +196,23 @@ def rows_text(rows: Sequence[dict]) -> str:
             x = r[ours]
             band = "" if x["band"] is None else f" [{x['band'][0]:.1f}-{x['band'][1]:.1f}]"
             inside = {True: "yes", False: "NO", None: "-"}[x["inside"]]
-            err = "-" if x["as_run_error"] is None else f"{x['as_run_error']:+.1%}"
+            err, mean_err = (_pct(x.get(k)) for k in ("as_run_error", "as_run_mean_error"))
             lines.append(f"{r['workload']:<9} {r['qps']:>6.2f} {speed:>10}  {ours:<11} "
                          f"{_f(x['measured']):>8} {_f(x['predicted']) + band:>24} {inside:>3} "
-                         f"{_f(x['as_run']):>7} {err:>7}")  # fmt: skip
+                         f"{_f(x['as_run']):>7} {err:>7} {_f(x.get('as_run_mean')):>7} "
+                         f"{mean_err:>7}")  # fmt: skip
     judged = [r[o]["inside"] for r in rows for o in JUDGED if r[o]["inside"] is not None]
     lines.append(f"inside the band: {sum(judged)} of {len(judged)} figures")
+    for key, what in (("as_run_error", "as run"), ("as_run_mean_error", "as run at the mean")):
+        errs = [r[o][key] for r in rows for o in JUDGED if r[o].get(key) is not None]
+        if errs:
+            near = sum(abs(e) <= 0.10 for e in errs)
+            lines.append(f"{what} within 10 %: {near} of {len(errs)} figures")
     return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
 
 
 def timeline_text(rows: Sequence[dict], summary: dict, limit: int = 24) -> str:
@@ -275,11 +292,14 @@ def measure(
         log(f"held-out {h.name}: loadgen {' '.join(flags)}")
         out = work / f"held-out-{h.name}.json"
         got = loadgen(flags, out)
-        ran = None
-        if h.simulated:
-            factor = (got.get("server_metrics") or {}).get("speed_factor") or {}
-            ran = simulate([*flags, *as_run_flag(factor)]) if factor else None
-        row = run_row(h.name, rate, got, pred and pred.summary, ran and ran.summary)
+        ran = ran_mean = None
+        metrics = got.get("server_metrics") or {}
+        if h.simulated and metrics.get("speed_factor"):
+            ran_mean = simulate([*flags, *as_run_flag(metrics["speed_factor"])])
+            traced = metrics.get("speed_timeline")
+            ran = simulate([*flags, "--as-run-from", str(out)]) if traced else ran_mean
+        row = run_row(h.name, rate, got, pred and pred.summary, ran and ran.summary,
+                      ran_mean and ran_mean.summary)  # fmt: skip
         rows.append(row)
         log(f"held-out {h.name}: {got.get('completed')} completed, speed {row['speed_factor']}")
         if pred is not None and not line:

@@ -76,15 +76,18 @@ def test_a_run_row_says_whether_the_measurement_is_in_the_band(heldout):
     band = {"median_ttft_ms": [70.0, 120.0], "median_tpot_ms": [18.0, 23.0]}
     predicted = {"median_ttft_ms": 84.0, "median_tpot_ms": 20.0, "band": band}
     as_run = {"median_ttft_ms": 125.0, "median_tpot_ms": 22.0}
-    row = heldout.run_row("uniform", 2.0, measured, predicted, as_run)
+    mean = {"median_ttft_ms": 100.0, "median_tpot_ms": 21.0}  # at the stage's mean factor
+    row = heldout.run_row("uniform", 2.0, measured, predicted, as_run, mean)
     assert row["p50_ttft_ms"]["inside"] is False and row["p50_tpot_ms"]["inside"] is True
     assert row["p50_ttft_ms"]["as_run_error"] == pytest.approx(134 / 125 - 1)
+    assert row["p50_ttft_ms"]["as_run_mean_error"] == pytest.approx(0.34)
     assert row["speed_factor"] == {"decode": 1.1, "prefill": 1.3}
     assert heldout.as_run_flag(row["speed_factor"]) == ["--as-run",
                                                         "decode=1.1000,prefill=1.3000"]  # fmt: skip
     assert heldout.as_run_flag({}) == []
     text = heldout.rows_text([row])
     assert "NO" in text and "inside the band: 1 of 2" in text
+    assert "as run within 10 %: 2 of 2" in text and "as run at the mean within 10 %: 1 of 2" in text
     unmodelled = heldout.run_row("turns", 1.0, measured, None, None)
     assert unmodelled["p50_ttft_ms"]["inside"] is None  # measured only: not judged
 

@@ -5,6 +5,7 @@ names, their deltas and histogram quantiles by hand) and loadgen's own overhead 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import orjson
@@ -14,7 +15,14 @@ from prometheus_client import generate_latest
 
 from scaletui.loadgen import cli, output, overhead
 from scaletui.loadgen.cli import main
-from scaletui.loadgen.server_metrics import METRICS, deltas, gauge_lines, histogram_quantile, parse
+from scaletui.loadgen.server_metrics import (
+    METRICS,
+    deltas,
+    gauge_lines,
+    histogram_quantile,
+    parse,
+    speed_timeline,
+)
 
 GAUGES = {k for k, (kind, _, _) in METRICS.items() if kind == "gauge"}
 
@@ -156,6 +164,45 @@ def test_our_speed_factor_is_the_stages_ratio_of_step_seconds_to_predicted():
     line = next(x for x in output._server_side({"server_metrics": m}) if "its fit" in x)
     assert line.startswith("Step time over its fit (decode):") and line.endswith("1.25")
     assert "speed_factor" not in deltas(parse(OURS % (0, 0, 0)), parse(OURS % (1, 2, 0)), [])
+
+
+def test_the_speed_timeline_is_each_scrape_intervals_factor_timed_from_the_origin():
+    """Three scrapes at t = 100, 101, 103 (origin 100.5): decode 1 s over a predicted 0.8 (1.25),
+    then 2.2 over 2.0 (1.1); the prefill counter has no prediction. An interval without a priced
+    call gives no row; the stage's factor is the sum's, 3.2 / 2.8."""
+    snaps = [parse(speed_text(10.0, 8.0, 5.0)), parse(speed_text(11.0, 8.8, 5.0)),
+             parse(speed_text(11.0, 8.8, 6.0)), parse(speed_text(13.2, 10.8, 6.0))]  # fmt: skip
+    snaps = [replace(x, t=t) for x, t in zip(snaps, (100.0, 101.0, 102.0, 103.0), strict=True)]
+    rows = speed_timeline(snaps, origin=100.5)
+    assert [r["t_s"] for r in rows] == [0.5, 2.5]
+    assert [r["factor"] for r in rows] == [{"decode": pytest.approx(1.25)},
+                                           {"decode": pytest.approx(1.1)}]  # fmt: skip
+    assert [r["predicted_s"]["decode"] for r in rows] == pytest.approx([0.8, 2.0])
+    m = deltas(snaps[0], snaps[-1], snaps[1:-1], origin=100.5)
+    assert m["speed_factor"]["decode"] == pytest.approx(3.2 / 2.8)
+    assert m["speed_timeline"] == rows
+    assert "speed_timeline" not in deltas(snaps[0], snaps[-1], snaps[1:-1])  # no origin: none
+    kept = gauge_lines(speed_text(1.0, 2.0, 3.0))  # the scrapes during a stage keep the counters
+    assert parse(kept).values == parse(speed_text(1.0, 2.0, 3.0)).values
+
+
+def test_a_stage_reports_the_speeds_it_met(tmp_path, capsys):
+    """A server whose calls run 1.5x their fit's prediction at every scrape: the stage's factor
+    1.5, every timeline row 1.5 at times inside the stage, and the report's p10-p90 line."""
+    out = tmp_path / "r.json"
+    text = lambda n: speed_text(0.015 * n, 0.01 * n, 0.0)  # noqa: E731
+    with MockServer(MockConfig(ttft=0.02, gap=0.002, metrics=text)) as srv:
+        argv = ["--url", srv.url, "--qps", "40", "--num-requests", "20", "--output-len", "8",
+                "--metrics-interval", "0.05", "--out", str(out)]  # fmt: skip
+        assert main(argv) == 0
+    m = orjson.loads(out.read_bytes())["server_metrics"]
+    assert m["speed_factor"] == {"decode": pytest.approx(1.5)}
+    rows = m["speed_timeline"]
+    assert len(rows) >= 2 and all(r["factor"]["decode"] == pytest.approx(1.5) for r in rows)
+    assert all(-1.0 < r["t_s"] < 10.0 for r in rows)
+    assert [r["t_s"] for r in rows] == sorted(r["t_s"] for r in rows)
+    line = next(x for x in capsys.readouterr().out.splitlines() if "scrape intervals" in x)
+    assert line.endswith("1.50-1.50")
 
 
 def test_a_stage_carries_the_servers_deltas_beside_the_clients(tmp_path, capsys):

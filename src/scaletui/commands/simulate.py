@@ -26,7 +26,7 @@ from scaletui.dtypes import cpu_bf16_pairs, default_compute_dtype
 from scaletui.loadgen import flags as loadgen_flags
 from scaletui.loadgen.output import table
 from scaletui.loadgen.workload import PROMPT_FORMATS, Workload, schedule
-from scaletui.roofline import speedlog
+from scaletui.roofline import speedlog, speedtrace
 from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.dcn import with_dcn
@@ -41,6 +41,7 @@ from scaletui.roofline.simrecords import (
     SimResult,
     SimTiming,
 )
+from scaletui.roofline.speedtrace import SpeedTrace
 from scaletui.shape import ConfigError, ServerShape
 from scaletui.shape_flags import add_flags
 from scaletui.specs import ModelSpec, SpecError, load_hardware, load_model
@@ -100,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FACTORS",
         help="simulate at a run's measured speed factors, e.g. decode=1.12,prefill=0.95,host=1.0 "
         "(time multipliers; one left out is 1): the 'as run' figure, no band",
+    )
+    a(
+        "--as-run-from",
+        metavar="RESULT[:STAGE]",
+        help="simulate at the speeds a loadgen run met (its result JSON's server_metrics: the "
+        "stage's speed factors, each call at its moment's speed from the speed timeline); a "
+        "file of several stages needs :STAGE (from 0). No band",
     )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
@@ -216,6 +224,19 @@ def speed_spread(args: argparse.Namespace, decode: CostModel) -> SpeedSpread:
     return speedlog.spread_of(host, decode)
 
 
+def as_run_speeds(args: argparse.Namespace) -> tuple[SpeedFactors | None, SpeedTrace | None]:
+    """--as-run's factors, or --as-run-from's factors and trace; (None, None) for neither.
+    ValueError naming the flag's bad part."""
+    if args.as_run and args.as_run_from:
+        raise ValueError("--as-run and --as-run-from both give the run's speed: give one")
+    if args.as_run:
+        return SpeedFactors.parse(args.as_run), None
+    if not args.as_run_from:
+        return None, None
+    factors, trace = speedtrace.read_result(args.as_run_from, "--as-run-from")
+    return SpeedFactors(**factors), trace
+
+
 def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     model = load_model(args.model)
     shape = server_shape(args, model)
@@ -235,7 +256,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     growing = n is None and workload.closed_loop  # how many a closed loop sends: run and see
     take = 1000 if growing else n
     bos = BOS_TOKENS if args.prompt_format == "text" or args.dataset else 0  # BOS, then the prompt
-    as_run = SpeedFactors.parse(args.as_run) if args.as_run else None  # ValueError: which part
+    as_run, trace = as_run_speeds(args)
     speed = as_run or SpeedFactors()
     t0 = time.perf_counter()
     while True:
@@ -252,7 +273,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
             prefix_groups=args.prefix_groups,
             prefix_len=args.prefix_len and args.prefix_len + bos,
         )
-        result = simulate_at(shape, decode, load, speed, prefill, args.seed, timing)
+        result = simulate_at(shape, decode, load, speed, prefill, args.seed, timing, trace)
         if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
             break
         take = min(take * 4, MAX_REQUESTS)
@@ -278,6 +299,8 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         "speed_spread": {**spread.to_dict(), "band": banded},
         # the speed factors simulated at (--as-run; None: the fit's own speed)
         "as_run": vars(as_run) if as_run else None,
+        # --as-run-from: each kind's speed in time over the mean (None: the mean throughout)
+        "as_run_trace": trace.to_dict() if trace else None,
         "seconds": {"point": round(point_s, 3), "with_band": round(seconds, 3)},
         # the layout over hosts and the decode step's DCN term (None: one host)
         "placement": placement.to_dict() if placement else None,
@@ -311,10 +334,15 @@ def main(argv: list[str] | None = None) -> int:
     if "band" in s:
         print(f"band: p10-p90 [in brackets] over the measured spread; {spread_words(s)}")
     if s["config"]["as_run"]:
-        f = s["config"]["as_run"]
+        f, trace = s["config"]["as_run"], s["config"]["as_run_trace"]
+        moving = ""
+        if trace:
+            parts = [f"{k} x{min(v['relative']):.2f}-x{max(v['relative']):.2f} over "
+                     f"{len(v['relative'])} spells" for k, v in trace.items()]  # fmt: skip
+            moving = f", moving in time as the run's: {', '.join(parts)} of the mean"
         print(
-            f"as run: at speed factors decode x{f['decode']:g}, prefill x{f['prefill']:g}, "
-            f"host x{f['host']:g} (no band)"
+            f"as run: at speed factors decode x{f['decode']:.3g}, prefill x{f['prefill']:.3g}, "
+            f"host x{f['host']:g}{moving} (no band)"
         )
     if p := s["config"]["placement"]:
         dcn_ms, rows = s["config"]["dcn_step_s_at_slots"] * 1e3, s["config"]["server"]["slots"]

@@ -190,6 +190,12 @@ def _server_side(s: dict) -> list[str]:
         for kind, factor in (m.get("speed_factor") or {}).items():
             label = f"Step time over its fit ({kind}):"
             out.append(f"{label:<44}{_fmt(factor, 2):>16}")
+            seen = sorted(r["factor"][kind] for r in m.get("speed_timeline") or ()
+                          if kind in r["factor"])  # fmt: skip
+            if len(seen) >= 2:
+                lo, hi = seen[len(seen) // 10], seen[-1 - len(seen) // 10]
+                label = f"  p10-p90 of its {len(seen)} scrape intervals:"
+                out.append(f"{label:<44}{f'{lo:.2f}-{hi:.2f}':>16}")
         out.append(f"{'(ms)':<12}{'server p50':>12}{'client p50':>12}{'server p99':>12}"
                    f"{'client p99':>12}")  # fmt: skip
         rows = (("TTFT", "ttft"), ("ITL", "itl"), ("E2EL", "e2el"), ("Queue", "queue_time"))

@@ -6,6 +6,8 @@ stage); histograms become quantiles of their bucket deltas, interpolated within 
 Prometheus' histogram_quantile does (a rank in the +Inf bucket gets the highest finite bound).
 Label sets (model_name, engine, ...) are summed, fractions averaged. Parsing is
 prometheus_client's. A server without `/metrics`, or with none of these names, gives None.
+Ours also gives the stage's speed factor (its step seconds over its fit's), and per scrape
+interval its `speed_timeline`: the speeds the run met, for `scaletui simulate --as-run-from`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import perf_counter
 
 import aiohttp
@@ -149,18 +151,21 @@ class Snapshot:
     values: dict[str, float] = field(default_factory=dict)
     hists: dict[str, Histogram] = field(default_factory=dict)
     names: dict[str, str] = field(default_factory=dict)  # canonical -> the server's name
+    t: float = 0.0  # perf_counter when scraped
 
 
-# the scrapes during a stage are for the gauges' peaks alone: their text is cut to the gauges'
-# lines before parsing, since a server's whole exposition (ours has 300-bucket latency
-# histograms) takes prometheus_client's parser ~10 ms, time it holds the GIL from the event
-# loop that sends the requests on schedule
+# the scrapes during a stage are for the gauges' peaks and the speed timeline alone: their text
+# is cut to those lines before parsing, since a server's whole exposition (ours has 300-bucket
+# latency histograms) takes prometheus_client's parser ~10 ms, time it holds the GIL from the
+# event loop that sends the requests on schedule
 GAUGE_NAMES = tuple(n for kind, _, names in METRICS.values() if kind == "gauge" for n in names)
+DURING_NAMES = GAUGE_NAMES + tuple(f"{n}_total" for n in BY_KIND.values())
 
 
 def gauge_lines(text: str) -> str:
-    """`text` with only the lines (samples, HELP and TYPE) of the gauges METRICS reads."""
-    keep = GAUGE_NAMES + tuple(f"# {w} {n}" for w in ("HELP", "TYPE") for n in GAUGE_NAMES)
+    """`text` with only the lines (samples, HELP and TYPE) of the gauges METRICS reads and of
+    our step counters."""
+    keep = DURING_NAMES + tuple(f"# {w} {n}" for w in ("HELP", "TYPE") for n in DURING_NAMES)
     return "\n".join(line for line in text.splitlines() if line.startswith(keep)) + "\n"
 
 
@@ -224,8 +229,11 @@ def histogram_quantile(q: float, buckets: tuple[tuple[float, float], ...]) -> fl
     return lower
 
 
-def deltas(before: Snapshot, after: Snapshot, during: list[Snapshot]) -> dict | None:
-    """The stage's server figures (the summary's `server_metrics`), None if nothing known."""
+def deltas(
+    before: Snapshot, after: Snapshot, during: list[Snapshot], origin: float | None = None
+) -> dict | None:
+    """The stage's server figures (the summary's `server_metrics`), None if nothing known;
+    `origin` (perf_counter of the stage's schedule start) times the speed timeline."""
     if not after.names:
         return None
     prefix = next(iter(after.names.values()))
@@ -245,7 +253,18 @@ def deltas(before: Snapshot, after: Snapshot, during: list[Snapshot]) -> dict | 
     elif "prefix_cache_hit_rate" in after.values:  # the server's own rate, at the end
         out["prefix_cache_hit_rate"] = after.values["prefix_cache_hit_rate"]
     out.pop("prefix_cache_hit_rate_peak", None)
-    factors = {}
+    factors = {kind: s / p for kind, (s, p) in step_deltas(before, after).items()}
+    if factors:
+        out["speed_factor"] = factors
+        if origin is not None:
+            out["speed_timeline"] = speed_timeline([before, *during, after], origin)
+    return out
+
+
+def step_deltas(before: Snapshot, after: Snapshot) -> dict[str, tuple[float, float]]:
+    """{kind: (step seconds, predicted seconds)} the server spent between two scrapes, for
+    the kinds with a prediction."""
+    out = {}
     for key, predicted in after.values.items():
         if key.startswith("step_predicted_seconds."):
             kind = key.split(".", 1)[1]
@@ -253,10 +272,24 @@ def deltas(before: Snapshot, after: Snapshot, during: list[Snapshot]) -> dict | 
             spent -= before.values.get(f"step_seconds.{kind}", 0.0)
             predicted -= before.values.get(key, 0.0)
             if predicted > 0:
-                factors[kind] = spent / predicted
-    if factors:
-        out["speed_factor"] = factors
+                out[kind] = (spent, predicted)
     return out
+
+
+def speed_timeline(snaps: list[Snapshot], origin: float) -> list[dict]:
+    """Per interval between consecutive scrapes that saw priced calls: its end (`t_s`, seconds
+    after `origin`), the factor per kind and the predicted seconds it rests on (how much to
+    trust it: a 1-s interval may hold one prefill). The speeds a run met, in time order."""
+    rows = []
+    for a, b in zip(snaps, snaps[1:], strict=False):
+        got = step_deltas(a, b)
+        if got:
+            rows.append({
+                "t_s": round(b.t - origin, 3),
+                "factor": {k: s / p for k, (s, p) in got.items()},
+                "predicted_s": {k: p for k, (_, p) in got.items()},
+            })  # fmt: skip
+    return rows
 
 
 def _histogram_delta(after: Histogram, before: Histogram | None) -> dict:
@@ -294,11 +327,13 @@ class Scraper:
                 text = await resp.text()
         except (aiohttp.ClientError, TimeoutError):
             return None
+        t = perf_counter()
         try:  # parsing is CPU: off the loop that times the requests
-            return await asyncio.to_thread(parse, gauge_lines(text) if gauges_only else text)
+            snap = await asyncio.to_thread(parse, gauge_lines(text) if gauges_only else text)
         except ValueError:  # not Prometheus text
             self.absent = True
             return None
+        return replace(snap, t=t)
 
     async def start(self) -> None:
         self._before, self._during = await self.scrape(), []
@@ -316,7 +351,8 @@ class Scraper:
             if snap is not None:
                 self._during.append(snap)
 
-    async def finish(self) -> dict | None:
+    async def finish(self, origin: float | None = None) -> dict | None:
+        """The stage's deltas; `origin`: perf_counter of its schedule start (the timeline's 0)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -325,4 +361,4 @@ class Scraper:
         if self._before is None:
             return None
         after = await self.scrape()
-        return None if after is None else deltas(self._before, after, self._during)
+        return None if after is None else deltas(self._before, after, self._during, origin)

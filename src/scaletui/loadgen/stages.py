@@ -170,7 +170,8 @@ class Stages:
             summary["warnings"] = warnings_for(summary)
         summary["command"] = args.command  # argv, as given
         summary["client_overhead"] = await meter.finish()
-        summary["server_metrics"] = await scraper.finish()
+        # the speed timeline counts from the first repeat's schedule start (the measured one)
+        summary["server_metrics"] = await scraper.finish(first.t_start)
         if summary["client_overhead"]["saturated"]:
             summary["warnings"].append(summary["client_overhead"]["saturation"])
         if args.slo is not None:

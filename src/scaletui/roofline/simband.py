@@ -16,6 +16,7 @@ from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.simrecords import Load, SimResult, SimTiming
 from scaletui.roofline.simulate import simulate
+from scaletui.roofline.speedtrace import SpeedTrace
 from scaletui.shape import ServerShape
 
 __all__ = ["Banded", "at_speed", "band_of", "simulate_at", "simulate_band"]
@@ -46,10 +47,12 @@ def simulate_at(
     prefill: CostModel | None = None,
     seed: int = 0,
     timing: SimTiming | None = None,
+    trace: SpeedTrace | None = None,
 ) -> SimResult:
-    """`simulate` on a host `speed` times slower than the cost models and `timing` say."""
+    """`simulate` on a host `speed` times slower than the cost models and `timing` say; with
+    a `trace` (the speeds a run met, relative to `speed`), each call at its moment's speed."""
     d, p, t = at_speed(decode, prefill or decode, timing or SimTiming(), speed)
-    return simulate(shape, d, load, p, seed=seed, timing=t)
+    return simulate(shape, d, load, p, seed=seed, timing=t, trace=trace)
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,6 +17,7 @@ from scaletui import policy
 from scaletui.roofline.callcost import CallCosts
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.simrecords import Load, SimTiming
+from scaletui.roofline.speedtrace import SpeedTrace
 from scaletui.shape import ServerShape
 
 
@@ -31,9 +32,10 @@ class SimState:
         prefill: CostModel,
         load: Load,
         seed: int,
+        trace: SpeedTrace | None = None,
     ):
         self.shape, self.decode, self.prefill_cost, self.load = shape, decode, prefill, load
-        self.timing = timing
+        self.timing, self.trace = timing, trace
         self._rng, self._uniform = np.random.default_rng(seed), []
         n = len(load.offsets)
         self.offsets = np.asarray(load.offsets, float).tolist()
@@ -123,9 +125,12 @@ class SimState:
         self.gaps += 1
         return s
 
-    def varied(self, seconds: float, cost: CostModel) -> float:
-        """One call of expected time `seconds` as it runs: times a draw from `cost`'s spread."""
-        spread = cost.call_spread
+    def varied(self, seconds: float, kind: str, start: float) -> float:
+        """One call of `kind` (decode, prefill) of expected time `seconds` as it runs from
+        `start`: times a draw from its cost model's spread, and the trace's speed then."""
+        if self.trace is not None:
+            seconds *= self.trace.at(kind, start)
+        spread = (self.decode if kind == "decode" else self.prefill_cost).call_spread
         if not spread:
             return seconds
         if not self._uniform:  # drawn in blocks: one numpy call per 4096 engine calls
@@ -140,7 +145,7 @@ class SimState:
         self.waiting_tokens -= self.inp[i]
         self.admitted[i] = now
         s = self.prefill_s(self.inp[i])  # the prefix cache serves interleaved servers only
-        t = now + self.varied(s, self.prefill_cost)
+        t = now + self.varied(s, "prefill", now)
         self.prefill_calls += 1
         self.prefill_call_s += t - now
         self.first[i] = t
@@ -178,7 +183,7 @@ class SimState:
         active, left, length = self.active, self.left, self.length
         steps = steps or policy.decode_steps([left[i] for i in active], self.shape.decode_steps)
         dt = self.costs.generate_s(steps, [length[i] for i in active]) + extra_s
-        dt = self.varied(dt, self.decode)
+        dt = self.varied(dt, "decode", now)
         t = now + dt
         self.calls += 1
         self.per_step_s += dt / steps

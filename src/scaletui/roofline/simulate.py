@@ -61,6 +61,7 @@ from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.simrecords import Load, SimResult, SimTiming
 from scaletui.roofline.simslots import SimSlots
 from scaletui.roofline.simstate import SimState
+from scaletui.roofline.speedtrace import SpeedTrace
 from scaletui.shape import ServerShape
 
 __all__ = ["simulate"]
@@ -103,7 +104,7 @@ def _interleaved(sim: SimState) -> None:
         for job, k in list(zip(jobs, pieces, strict=False))[ride is not None :]:
             plan.chunks.append((job[0], k))
             gap = sim.host_gap(len(sim.active))
-            t = now + gap + sim.varied(sim.piece_s(job[3], job[3] + k), sim.prefill_cost)
+            t = now + gap + sim.varied(sim.piece_s(job[3], job[3] + k), "prefill", now + gap)
             sim.prefill_calls += 1
             sim.prefill_call_s += t - now - gap
             sim.occupied_s += len(sim.active) * (t - now)
@@ -147,7 +148,7 @@ def _interleaved(sim: SimState) -> None:
             elif ride is not None:  # every sequence was preempted: the piece runs alone
                 gap = sim.host_gap(0)
                 job, k = ride
-                now += gap + sim.varied(sim.piece_s(job[3], job[3] + k), sim.prefill_cost)
+                now += gap + sim.varied(sim.piece_s(job[3], job[3] + k), "prefill", now + gap)
                 sim.prefill_calls += 1
                 _piece_done(sim, kv, plan, produced, job, k, now)
             jobs = [job for job in jobs if job[3] < job[2]]
@@ -228,12 +229,14 @@ def simulate(
     seed: int = 0,
     timing: SimTiming | None = None,
     on_plan: Callable[[policy.StepPlan], None] | None = None,
+    trace: SpeedTrace | None = None,
 ) -> SimResult:
     """Run `load` through a server of `shape` whose steps cost what `decode` says (and prefill
     what `prefill` says: the prefill devices' model when disaggregated; default `decode`), plus
     the host's `timing` (default: none); `seed` draws the calls' variation (a fitted model's
-    `call_spread`); `on_plan` sees each interleaved pass's decisions."""
-    sim = SimState(shape, timing or SimTiming(), decode, prefill or decode, load, seed)
+    `call_spread`); `on_plan` sees each interleaved pass's decisions; `trace` moves each call's
+    speed with its start time (a run's measured speeds: roofline/speedtrace.py)."""
+    sim = SimState(shape, timing or SimTiming(), decode, prefill or decode, load, seed, trace)
     sim.on_plan = on_plan
     (_interleaved if shape.mode == "interleaved" else _disaggregated)(sim)
     return _result(sim)
