@@ -15,7 +15,7 @@ from scaletui import roofline as rl
 from scaletui.commands.simulate import main as simulate_main
 from scaletui.roofline.band import SpeedFactors, SpeedSpread, Spread
 from scaletui.roofline.costfit import residual_spread
-from scaletui.roofline.simband import simulate_at, simulate_band
+from scaletui.roofline.simband import simulate_at, simulate_band, simulate_draws
 from scaletui.roofline.simrecords import SimTiming
 from scaletui.specs import load_model
 
@@ -155,17 +155,17 @@ def test_simulate_table_shows_the_band_beside_each_figure(tmp_path, capsys):
 
 
 def test_simulate_as_run_is_simulate_at_at_those_factors(tmp_path, capsys, monkeypatch):
-    """`--as-run decode=2,prefill=1`: one `simulate_at` call at those factors, its summary
-    printed as is, no band; alone on the server (concurrency 1, no host time) TPOT doubles."""
+    """`--as-run decode=2,prefill=1`: one simulation at those factors, its summary printed as
+    is, no band; alone on the server (concurrency 1, no host time) TPOT doubles."""
     import scaletui.commands.simulate as cli
 
     calls = []
 
     def spy(*args, **kw):
-        calls.append((args, kw, simulate_at(*args, **kw)))
+        calls.append((args, kw, simulate_draws(*args, **kw)))
         return calls[-1][2]
 
-    monkeypatch.setattr(cli, "simulate_at", spy)
+    monkeypatch.setattr(cli, "simulate_draws", spy)
     argv = [*ARGS, "--hardware", _spec(tmp_path, HOST), "--concurrency", "1", "--gap-ms", "0",
             "--gap-per-row-ms", "0", "--intake-ms", "0", "--json"]  # fmt: skip
     assert simulate_main(argv) == 0

@@ -178,10 +178,16 @@ def test_the_speed_timeline_is_each_scrape_intervals_factor_timed_from_the_origi
     assert [r["factor"] for r in rows] == [{"decode": pytest.approx(1.25)},
                                            {"decode": pytest.approx(1.1)}]  # fmt: skip
     assert [r["predicted_s"]["decode"] for r in rows] == pytest.approx([0.8, 2.0])
+    assert [r["seconds_s"]["decode"] for r in rows] == pytest.approx([1.0, 2.2])
     m = deltas(snaps[0], snaps[-1], snaps[1:-1], origin=100.5)
     assert m["speed_factor"]["decode"] == pytest.approx(3.2 / 2.8)
     assert m["speed_timeline"] == rows
     assert "speed_timeline" not in deltas(snaps[0], snaps[-1], snaps[1:-1])  # no origin: none
+    torn = [replace(parse(speed_text(10.0, 8.0, 5.0)), t=1.0),
+            replace(parse(speed_text(10.3, 8.0, 5.0)), t=2.0)]  # fmt: skip
+    assert speed_timeline(torn, 0.0) == [
+        {"t_s": 2.0, "factor": {}, "seconds_s": {"decode": pytest.approx(0.3)},
+         "predicted_s": {"decode": 0.0}}]  # fmt: skip
     kept = gauge_lines(speed_text(1.0, 2.0, 3.0))  # the scrapes during a stage keep the counters
     assert parse(kept).values == parse(speed_text(1.0, 2.0, 3.0)).values
 

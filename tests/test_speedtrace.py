@@ -11,7 +11,7 @@ from test_simulate import fixed, flat, server
 
 from scaletui.commands.simulate import main as simulate_main
 from scaletui.roofline.band import SpeedFactors
-from scaletui.roofline.simband import simulate_at
+from scaletui.roofline.simband import median_of, simulate_at, simulate_draws
 from scaletui.roofline.simrecords import SimTiming
 from scaletui.roofline.speedtrace import SpeedTrace, of_result, read_result
 
@@ -54,8 +54,19 @@ def test_a_timeline_row_that_is_not_one_is_named():
         SpeedTrace.of_timeline([row(1.0, decode=(1.0, 1.0)), {"t": 2}], {"decode": 1.0})
     with pytest.raises(ValueError, match="row 1: t_s 0.5 before row 0's"):
         SpeedTrace.of_timeline([row(1.0, decode=(1.0, 1.0)), row(0.5)], {"decode": 1.0})
-    with pytest.raises(ValueError, match="factor > 0"):
+    with pytest.raises(ValueError, match="seconds >= 0"):
         SpeedTrace.of_timeline([row(1.0, decode=(-1.0, 1.0))], {"decode": 1.0})
+
+
+def test_a_call_torn_across_two_scrapes_is_merged_whole():
+    """The server counts a call's seconds, then its prediction: a scrape between the two puts
+    0.3 s spent and nothing predicted in one interval and the 0.25 s predicted with nothing
+    spent in the next. Merged, the spell is 0.3 + 0.6 spent over 0.25 + 0.5 predicted."""
+    rows = [{"t_s": 1.0, "seconds_s": {"decode": 0.3}, "predicted_s": {"decode": 0.0}},
+            {"t_s": 2.0, "seconds_s": {"decode": 0.0}, "predicted_s": {"decode": 0.25}},
+            {"t_s": 3.0, "seconds_s": {"decode": 0.6}, "predicted_s": {"decode": 0.5}}]  # fmt: skip
+    trace = SpeedTrace.of_timeline(rows, {"decode": 1.0})
+    assert trace.ends == {"decode": [3.0]} and trace.relative["decode"] == pytest.approx([1.2])
 
 
 def test_each_call_runs_at_its_moments_speed():
@@ -125,3 +136,32 @@ def test_simulate_as_run_from_a_loadgen_result(tmp_path, capsys):
     result.write_bytes(orjson.dumps({"server_metrics": {"queue_time_ms": {}}}))
     assert simulate_main([*argv, "--as-run-from", str(result)]) == 2
     assert f"--as-run-from {result} has no server_metrics.speed_factor" in capsys.readouterr().err
+
+
+def test_a_figure_over_several_draws_is_their_median():
+    """Three draws of a model whose calls vary x0.5..x2: each figure is the median of the three
+    draws' own (seeds 4, 5, 6), the per-request times the first draw's; a model without
+    call_spread draws nothing, so one draw or five give the same."""
+    from dataclasses import replace
+
+    cost, shape = replace(flat(), call_spread=(0.5, 1.0, 2.0)), server(slots=2, max_seq_len=1024)
+    load = fixed(12, gap=0.01, inp=100, out=8)
+    one = [simulate_at(shape, cost, load, SpeedFactors(), seed=k) for k in (4, 5, 6)]
+    got = simulate_draws(shape, cost, load, SpeedFactors(), seed=4, draws=3)
+    for key in ("median_ttft_ms", "p99_tpot_ms", "output_throughput"):
+        assert got.summary[key] == sorted(r.summary[key] for r in one)[1]
+    assert len({r.summary["median_ttft_ms"] for r in one}) == 3  # the draws do differ
+    assert (got.t_first == one[0].t_first).all()
+    plain = simulate_draws(shape, flat(), load, SpeedFactors(), seed=4, draws=5)
+    assert plain.summary == simulate_at(shape, flat(), load, SpeedFactors(), seed=4).summary
+    assert median_of([{"a": 1, "b": None, "c": True}, {"a": 3, "b": 2}, {"a": 2, "b": 4}]) == {
+        "a": 2, "b": 3.0}  # fmt: skip
+
+
+def test_simulate_draws_flag(tmp_path, capsys):
+    argv = [*ARGS, "--hardware", _spec(tmp_path, HOST), "--json"]
+    assert simulate_main([*argv, "--draws", "3"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["config"]["draws"] == 3
+    with pytest.raises(SystemExit):
+        simulate_main([*argv, "--draws", "0"])
+    assert "whole number of draws 1..99, got '0'" in capsys.readouterr().err

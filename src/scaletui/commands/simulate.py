@@ -31,7 +31,7 @@ from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.dcn import with_dcn
 from scaletui.roofline.fitstore import load_fit, stored_fits_for
-from scaletui.roofline.simband import band_of, simulate_at
+from scaletui.roofline.simband import band_of, simulate_draws
 from scaletui.roofline.simrecords import (
     BOS_TOKENS,
     HOST_GAP_PER_ROW_S,
@@ -109,10 +109,24 @@ def build_parser() -> argparse.ArgumentParser:
         "stage's speed factors, each call at its moment's speed from the speed timeline); a "
         "file of several stages needs :STAGE (from 0). No band",
     )
+    a(
+        "--draws",
+        type=_draws,
+        default=1,
+        help="N: each figure the median over N draws of the engine calls' variation (a fitted "
+        "model's call_spread; seeds --seed, --seed + 1, ...; the request list the same), the "
+        "band's ends too: a steadier point for N x the time (default 1)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     o.add_argument("--out", help="write the summary JSON here")
     return p
+
+
+def _draws(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 99:
+        raise argparse.ArgumentTypeError(f"should be a whole number of draws 1..99, got {text!r}")
+    return int(text)
 
 
 def workload_from(args: argparse.Namespace) -> Workload:
@@ -273,7 +287,8 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
             prefix_groups=args.prefix_groups,
             prefix_len=args.prefix_len and args.prefix_len + bos,
         )
-        result = simulate_at(shape, decode, load, speed, prefill, args.seed, timing, trace)
+        draws = (shape, decode, load, speed, prefill, args.seed, timing, trace, args.draws)
+        result = simulate_draws(*draws)
         if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
             break
         take = min(take * 4, MAX_REQUESTS)
@@ -282,7 +297,8 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     spread = speed_spread(args, decode) if banded else SpeedSpread()
     runs = [result.summary]
     for speed in (spread.fast, spread.slow) if spread.width else ():  # the same load and seed
-        runs.append(simulate_at(shape, decode, load, speed, prefill, args.seed, timing).summary)
+        end = (shape, decode, load, speed, prefill, args.seed, timing, None, args.draws)
+        runs.append(simulate_draws(*end).summary)
     seconds = time.perf_counter() - t0
     if banded:
         result.summary["band"] = band_of(runs)
@@ -301,6 +317,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
         "as_run": vars(as_run) if as_run else None,
         # --as-run-from: each kind's speed in time over the mean (None: the mean throughout)
         "as_run_trace": trace.to_dict() if trace else None,
+        "draws": args.draws,  # each figure the median over this many draws
         "seconds": {"point": round(point_s, 3), "with_band": round(seconds, 3)},
         # the layout over hosts and the decode step's DCN term (None: one host)
         "placement": placement.to_dict() if placement else None,

@@ -261,9 +261,9 @@ def deltas(
     return out
 
 
-def step_deltas(before: Snapshot, after: Snapshot) -> dict[str, tuple[float, float]]:
-    """{kind: (step seconds, predicted seconds)} the server spent between two scrapes, for
-    the kinds with a prediction."""
+def step_deltas(before: Snapshot, after: Snapshot, all_: bool = False) -> dict:
+    """{kind: (step seconds, predicted seconds)} the server spent between two scrapes, for the
+    kinds with a prediction (`all_`: also those whose predicted seconds did not move)."""
     out = {}
     for key, predicted in after.values.items():
         if key.startswith("step_predicted_seconds."):
@@ -271,22 +271,25 @@ def step_deltas(before: Snapshot, after: Snapshot) -> dict[str, tuple[float, flo
             spent = after.values.get(f"step_seconds.{kind}", 0.0)
             spent -= before.values.get(f"step_seconds.{kind}", 0.0)
             predicted -= before.values.get(key, 0.0)
-            if predicted > 0:
+            if predicted > 0 or (all_ and spent > 0):
                 out[kind] = (spent, predicted)
     return out
 
 
 def speed_timeline(snaps: list[Snapshot], origin: float) -> list[dict]:
     """Per interval between consecutive scrapes that saw priced calls: its end (`t_s`, seconds
-    after `origin`), the factor per kind and the predicted seconds it rests on (how much to
-    trust it: a 1-s interval may hold one prefill). The speeds a run met, in time order."""
+    after `origin`), per kind the seconds spent, the seconds predicted and their ratio (how much
+    to trust it: a 1-s interval may hold one prefill; and a scrape can fall between a call's
+    two counter updates, its seconds in one interval and its prediction in the next, which a
+    reader evens out by merging intervals: roofline/speedtrace.py). The speeds a run met."""
     rows = []
     for a, b in zip(snaps, snaps[1:], strict=False):
-        got = step_deltas(a, b)
+        got = step_deltas(a, b, all_=True)
         if got:
             rows.append({
                 "t_s": round(b.t - origin, 3),
-                "factor": {k: s / p for k, (s, p) in got.items()},
+                "factor": {k: s / p for k, (s, p) in got.items() if p > 0},
+                "seconds_s": {k: s for k, (s, _) in got.items()},
                 "predicted_s": {k: p for k, (_, p) in got.items()},
             })  # fmt: skip
     return rows

@@ -19,7 +19,15 @@ from scaletui.roofline.simulate import simulate
 from scaletui.roofline.speedtrace import SpeedTrace
 from scaletui.shape import ServerShape
 
-__all__ = ["Banded", "at_speed", "band_of", "simulate_at", "simulate_band"]
+__all__ = [
+    "Banded",
+    "at_speed",
+    "band_of",
+    "median_of",
+    "simulate_at",
+    "simulate_band",
+    "simulate_draws",
+]
 
 # summary keys that are what was asked for, not what the server did: no band
 NOT_BANDED = frozenset({"num_prompts", "requested_rate", "scheduled_rate", "cancelled"})
@@ -53,6 +61,46 @@ def simulate_at(
     a `trace` (the speeds a run met, relative to `speed`), each call at its moment's speed."""
     d, p, t = at_speed(decode, prefill or decode, timing or SimTiming(), speed)
     return simulate(shape, d, load, p, seed=seed, timing=t, trace=trace)
+
+
+def simulate_draws(
+    shape: ServerShape,
+    decode: CostModel,
+    load: Load,
+    speed: SpeedFactors,
+    prefill: CostModel | None = None,
+    seed: int = 0,
+    timing: SimTiming | None = None,
+    trace: SpeedTrace | None = None,
+    draws: int = 1,
+) -> SimResult:
+    """`simulate_at` over `draws` draw seeds (seed, seed + 1, ...: each engine call's variation
+    drawn anew, the request list the same): the first draw's per-request times, and a summary
+    whose every number is the median over the draws. One draw's median TTFT under bursts moves
+    by ±5-13 % with the draw alone (bench/sim_noise.py); the median of several is the figure a
+    run is expected at. A model without `call_spread` draws nothing: one simulation."""
+    run = lambda k: simulate_at(shape, decode, load, speed, prefill, seed + k, timing, trace)  # noqa: E731
+    first = run(0)
+    spread = decode.call_spread or (prefill is not None and prefill.call_spread)
+    if draws <= 1 or not spread:
+        return first
+    summaries = [first.summary] + [run(k).summary for k in range(1, draws)]
+    return replace(first, summary={**first.summary, **median_of(summaries)})
+
+
+def median_of(summaries: list[dict]) -> dict:
+    """{key: the median over `summaries`} for every number (or None) of the first; a draw
+    with None for it (nothing completed) is left out; booleans are not numbers here."""
+    out = {}
+    for key, value in summaries[0].items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            continue
+        got = [s.get(key) for s in summaries]
+        got = sorted(x for x in got if isinstance(x, int | float) and math.isfinite(x))
+        if got:
+            mid = len(got) // 2
+            out[key] = got[mid] if len(got) % 2 else (got[mid - 1] + got[mid]) / 2
+    return out
 
 
 @dataclass(frozen=True, eq=False)

@@ -53,7 +53,7 @@ class SpeedTrace:
         mean: dict[str, float],
         min_predicted_s: float = MIN_PREDICTED_S,
     ) -> SpeedTrace:
-        """From `speed_timeline` rows ({t_s, factor: {kind: f}, predicted_s: {kind: s}}) and the
+        """From `speed_timeline` rows ({t_s, seconds_s: {kind: s}, predicted_s: {kind: s}}) and the
         stage's mean factor per kind (`speed_factor`). ValueError naming a row that is not one."""
         ends: dict[str, list[float]] = {}
         relative: dict[str, list[float]] = {}
@@ -64,14 +64,14 @@ class SpeedTrace:
             open_ = [0.0, 0.0, 0.0]
             last_t = -math.inf
             for i, row in enumerate(rows):
-                t, f, p = _row(i, row, kind)
+                t, spent, p = _row(i, row, kind)
                 if t < last_t:
                     raise ValueError(f"speed_timeline row {i}: t_s {t} before row {i - 1}'s")
                 last_t = t
-                if p is None:
+                if spent == p == 0:
                     continue
-                open_ = [t, open_[1] + f * p, open_[2] + p]
-                if open_[2] >= min_predicted_s:
+                open_ = [t, open_[1] + spent, open_[2] + p]
+                if open_[2] >= min_predicted_s and open_[1] > 0:
                     segments.append(open_)
                     open_ = [0.0, 0.0, 0.0]
             if open_[2] > 0 and segments:  # a short tail joins the segment before it
@@ -93,25 +93,27 @@ class SpeedTrace:
         }
 
 
-def _row(i: int, row: dict, kind: str) -> tuple[float, float, float | None]:
-    """(end, factor, predicted seconds) of one timeline row for `kind` (predicted None: the
-    interval ran no call of that kind)."""
+def _row(i: int, row: dict, kind: str) -> tuple[float, float, float]:
+    """(end, seconds spent, seconds predicted) of one timeline row for `kind` (0, 0: the
+    interval ran no call of that kind). A row without `seconds_s` (an older loadgen's) spends
+    factor x predicted."""
     try:
         t = float(row["t_s"])
-        f = (row.get("factor") or {}).get(kind)
-        p = (row.get("predicted_s") or {}).get(kind)
-        if f is None or p is None:
-            return t, 1.0, None
-        f, p = float(f), float(p)
+        p = float((row.get("predicted_s") or {}).get(kind, 0.0))
+        spent = (row.get("seconds_s") or {}).get(kind)
+        if spent is None:
+            f = (row.get("factor") or {}).get(kind)
+            spent = 0.0 if f is None else float(f) * p
+        spent = float(spent)
     except (KeyError, TypeError, ValueError, AttributeError):
         raise ValueError(
-            f"speed_timeline row {i} should be {{t_s, factor: {{kind: f}}, predicted_s: "
+            f"speed_timeline row {i} should be {{t_s, seconds_s: {{kind: s}}, predicted_s: "
             f"{{kind: s}}}}, got {row!r}"
         ) from None
-    if not (math.isfinite(t) and f > 0 and p >= 0 and math.isfinite(f * p)):
-        raise ValueError(f"speed_timeline row {i}: need a finite t_s, factor > 0 and "
-                         f"predicted_s >= 0, got {row!r}")  # fmt: skip
-    return t, f, p if p > 0 else None
+    if not (math.isfinite(t) and 0 <= spent < math.inf and 0 <= p < math.inf):
+        raise ValueError(f"speed_timeline row {i}: need a finite t_s and seconds >= 0, got "
+                         f"{row!r}")  # fmt: skip
+    return t, spent, p
 
 
 def of_result(summary: dict, stage: int | None = None, name: str = "the result"):
