@@ -516,7 +516,10 @@ def held_out_runs(args, url: str, server: list[str], fit_file: Path, work: Path)
                              args.turns)  # fmt: skip
     rows, line, line_summary = heldout.measure(
         held,
-        lambda flags: _simulation(fit_file, ["--model", args.serving_model, *server], flags),
+        lambda flags: _simulation(
+            fit_file, ["--model", args.serving_model, *server, "--draws", str(args.sim_draws)],
+            flags,
+        ),
         lambda flags, out: _loadgen(url, flags, out),
         work,
         args.held_out_fraction,
@@ -703,6 +706,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--held-out-fraction", type=float, default=0.5,
                    help="each at this fraction of its simulated capacity")  # fmt: skip
     h.add_argument("--held-out-requests", type=int, default=160)
+    h.add_argument("--sim-draws", type=int, default=9,
+                   help="each held-out prediction (a priori, its band, as run) the median over "
+                   "N draws of the calls' variation (scaletui simulate --draws)")  # fmt: skip
     h.add_argument("--held-out-input-len", type=int, default=200, help="uniform +-50 %%")
     h.add_argument("--held-out-output-len", type=int, default=96)
     h.add_argument("--burstiness", type=float, default=0.5, help="gamma shape (1: Poisson)")
