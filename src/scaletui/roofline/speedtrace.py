@@ -7,12 +7,13 @@ still. A shared host's speed moves within a stage (docs/roofline.md, "A run's ow
 queueing is not linear in speed: a burst met at a slow moment queues longer than the mean says.
 With a trace, `simulate_at(..., trace=...)` prices each call at the speed of its moment: the
 cost models are scaled to the stage's mean (`at_speed`, as before) and each call is multiplied
-by `relative(kind, t)` = that moment's factor / the mean, so a trace that never moves is the
-mean's simulation exactly.
+by `SpeedTrace.at(kind, t)` = that moment's factor / the mean, so a trace that never moves is
+the mean's simulation exactly.
 
-Intervals are merged forward until each segment rests on at least `min_predicted_s` of
-predicted call time of its kind (a 1-s interval may hold one prefill: one call's own variation,
-which the simulator draws itself from the fit's `call_spread`, is not the host's speed).
+Intervals are merged forward into spells of at least `min_predicted_s` of predicted call time
+of their kind: a 1-s interval may hold one prefill, whose own variation the simulator draws
+from the fit's `call_spread` (it is not the host's speed), and a scrape can fall between a
+call's two counter updates (its seconds in one row, its prediction in the next).
 """
 
 from __future__ import annotations
@@ -116,7 +117,9 @@ def _row(i: int, row: dict, kind: str) -> tuple[float, float, float]:
     return t, spent, p
 
 
-def of_result(summary: dict, stage: int | None = None, name: str = "the result"):
+def of_result(
+    summary: dict, stage: int | None = None, name: str = "the result"
+) -> tuple[dict[str, float], SpeedTrace | None]:
     """(the stage's mean speed factor per kind, its trace or None) from a loadgen result: one
     stage's summary, or a file of `stages` and which one. ValueError saying what is missing."""
     stages = summary.get("stages") if isinstance(summary, dict) else None
