@@ -517,7 +517,8 @@ def held_out_runs(args, url: str, server: list[str], fit_file: Path, work: Path)
     rows, line, line_summary = heldout.measure(
         held,
         lambda flags: _simulation(
-            fit_file, ["--model", args.serving_model, *server, "--draws", str(args.sim_draws)],
+            fit_file,
+            ["--model", args.serving_model, *server, "--draws", str(args.sim_draws)],
             flags,
         ),
         lambda flags, out: _loadgen(url, flags, out),

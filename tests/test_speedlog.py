@@ -49,6 +49,15 @@ def test_other_engines_old_blocks_short_blocks_and_broken_lines_are_not_read(tmp
     assert speedlog.drift_spread(fake_fit(), now=NOW, path=path)["decode"]["p50"] == 1.2
 
 
+def test_the_horizon_is_every_kept_block_not_the_last_hour(tmp_path):
+    """100 blocks over 100 minutes: the older 50 ran 2x the fit, the last 50 at it. The spread
+    holds both (a host that swung an hour ago may swing again): p10 1.0, p90 2.0."""
+    path = tmp_path / "fit.speeds.jsonl"
+    log_factors(path, "decode", [2.0] * 50 + [1.0] * 50, t0=NOW - 6000)
+    d = speedlog.drift_spread(fake_fit(), now=NOW, path=path)["decode"]
+    assert (d["p10"], d["p90"], d["n"]) == pytest.approx((1.0, 2.0, 100))
+
+
 def test_the_log_is_trimmed_to_its_last_blocks(tmp_path, monkeypatch):
     monkeypatch.setattr(speedlog, "KEEP", 10)
     path = tmp_path / "fit.speeds.jsonl"

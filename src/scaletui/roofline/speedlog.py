@@ -38,7 +38,11 @@ BLOCK_S = 30.0  # a block closes at the first call this long after its first cal
 MIN_BLOCK_CALLS = 8  # fewer calls in a block: not logged (too few to be a speed)
 KEEP = 400  # blocks kept in a log
 MAX_AGE_S = 7 * 86400.0  # older blocks are not read back
-LAST = 60  # the most recent blocks of a kind that make its spread
+# the most recent blocks of a kind that make its spread: all the file keeps. 60 (half an hour
+# of serving) forgot swings the host made between runs 40 minutes apart (0.66x-1.23x of a fresh
+# fit), and held-out bands covered 35 of 48 figures where every kept block covered 40
+# (docs/roofline.md, "As run in time, over draws")
+LAST = KEEP
 MIN_BLOCKS = 5  # fewer blocks of a kind: no drift spread for it
 KINDS = ("decode", "prefill")
 
