@@ -15,7 +15,7 @@ from scaletui import roofline as rl
 from scaletui.commands.simulate import main as simulate_main
 from scaletui.roofline.band import SpeedFactors, SpeedSpread, Spread
 from scaletui.roofline.costfit import residual_spread
-from scaletui.roofline.simband import simulate_at, simulate_band, simulate_draws
+from scaletui.roofline.simband import simulate_at, simulate_band
 from scaletui.roofline.simrecords import SimTiming
 from scaletui.specs import load_model
 
@@ -162,10 +162,10 @@ def test_simulate_as_run_is_simulate_at_at_those_factors(tmp_path, capsys, monke
     calls = []
 
     def spy(*args, **kw):
-        calls.append((args, kw, simulate_draws(*args, **kw)))
+        calls.append((args, kw, simulate_at(*args, **kw)))
         return calls[-1][2]
 
-    monkeypatch.setattr(cli, "simulate_draws", spy)
+    monkeypatch.setattr(cli, "simulate_at", spy)
     argv = [*ARGS, "--hardware", _spec(tmp_path, HOST), "--concurrency", "1", "--gap-ms", "0",
             "--gap-per-row-ms", "0", "--intake-ms", "0", "--json"]  # fmt: skip
     assert simulate_main(argv) == 0

@@ -11,7 +11,7 @@ from test_simulate import fixed, flat, server
 
 from scaletui.commands.simulate import main as simulate_main
 from scaletui.roofline.band import SpeedFactors
-from scaletui.roofline.simband import median_of, simulate_at, simulate_draws
+from scaletui.roofline.simband import median_of, simulate_at
 from scaletui.roofline.simrecords import SimTiming
 from scaletui.roofline.speedtrace import SpeedTrace, of_result, read_result
 
@@ -147,12 +147,12 @@ def test_a_figure_over_several_draws_is_their_median():
     cost, shape = replace(flat(), call_spread=(0.5, 1.0, 2.0)), server(slots=2, max_seq_len=1024)
     load = fixed(12, gap=0.01, inp=100, out=8)
     one = [simulate_at(shape, cost, load, SpeedFactors(), seed=k) for k in (4, 5, 6)]
-    got = simulate_draws(shape, cost, load, SpeedFactors(), seed=4, draws=3)
+    got = simulate_at(shape, cost, load, SpeedFactors(), seed=4, draws=3)
     for key in ("median_ttft_ms", "p99_tpot_ms", "output_throughput"):
         assert got.summary[key] == sorted(r.summary[key] for r in one)[1]
     assert len({r.summary["median_ttft_ms"] for r in one}) == 3  # the draws do differ
     assert (got.t_first == one[0].t_first).all()
-    plain = simulate_draws(shape, flat(), load, SpeedFactors(), seed=4, draws=5)
+    plain = simulate_at(shape, flat(), load, SpeedFactors(), seed=4, draws=5)
     assert plain.summary == simulate_at(shape, flat(), load, SpeedFactors(), seed=4).summary
     assert median_of([{"a": 1, "b": None, "c": True}, {"a": 3, "b": 2}, {"a": 2, "b": 4}]) == {
         "a": 2, "b": 3.0}  # fmt: skip

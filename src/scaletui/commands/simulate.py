@@ -31,7 +31,7 @@ from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.dcn import with_dcn
 from scaletui.roofline.fitstore import load_fit, stored_fits_for
-from scaletui.roofline.simband import band_of, simulate_draws
+from scaletui.roofline.simband import band_of, simulate_at
 from scaletui.roofline.simrecords import (
     BOS_TOKENS,
     HOST_GAP_PER_ROW_S,
@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
             prefix_len=args.prefix_len and args.prefix_len + bos,
         )
         draws = (shape, decode, load, speed, prefill, args.seed, timing, trace, args.draws)
-        result = simulate_draws(*draws)
+        result = simulate_at(*draws)
         if not growing or result.summary["sent"] < len(offsets) or take >= MAX_REQUESTS:
             break
         take = min(take * 4, MAX_REQUESTS)
@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     runs = [result.summary]
     for speed in (spread.fast, spread.slow) if spread.width else ():  # the same load and seed
         end = (shape, decode, load, speed, prefill, args.seed, timing, None, args.draws)
-        runs.append(simulate_draws(*end).summary)
+        runs.append(simulate_at(*end).summary)
     seconds = time.perf_counter() - t0
     if banded:
         result.summary["band"] = band_of(runs)

@@ -26,7 +26,6 @@ __all__ = [
     "median_of",
     "simulate_at",
     "simulate_band",
-    "simulate_draws",
 ]
 
 # summary keys that are what was asked for, not what the server did: no band
@@ -56,33 +55,20 @@ def simulate_at(
     seed: int = 0,
     timing: SimTiming | None = None,
     trace: SpeedTrace | None = None,
-) -> SimResult:
-    """`simulate` on a host `speed` times slower than the cost models and `timing` say; with
-    a `trace` (the speeds a run met, relative to `speed`), each call at its moment's speed."""
-    d, p, t = at_speed(decode, prefill or decode, timing or SimTiming(), speed)
-    return simulate(shape, d, load, p, seed=seed, timing=t, trace=trace)
-
-
-def simulate_draws(
-    shape: ServerShape,
-    decode: CostModel,
-    load: Load,
-    speed: SpeedFactors,
-    prefill: CostModel | None = None,
-    seed: int = 0,
-    timing: SimTiming | None = None,
-    trace: SpeedTrace | None = None,
     draws: int = 1,
 ) -> SimResult:
-    """`simulate_at` over `draws` draw seeds (seed, seed + 1, ...: each engine call's variation
-    drawn anew, the request list the same): the first draw's per-request times, and a summary
-    whose every number is the median over the draws. One draw's median TTFT under bursts moves
-    by ±5-13 % with the draw alone (bench/sim_noise.py); the median of several is the figure a
-    run is expected at. A model without `call_spread` draws nothing: one simulation."""
-    run = lambda k: simulate_at(shape, decode, load, speed, prefill, seed + k, timing, trace)  # noqa: E731
+    """`simulate` on a host `speed` times slower than the cost models and `timing` say; with
+    a `trace` (the speeds a run met, relative to `speed`), each call at its moment's speed.
+
+    Over `draws` draw seeds (seed, seed + 1, ...: each call's variation drawn anew, the request
+    list the same): the first draw's per-request times and a summary whose every number is the
+    median over the draws. One draw's median TTFT under bursts moves by ±5-13 % with the draw
+    alone (bench/sim_noise.py); the median of several is the figure a run is expected at. A
+    model without `call_spread` draws nothing: one simulation."""
+    d, p, t = at_speed(decode, prefill or decode, timing or SimTiming(), speed)
+    run = lambda k: simulate(shape, d, load, p, seed=seed + k, timing=t, trace=trace)  # noqa: E731
     first = run(0)
-    spread = decode.call_spread or (prefill is not None and prefill.call_spread)
-    if draws <= 1 or not spread:
+    if draws <= 1 or not (d.call_spread or p.call_spread):
         return first
     summaries = [first.summary] + [run(k).summary for k in range(1, draws)]
     return replace(first, summary={**first.summary, **median_of(summaries)})
