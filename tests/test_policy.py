@@ -51,12 +51,10 @@ def test_chunks_run_fcfs_within_the_budget_on_page_boundaries() -> None:
 
 
 def test_mixed_batches_take_the_first_piece_within_the_budget() -> None:
-    assert policy.mix_tokens(True, 40, 16, "interleaved", 1) == (32, None)
-    assert policy.mix_tokens(False, 40, 16, "interleaved", 1) == (0, None)  # off: no reason
-    assert policy.mix_tokens(True, 40, 16, "disaggregated", 1) == (0, None)
-    assert policy.mix_tokens(True, 0, 16, "interleaved", 1) == (0, None)  # no budget: no mix
-    cap, why = policy.mix_tokens(True, 40, 16, "interleaved", 2)
-    assert cap == 0 and "dp=2" in why
+    assert policy.mix_tokens(True, 40, 16, "interleaved") == 32
+    assert policy.mix_tokens(False, 40, 16, "interleaved") == 0  # off
+    assert policy.mix_tokens(True, 40, 16, "disaggregated") == 0
+    assert policy.mix_tokens(True, 0, 16, "interleaved") == 0  # no budget: no mix
     assert policy.mixes([32, 16], decoding=3, cap=32)
     assert not policy.mixes([32], decoding=0, cap=32)  # nothing decodes: a plain prefill call
     assert not policy.mixes([32], decoding=3, cap=0)  # mixing off

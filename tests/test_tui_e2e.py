@@ -119,6 +119,8 @@ async def drive(app: ScaleTUI, ctl: Controller, tmp_path) -> None:
         ttft = build_view(app.state).kpi("ttft_p50")
         assert ttft.measured is not None and ttft.measured > 0
         assert ttft.floor > 0 and ttft.expected > 0
+        # the runs table fills on a refresh tick, later than one on a loaded box
+        await wait_for(lambda: app.query_one("#runs").row_count >= 1, 10)
         assert app.query_one("#runs").row_count >= 1
         status = str(app.query_one("#status").content)
         assert "tiny" in status and "serving" in status

@@ -79,17 +79,14 @@ def chunks(lefts: Sequence[int], budget: int, page_size: int) -> list[int]:
     return out
 
 
-def mix_tokens(
-    mixed: bool, max_batched_tokens: int, page_size: int, mode: str, dp: int
-) -> tuple[int, str | None]:
-    """(the most prompt tokens a piece may have to ride in a generate call, 0: no mixing; why
-    not, when mixing was asked for but this shape cannot mix). A mixed call is compiled for one
-    piece length, the token budget: without a budget a piece is a whole prompt of any length."""
+def mix_tokens(mixed: bool, max_batched_tokens: int, page_size: int, mode: str) -> int:
+    """The most prompt tokens a piece may have to ride in a generate call (0: no mixing). A
+    mixed call is compiled for one piece length, the token budget: without a budget a piece is a
+    whole prompt of any length. Under dp the piece rides in the call of every replica (its rows
+    join the one forward pass; its K/V go to its own replica's pages)."""
     if not mixed or mode != "interleaved" or not max_batched_tokens:
-        return 0, None
-    if dp > 1:
-        return 0, f"mixed batches run unmixed under dp={dp} (each replica's pages stay local)"
-    return token_budget(max_batched_tokens, page_size), None
+        return 0
+    return token_budget(max_batched_tokens, page_size)
 
 
 def mixes(pieces: Sequence[int], decoding: int, cap: int) -> bool:

@@ -222,11 +222,11 @@ class ServerShape:
         return self.kv_pages or (self.slots // self.dp) * self.pages_per_seq + 1
 
     @property
-    def mixing(self) -> tuple[int, str | None]:
-        """(the longest prompt piece a generate call takes along, 0: none; why none, when
-        mixed batches were asked for): `policy.mix_tokens`."""
-        p = policy.mix_tokens
-        return p(self.mixed_batches, self.max_batched_tokens, self.page_size, self.mode, self.dp)
+    def mixing(self) -> int:
+        """The longest prompt piece a generate call takes along (0: none): `policy.mix_tokens`."""
+        return policy.mix_tokens(
+            self.mixed_batches, self.max_batched_tokens, self.page_size, self.mode
+        )
 
     @property
     def prefill_buckets(self) -> tuple[int, ...]:

@@ -122,7 +122,7 @@ class CallCosts:
         """What prompt tokens start..stop-1 add to the generate call whose first step they ride
         in: the compiled piece length's (the token budget: `ServerShape.mixing`) FLOPs and K/V
         writes at the prefill rates, no call overhead and no second weight read."""
-        cap = self.shape.mixing[0] or stop - start
+        cap = self.shape.mixing or stop - start
         key = (-start - 1, -cap - 1)  # apart from prefill_s's and piece_s's keys
         s = self._prefill_memo.get(key)
         if s is None:

@@ -77,7 +77,7 @@ def _interleaved(sim: SimState) -> None:
     and output again) and one generate call runs."""
     now, shape, size = 0.0, sim.shape, sim.shape.page_size
     budget = policy.token_budget(shape.max_batched_tokens, size)
-    cap = shape.mixing[0]  # mixed batches: the longest piece a generate call takes along
+    cap = shape.mixing  # mixed batches: the longest piece a generate call takes along
     kv = SimSlots(shape, sim.load.prefix_len, sim.load.prefix_groups)
     produced: dict[int, int] = {}  # preempted requests: the tokens they had produced
     jobs: list[list[int]] = []  # [request, slot, tokens to prefill, tokens in its pages so far]

@@ -308,7 +308,7 @@ class FakeEngineFactory:
                 tp=config.tp,
                 page_size=config.page_size,
                 pages=config.pages,
-                mix_tokens=config.mixing[0] if config.mode == "interleaved" else 0,
+                mix_tokens=config.mixing if config.mode == "interleaved" else 0,
             )
 
         if config.mode == "interleaved":

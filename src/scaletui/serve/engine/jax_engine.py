@@ -98,11 +98,8 @@ class JaxEngine(EnginePrograms, ChunkCalls):
         # attention on JAX's Pallas kernels: GPU/TPU, or interpreted on CPU) or "xla"
         self.kernels = kernels
         self.native = kernels == "native"
-        # mixed batches: the longest prompt chunk a generate call takes along (0: none), and
-        # why none where they were asked for (shown with the kernels)
-        self.mix_tokens, why = config.mixing if role == "both" else (0, None)
-        if why:
-            kernels_note = f"{kernels_note}; {why}" if kernels_note else why
+        # mixed batches: the longest prompt chunk a generate call takes along (0: none)
+        self.mix_tokens = config.mixing if role == "both" else 0
         self.kernels_note = kernels_note  # why not native (kernels != xla, XLA runs), or a fallback
         # the native dense kernel's panels and products (native.dense_path), for /stats
         self.kernels_dense = native.dense_path(p.weights, p.compute) if self.native else None

@@ -614,7 +614,9 @@ def pallas_ops(
     ops = xla_ops(compute, panel=panel)._replace(
         decode_attention=attention, layout=kv_cache.HEAD_MAJOR
     )
-    if kernel == "gpu" and mesh.shape.get("data", 1) == 1:  # mixing runs at dp 1
+    # the ragged kernel attends one replica's pool; under dp a mixed step's chunk attention
+    # runs in XLA (the decode rows on the decode kernel)
+    if kernel == "gpu" and mesh.shape.get("data", 1) == 1:
         ops = ops._replace(mixed_attention=partial(pallas_attention.mixed_attention, **kw))
     return ops
 

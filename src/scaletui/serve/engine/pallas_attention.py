@@ -176,7 +176,7 @@ def mixed_attention(
 ) -> tuple:  # fmt: skip
     """model.Ops.mixed_attention on the ragged kernel (pallas_ragged.py, GPU): one kernel call
     attends a mixed step's decode rows and its prompt chunk over the head-major pool of one
-    data replica (mixing runs at dp 1, policy.mix_tokens), heads split over 'model' as in
+    data replica (the ops use it at dp 1: model.pallas_ops), heads split over 'model' as in
     decode_attention. q [R + T, N, H], k/v [R + T, K, H] (the first `rows` = R decode rows),
     positions [B], pages [B, W], the chunk at start..start+T-1 in pages chunk_pages [W'] (then
     the `scratch` page) -> (o [R + T, N, H], the pool with the rows' K/V at their positions and
