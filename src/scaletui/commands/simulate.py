@@ -31,7 +31,7 @@ from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.dcn import with_dcn
 from scaletui.roofline.fitstore import load_fit, stored_fits_for
-from scaletui.roofline.simband import band_of, simulate_at
+from scaletui.roofline.simband import simulate_at, simulate_band
 from scaletui.roofline.simrecords import (
     BOS_TOKENS,
     HOST_GAP_PER_ROW_S,
@@ -295,13 +295,11 @@ def run(args: argparse.Namespace) -> tuple[SimResult, str, float]:
     point_s = time.perf_counter() - t0
     banded = not (args.no_band or as_run)
     spread = speed_spread(args, decode) if banded else SpeedSpread()
-    runs = [result.summary]
-    for speed in (spread.fast, spread.slow) if spread.width else ():  # the same load and seed
-        end = (shape, decode, load, speed, prefill, args.seed, timing, None, args.draws)
-        runs.append(simulate_at(*end).summary)
+    if banded:  # the ends on the point's request list and seeds
+        got = simulate_band(shape, decode, load, spread, prefill, args.seed, timing, args.draws,
+                            point=result)  # fmt: skip
+        result.summary["band"] = got.band
     seconds = time.perf_counter() - t0
-    if banded:
-        result.summary["band"] = band_of(runs)
     result.summary["config"] = {
         "simulated": True,
         "server": {**shape.to_json(), **asdict(timing)},

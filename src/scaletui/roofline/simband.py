@@ -96,6 +96,7 @@ class Banded:
     point: SimResult
     band: dict[str, list[float]]
     spread: SpeedSpread = field(default_factory=SpeedSpread)
+    ends: tuple[SimResult, ...] = ()  # the fast and the slow end's runs (none: no width)
 
 
 def band_of(summaries: list[dict]) -> dict[str, list[float]]:
@@ -121,14 +122,16 @@ def simulate_band(
     prefill: CostModel | None = None,
     seed: int = 0,
     timing: SimTiming | None = None,
+    draws: int = 1,
+    point: SimResult | None = None,
 ) -> Banded:
-    """The point (`simulate`) and each figure's band over `spread`'s fast and slow ends (not
-    run when the spread has no width: the band is the point)."""
-    timing, prefill = timing or SimTiming(), prefill or decode
-    point = simulate(shape, decode, load, prefill, seed=seed, timing=timing)
-    runs = [point.summary]
-    if spread.width:
-        for speed in (spread.fast, spread.slow):
-            got = simulate_at(shape, decode, load, speed, prefill, seed, timing)
-            runs.append(got.summary)
-    return Banded(point, band_of(runs), spread)
+    """The point (`simulate_at` at the fit's own speed over `draws`, or `point`, simulated
+    already) and each figure's band over `spread`'s fast and slow ends, run on the same request
+    list and seeds (not run when the spread has no width: the band is the point)."""
+    if point is None:
+        point = simulate_at(shape, decode, load, SpeedFactors(), prefill, seed, timing, None, draws)
+    speeds = (spread.fast, spread.slow) if spread.width else ()
+    ends = tuple(
+        simulate_at(shape, decode, load, s, prefill, seed, timing, None, draws) for s in speeds
+    )
+    return Banded(point, band_of([point.summary, *(e.summary for e in ends)]), spread, ends)

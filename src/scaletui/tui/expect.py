@@ -32,7 +32,7 @@ from scaletui.roofline.band import SpeedFactors, SpeedSpread
 from scaletui.roofline.costmodel import CostModel
 from scaletui.roofline.dcn import with_dcn
 from scaletui.roofline.fitstore import fits_dir, load_fit
-from scaletui.roofline.simband import band_of, simulate_at
+from scaletui.roofline.simband import simulate_at, simulate_band
 from scaletui.roofline.simrecords import BOS_TOKENS as BOS
 from scaletui.roofline.simrecords import (
     HOST_GAP_PER_ROW_S,
@@ -257,10 +257,7 @@ def expect(
         result = simulate_at(shape, decode, load, speed, prefill, timing=host)
     s = result.summary
     spread = spread_of(hardware, decode) if band and speed is None else SpeedSpread()
-    ends = [
-        simulate_at(shape, decode, load, speed, prefill, timing=host)
-        for speed in ((spread.fast, spread.slow) if spread.width else ())
-    ]
+    banded = simulate_band(shape, decode, load, spread, prefill, timing=host, point=result)
     ms = lambda key: s.get(key)  # noqa: E731 - None when nothing completed
     return Expectation(
         ttft_p50_ms=ms("median_ttft_ms"),
@@ -272,8 +269,8 @@ def expect(
         mean_batch=s.get("mean_running_batch"),
         fit=choice,
         run=SimRun.of(result, load.output_len),
-        band=band_of([s, *(r.summary for r in ends)]),
-        ends=tuple(SimRun.of(r, load.output_len) for r in ends) or None,  # type: ignore[arg-type]
+        band=banded.band,
+        ends=tuple(SimRun.of(r, load.output_len) for r in banded.ends) or None,  # type: ignore[arg-type]
         band_note=spread.note if band and speed is None else "",
     )
 
