@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import orjson
 
+from scaletui import policy
 from scaletui.serve.engine import kv_cache, model, pallas_attention
 from scaletui.serve.weights import quant, sharding
 from scaletui.specs import load_model
@@ -97,9 +98,16 @@ def main(argv: list[str] | None = None) -> int:
         "k": jnp.transpose(pool["k"], (1, 0, 3, 2)),
         "v": jnp.transpose(pool["v"], (1, 0, 2, 3)),
     }
+    one = lambda a, fill: jnp.asarray([a] + [fill] * (policy.MIX_PIECES - 1), jnp.int32)  # noqa: E731
+    width = chunk_pages.shape[0]
+    pieces = model.Pieces(
+        one(0, args.chunk), one(args.chunk, 0), one(args.context, 0),
+        one(args.context + args.chunk, 0),
+        jnp.zeros((policy.MIX_PIECES, width), jnp.int32).at[0].set(chunk_pages), one(0, 0),
+    )  # fmt: skip
     kernel = jax.jit(lambda: pallas_attention.mixed_attention(
-        q, k, v, positions, table, start, chunk_pages, jnp.int32(0), head_major, rows=rows,
-        mesh=mesh, interpret=args.interpret))  # fmt: skip
+        q, k, v, positions, table, pieces, head_major, rows=rows, mesh=mesh,
+        interpret=args.interpret))  # fmt: skip
     xla = jax.jit(lambda: xla_mixed(q, k, v, positions, table, start, chunk_pages, pool, rows))
     (o, _), (want, _) = kernel(), xla()
     err = float(jnp.max(jnp.abs(o.astype(jnp.float32) - want.astype(jnp.float32))))

@@ -137,7 +137,13 @@ def test_layers_import_only_what_they_may():
             *shared,
         },
         "scaletui.serve.weights": serve_base,
-        "scaletui.serve.engine": {*serve_base, "scaletui.serve.weights", "scaletui.roofline"},
+        # and the policy's packing of a mixed call's pieces (`riders`, MIX_PIECES): pure
+        "scaletui.serve.engine": {
+            *serve_base,
+            "scaletui.serve.weights",
+            "scaletui.roofline",
+            "scaletui.policy",
+        },
         "scaletui.serve.scheduling": {
             *serve_base,
             "scaletui.serve.engine.engine_api",

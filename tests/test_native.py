@@ -493,6 +493,13 @@ def test_prefill_attention_matches_xla_and_is_the_same_whole_or_split(
     }
     second = native.prefill_attention(q[cut:], (k[cut:], v[cut:]), first, cut)
     np.testing.assert_array_equal(np.asarray(second), np.asarray(whole[cut:]))
+    # only the first n rows wanted (a mixed step's piece): their bits, then zeros
+    n = t // 2 + 1
+    part = np.asarray(native.prefill_attention(q, (k, v), prior, start, n))
+    np.testing.assert_array_equal(part[:n], np.asarray(got)[:n])
+    assert not part[n:].any()
+    xla_part = model._attend_chunk(q, (k, v), prior, start, n)  # XLA: the loop stops early
+    np.testing.assert_array_equal(np.asarray(xla_part)[:n], np.asarray(want)[:n])
     with pytest.raises(Exception, match="multiple of the page size"):
         jax.block_until_ready(native.prefill_attention(q, (k, v), prior, size + 1))
 

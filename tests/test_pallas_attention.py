@@ -144,33 +144,52 @@ def test_plan_picks_pallas_on_accelerators_and_only_when_asked_on_cpu():
 
 # bf16 pools are the kernel's own test's (test_pallas_ragged.py); here the step around it
 @pytest.mark.parametrize(("kv", "tp"), [("int8", 1), ("f32", 2)])
-def test_a_mixed_step_on_the_ragged_kernel_equals_xla_rows_then_chunk(kv, tp):
+def test_a_mixed_step_on_the_ragged_kernel_equals_xla_rows_then_pieces(kv, tp):
     """pallas_attention.mixed_attention (one ragged kernel call for the decode rows and the
-    chunk, GPU kernel interpreted) against XLA's mixed step: the rows' paged attention, then the
-    chunk's `_attend_chunk` over its earlier pages and its own K/V, written as whole pages. Three
-    of four rows decode (R = 3 < B = 4: the last is the step's padding), the chunk is 11 tokens
-    at 8 (a page of earlier context) in pages no row holds; tp 2 splits the KV heads."""
+    prompt pieces, GPU kernel interpreted) against XLA's mixed step: the rows' paged attention,
+    then each piece's `_attend_chunk` over its earlier pages and its own K/V, written as whole
+    pages. Three of four rows decode (R = 3 < B = 4: the last is the step's padding); piece 0 is
+    11 tokens at 8 (a page of earlier context), piece 1 a 5-token prompt from row 16, each in
+    pages no row holds, in 24 prompt rows; tp 2 splits the KV heads."""
     rows, width, t, start = 4, 4, 11, 8
     q, k, v, positions, table, pool = _case(kv, rows, 1 + 4 * width + 4, width, seed=11)
     free = sorted(set(range(1, 1 + 4 * width + 4)) - set(np.asarray(table).ravel().tolist()))
-    chunk_pages = jnp.asarray(np.random.default_rng(2).permutation(free)[:width], jnp.int32)
+    chosen = np.random.default_rng(2).permutation(free)
+    chunk_pages, fresh_pages = (jnp.asarray(chosen[i : i + width], jnp.int32) for i in (0, 4))
     rng = np.random.default_rng(12)
-    qc, kc, vc = (jnp.asarray(rng.standard_normal((t, n, H)), jnp.float32) for n in (K * G, K, K))
+    qc, kc, vc = (jnp.asarray(rng.standard_normal((24, n, H)), jnp.float32) for n in (K * G, K, K))
     r = rows - 1
     o_rows, want = model._paged_attention(q[:r], k[:r], v[:r], positions, table, pool)
-    entry = quant.store_kv(kc, vc, kv_cache.value_dtype(pool["k"].dtype))
+    value = kv_cache.value_dtype(pool["k"].dtype)
+    entry = quant.store_kv(kc[:t], vc[:t], value)
     prior = model.gather_pages([want], chunk_pages)[0]
-    o_chunk = model._attend_chunk(qc, entry, prior, jnp.int32(start))
+    o_chunk = model._attend_chunk(qc[:t], entry, prior, jnp.int32(start))
     want = kv_cache.write_pages(want, entry, chunk_pages[start // S : start // S + -(-t // S)])
+    fresh = quant.store_kv(kc[16:21], vc[16:21], value)
+    o_fresh = model._attend_chunk(qc[16:21], fresh, prior, jnp.int32(0))
+    want = kv_cache.write_pages(want, fresh, fresh_pages[:1])
     mesh = sharding.make_mesh(jax.devices()[:tp], 1, tp)
     cat = lambda a, b: jnp.concatenate([a[:r], b.astype(a.dtype)])  # noqa: E731
+    i32 = lambda *x: jnp.asarray(x, jnp.int32)  # noqa: E731
+    pieces = model.Pieces(
+        i32(0, 16, 24, 24), i32(t, 5, 0, 0), i32(start, 0, 0, 0), i32(start + t, 5, 0, 0),
+        jnp.stack([chunk_pages, fresh_pages, 0 * chunk_pages, 0 * chunk_pages]), i32(0, 0, 0, 0),
+    )  # fmt: skip
     o, new = pallas_attention.mixed_attention(
-        cat(q, qc), cat(k, kc), cat(v, vc), positions, table, jnp.int32(start), chunk_pages,
-        jnp.int32(0), _to_head_major(pool), rows=r, mesh=mesh, interpret=True,
+        cat(q, qc), cat(k, kc), cat(v, vc), positions, table, pieces, _to_head_major(pool),
+        rows=r, mesh=mesh, interpret=True,
     )  # fmt: skip
     tol = 1e-4
     np.testing.assert_allclose(o[1:r], o_rows[1:r], rtol=tol, atol=tol)  # row 0: inactive
-    np.testing.assert_allclose(o[r:], o_chunk, rtol=tol, atol=tol)
+    np.testing.assert_allclose(o[r : r + t], o_chunk, rtol=tol, atol=tol)
+    np.testing.assert_allclose(o[r + 16 : r + 21], o_fresh, rtol=tol, atol=tol)
     head_major = _to_head_major(want)
-    for name in new:  # every page: the rows' positions, the chunk's pages, scratch
-        np.testing.assert_array_equal(np.asarray(new[name]), np.asarray(head_major[name]), name)
+    # the rows' positions and the pieces' own (past a piece: positions its sequence writes
+    # before it reads them, and the scratch page 0)
+    kept = [(p, np.arange(S)) for p in np.unique(np.asarray(table)[1:])]
+    kept += [(int(chunk_pages[1]), np.arange(S)), (int(chunk_pages[2]), np.arange(3))]
+    kept += [(int(fresh_pages[0]), np.arange(5))]
+    for name in new:  # head-major [K, P, S, ...]
+        for page, at in kept:
+            got, exp = np.asarray(new[name][:, page]), np.asarray(head_major[name][:, page])
+            np.testing.assert_array_equal(got[:, at], exp[:, at], f"{name} page {page}")

@@ -50,16 +50,25 @@ def test_chunks_run_fcfs_within_the_budget_on_page_boundaries() -> None:
     assert policy.chunks([], 32, 16) == []
 
 
-def test_mixed_batches_take_the_first_piece_within_the_budget() -> None:
+def test_mixed_batches_pack_the_first_pieces_within_the_budget() -> None:
     assert policy.mix_tokens(True, 40, 16, "interleaved") == 32
     assert policy.mix_tokens(False, 40, 16, "interleaved") == 0  # off
     assert policy.mix_tokens(True, 40, 16, "disaggregated") == 0
     assert policy.mix_tokens(True, 0, 16, "interleaved") == 0  # no budget: no mix
-    assert policy.mixes([32, 16], decoding=3, cap=32)
-    assert not policy.mixes([32], decoding=0, cap=32)  # nothing decodes: a plain prefill call
-    assert not policy.mixes([32], decoding=3, cap=0)  # mixing off
-    assert not policy.mixes([48], decoding=3, cap=32)  # longer than the compiled piece
-    assert not policy.mixes([], decoding=3, cap=32)
+    ride = lambda pieces, starts=None, decoding=3, cap=64: policy.riders(  # noqa: E731
+        pieces, starts or [0] * len(pieces), decoding, cap, 16
+    )
+    assert ride([32, 16]) == 2  # 32 rows, then 16 from row 32
+    assert ride([20, 16]) == 2  # 20 rows take two pages: the second piece from row 32
+    assert ride([20, 20, 20]) == 2  # the third would start at row 64
+    assert ride([20, 44]) == 1  # from row 32, 44 more rows pass 64
+    assert ride([5, 5, 5, 5, 5]) == policy.MIX_PIECES == 4  # the program's pieces at most
+    assert ride([16, 16], starts=[32, 0]) == 2  # the first may continue its prompt...
+    assert ride([16, 16, 16], starts=[0, 0, 16]) == 2  # ... the others start theirs
+    assert ride([32], decoding=0) == 0  # nothing decodes: a plain prefill call
+    assert ride([32], cap=0) == 0  # mixing off
+    assert ride([48], cap=32) == 0  # more than the compiled rows
+    assert ride([]) == 0
 
 
 def test_decode_steps_stop_at_the_most_any_sequence_needs() -> None:
@@ -201,9 +210,10 @@ async def test_one_trace_gets_the_same_decisions_live_and_simulated() -> None:
     assert any(n < INPUT[i] for p in live for i, n in p.chunks if i == 2)
     assert sum(len(p.preempted) for p in live) >= 1
     assert sorted(i for p in live for i in p.finished) == list(range(len(INPUT)))
-    # mixed batches (on by default): pieces ride with the decode step, one per call at most
+    # mixed batches (on by default): the first `mixed` pieces ride with the decode step
     mixed = [p for p in live if p.mixed]
-    assert mixed and all(p.steps and p.chunks for p in mixed)
+    assert mixed and all(p.steps and len(p.chunks) >= p.mixed for p in mixed)
+    print("riders per mixed pass:", [p.mixed for p in mixed])
     assert any(not p.mixed and p.chunks and not p.steps for p in live)  # nothing decoding yet
     for step, (a, b) in enumerate(zip(live, sim, strict=False)):
         assert a == b, f"pass {step}: live {a} != simulated {b}"
@@ -219,3 +229,16 @@ async def test_the_trace_agrees_with_other_knobs(knob, monkeypatch) -> None:
     assert live == sim
     if "prefix_cache" not in knob:  # no budget or mixing off: nothing rides
         assert not any(p.mixed for p in live)
+
+
+async def test_several_pieces_ride_in_one_call_live_and_simulated(monkeypatch) -> None:
+    """A budget of 96 without the prefix cache (every prompt starts at 0): the pass's first
+    pieces pack into one generate call, several at once, the same live and simulated."""
+    monkeypatch.setitem(KNOBS, "max_batched_tokens", 96)
+    monkeypatch.setitem(KNOBS, "prefix_cache", False)
+    live, sim = await live_plans(), sim_plans()
+    assert live == sim
+    assert any(p.mixed > 1 for p in live)
+    for p in live:  # what rode packs as riders() packs it
+        rows = [n for _, n in p.chunks[: p.mixed]]
+        assert sum(-(-n // 16) * 16 for n in rows[:-1]) + sum(rows[-1:]) <= 96

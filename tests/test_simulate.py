@@ -430,8 +430,12 @@ def test_mixed_batches_price_a_piece_inside_the_generate_call():
     assert (mixed.outcome == "ok").all()
     assert mixed.t_first[1] < unmixed.t_first[1]
     assert mixed.summary["max_itl_ms"] < unmixed.summary["max_itl_ms"]
-    piece = CallCosts(shape, cost).mixed_s(0, 32)  # 32 tokens' FLOPs and K/V writes
+    costs = CallCosts(shape, cost)
+    piece = costs.mixed_s([(0, 32)])  # 32 tokens' FLOPs and K/V writes
     assert 0 < piece < cost.prefill_s(32)
+    # two pieces in the same 32 rows: the dense FLOPs of the rows once (this flat model
+    # prices nothing else), not two calls' worth
+    assert costs.mixed_s([(0, 16), (0, 16)]) == costs.mixed_s([(0, 16)]) == piece
 
 
 def test_simulate_cli_on_a_local_cpu_defaults_to_the_servers_dtype(capsys, monkeypatch):

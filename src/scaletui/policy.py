@@ -9,8 +9,8 @@ both and gets the same `StepPlan`s. One pass of the interleaved loop decides, in
 2. hit: it reuses the full pages of the longest cached prefix, never the whole prompt
    (`reusable_pages`: one token at least is prefilled, for the first token's logits);
 3. chunk: the prefilling prompts run FCFS within the token budget, a piece ending on a page
-   boundary or with its prompt (`token_budget`, `chunks`); with mixed batches the first piece
-   rides in the generate call's first step (`mixes`: one forward pass, the weights read once)
+   boundary or with its prompt (`token_budget`, `chunks`); with mixed batches the first pieces
+   ride in the generate call's first step (`riders`: one forward pass, the weights read once)
    and the others run before that call;
 4. decode: a generate call of `decode_steps` steps, no more than any sequence still needs; first
    every decoding sequence grows to the pages those steps write, oldest first, and where its
@@ -80,19 +80,38 @@ def chunks(lefts: Sequence[int], budget: int, page_size: int) -> list[int]:
 
 
 def mix_tokens(mixed: bool, max_batched_tokens: int, page_size: int, mode: str) -> int:
-    """The most prompt tokens a piece may have to ride in a generate call (0: no mixing). A
-    mixed call is compiled for one piece length, the token budget: without a budget a piece is a
-    whole prompt of any length. Under dp the piece rides in the call of every replica (its rows
-    join the one forward pass; its K/V go to its own replica's pages)."""
+    """The prompt rows a generate call takes along (0: no mixing), for the pieces that ride in
+    it (`riders`). A mixed call is compiled for one number of rows, the token budget: without a
+    budget a piece is a whole prompt of any length. Under dp the pieces ride in the call of every
+    replica (their rows join the one forward pass; each piece's K/V go to its own replica's
+    pages)."""
     if not mixed or mode != "interleaved" or not max_batched_tokens:
         return 0
     return token_budget(max_batched_tokens, page_size)
 
 
-def mixes(pieces: Sequence[int], decoding: int, cap: int) -> bool:
-    """Whether the pass's first piece rides in its generate call: mixing on (`cap`, from
-    `mix_tokens`), `decoding` sequences running when the pass starts, the piece within `cap`."""
-    return bool(cap and decoding and pieces and pieces[0] <= cap)
+# a mixed call packs at most this many pieces (its program attends each in turn, see
+# serve/engine/model.py `mixed`): enough for a budget's worth of short prompts
+MIX_PIECES = 4
+
+
+def riders(
+    pieces: Sequence[int], starts: Sequence[int], decoding: int, cap: int, page_size: int
+) -> int:
+    """How many of the pass's first pieces ride in its generate call (0: none): mixing on
+    (`cap`, from `mix_tokens`) and `decoding` sequences running when the pass starts. The pieces
+    pack into the call's `cap` prompt rows, each from a page boundary (a piece's rows round up to
+    whole pages, but for the last), at most MIX_PIECES of them; only the first may continue its
+    prompt (`starts`: tokens already in each piece's pages; the call reads one sequence's
+    earlier pages). The rest run as their own calls before it, as without mixing."""
+    if not (cap and decoding):
+        return 0
+    n, rows = 0, 0
+    for piece, start in zip(pieces, starts, strict=False):
+        if n == MIX_PIECES or (n and start) or rows + piece > cap:
+            break
+        n, rows = n + 1, rows + pages_for(piece, page_size) * page_size
+    return n
 
 
 def decode_steps(lefts: Sequence[int], steps: int) -> int:
@@ -210,7 +229,7 @@ class StepPlan:
     preempted: list[int] = field(default_factory=list)
     steps: int = 0  # the generate call's steps (0: none this pass)
     finished: list[int] = field(default_factory=list)
-    mixed: bool = False  # chunks[0] rode in the generate call's first step (mixed batch)
+    mixed: int = 0  # chunks[:mixed] rode in the generate call's first step (mixed batch)
 
     def __bool__(self) -> bool:
         return bool(self.admitted or self.chunks or self.preempted or self.steps or self.finished)

@@ -8,14 +8,16 @@ for both, so a server running at factor 1.0 is one the simulator reproduces.
    attention reads each running row's own positions (`_row_costs`);
 2. a prefill of a whole prompt, less a cached prefix (`prefill_s`: disaggregated);
 3. a piece of a prompt whose earlier tokens are in its pages (`piece_s`: interleaved);
-4. what such a piece adds to the generate call it rides in (`mixed_s`: mixed batches): one
-   call, the weights read once by the decode step, so the piece adds its FLOPs (dense and
-   attention, padded to the mixed call's compiled piece length) and its K/V writes.
+4. what such pieces add to the generate call they ride in (`mixed_s`: mixed batches): one
+   call, the weights read once by the decode step, so the pieces add the dense FLOPs of the
+   call's compiled prompt rows, their attention and their K/V writes.
 Every price is the cost model's expected (median) time, memoized per call shape: the hot path
 pays a dict look-up (and, native, a sum over the running rows).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from scaletui.roofline.costmodel import CostModel
 from scaletui.shape import ServerShape
@@ -118,20 +120,23 @@ class CallCosts:
             self._prefill_memo[key] = s
         return s
 
-    def mixed_s(self, start: int, stop: int) -> float:
-        """What prompt tokens start..stop-1 add to the generate call whose first step they ride
-        in: the compiled piece length's (the token budget: `ServerShape.mixing`) FLOPs and K/V
-        writes at the prefill rates, no call overhead and no second weight read."""
-        cap = self.shape.mixing or stop - start
-        key = (-start - 1, -cap - 1)  # apart from prefill_s's and piece_s's keys
+    def mixed_s(self, pieces: Sequence[tuple[int, int]]) -> float:
+        """What prompt pieces (start, stop) of their sequences add to the generate call whose
+        first step they ride in: the dense FLOPs of the call's compiled prompt rows (the token
+        budget: `ServerShape.mixing`), each piece's attention and its rows' K/V writes (a
+        piece writes the compiled rows from its own), at the prefill rates; no call overhead
+        and no second weight read."""
+        cap = self.shape.mixing or sum(stop - start for start, stop in pieces)
+        key = ("mixed", cap, *pieces)  # apart from prefill_s's and piece_s's keys
         s = self._prefill_memo.get(key)
         if s is None:
             c = self.prefill
             attn_rate = c.prefill_attn_flops_per_s or c.prefill_flops_per_s
+            attn = sum(c.prefill_attn_flops(stop - start, start) for start, stop in pieces)
             s = (
-                cap * c.kv_bytes_per_token / c.tp / c.read_bw
+                len(pieces) * cap * c.kv_bytes_per_token / c.tp / c.read_bw
                 + c.prefill_dense_flops(cap) / c.prefill_flops_per_s
-                + c.prefill_attn_flops(cap, start) / attn_rate
+                + attn / attn_rate
             )
             self._prefill_memo[key] = s
         return s

@@ -18,8 +18,8 @@ What it replays, as the server does it:
    then one generate call runs (a request that arrives meanwhile waits for the next pass);
    with a token budget (`max_batched_tokens`) at most that many prompt tokens (whole pages)
    run between two calls, a long prompt in pieces; with mixed batches (`ServerShape.mixing`)
-   the first piece rides in the generate call (priced `CallCosts.mixed_s` on top of it) and
-   its sequence decodes from the next call. Before each call the decoding sequences
+   the first pieces ride in the generate call (priced `CallCosts.mixed_s` on top of it) and
+   their sequences decode from the next call. Before each call the decoding sequences
    take the pages its steps write; where a pool runs out the youngest is preempted and
    resumes from the head of the queue by prefilling its prompt and output.
    Disaggregated: prefill (and the KV transfer) runs concurrently on its own devices into a
@@ -77,7 +77,7 @@ def _interleaved(sim: SimState) -> None:
     and output again) and one generate call runs."""
     now, shape, size = 0.0, sim.shape, sim.shape.page_size
     budget = policy.token_budget(shape.max_batched_tokens, size)
-    cap = shape.mixing  # mixed batches: the longest piece a generate call takes along
+    cap = shape.mixing  # mixed batches: the prompt rows a generate call takes along
     kv = SimSlots(shape, sim.load.prefix_len, sim.load.prefix_groups)
     produced: dict[int, int] = {}  # preempted requests: the tokens they had produced
     jobs: list[list[int]] = []  # [request, slot, tokens to prefill, tokens in its pages so far]
@@ -97,11 +97,10 @@ def _interleaved(sim: SimState) -> None:
             plan.admitted.append((i, *got))
             jobs.append([i, got[0], n, got[1]])
         pieces = policy.chunks([n - done for _, _, n, done in jobs], budget, size)
-        ride = None
-        if policy.mixes(pieces, len(sim.active), cap):  # the first piece rides in the call
-            ride = (jobs[0], pieces[0])
-            plan.chunks.append((jobs[0][0], pieces[0]))
-        for job, k in list(zip(jobs, pieces, strict=False))[ride is not None :]:
+        n_ride = policy.riders(pieces, [job[3] for job in jobs], len(sim.active), cap, size)
+        ride = list(zip(jobs, pieces[:n_ride], strict=False))  # they ride in the generate call
+        plan.chunks += [(job[0], k) for job, k in ride]
+        for job, k in list(zip(jobs, pieces, strict=False))[n_ride:]:
             plan.chunks.append((job[0], k))
             gap = sim.host_gap(len(sim.active))
             t = now + gap + sim.varied(sim.piece_s(job[3], job[3] + k), "prefill", now + gap)
@@ -137,20 +136,20 @@ def _interleaved(sim: SimState) -> None:
                 gap = sim.host_gap(len(sim.active))
                 sim.occupied_s += len(sim.active) * gap
                 running = list(sim.active)
-                extra = 0.0 if ride is None else sim.costs.mixed_s(ride[0][3], ride[0][3] + ride[1])
+                extra = sim.costs.mixed_s([(j[3], j[3] + k) for j, k in ride]) if ride else 0.0
                 now = sim.generate(now + gap, steps, extra)
-                plan.steps, plan.mixed = steps, ride is not None
+                plan.steps, plan.mixed = steps, len(ride)
                 for b in sorted(kv.slot_of[i] for i in running if not sim.left[i]):
                     plan.finished.append(kv.req[b])
                     kv.free(b)
-                if ride is not None:
-                    _piece_done(sim, kv, plan, produced, *ride, now)
-            elif ride is not None:  # every sequence was preempted: the piece runs alone
-                gap = sim.host_gap(0)
-                job, k = ride
-                now += gap + sim.varied(sim.piece_s(job[3], job[3] + k), "prefill", now + gap)
-                sim.prefill_calls += 1
-                _piece_done(sim, kv, plan, produced, job, k, now)
+                for job, k in ride:
+                    _piece_done(sim, kv, plan, produced, job, k, now)
+            else:  # every sequence was preempted: the pieces run alone
+                for job, k in ride:
+                    gap = sim.host_gap(0)
+                    now += gap + sim.varied(sim.piece_s(job[3], job[3] + k), "prefill", now + gap)
+                    sim.prefill_calls += 1
+                    _piece_done(sim, kv, plan, produced, job, k, now)
             jobs = [job for job in jobs if job[3] < job[2]]
         elif not jobs:
             now = max(now, sim.next_arrival())  # inf: the client sends no more

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from scaletui import policy
+
 if TYPE_CHECKING:
     from scaletui.shape import ServerShape
 
@@ -233,6 +235,21 @@ def check_request(
             raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}] or None, got {k}")
 
 
+def check_packing(chunks: Sequence[Chunk], mix_tokens: int, page_size: int) -> None:
+    """ValueError naming the pieces unless `policy.riders` packs all of `chunks` into a mixed
+    call of `mix_tokens` prompt rows (0: the engine mixes none), each into its own slot."""
+    pieces, starts = [c.stop - c.start for c in chunks], [c.start for c in chunks]
+    slots = [c.slot for c in chunks]
+    fits = policy.riders(pieces, starts, 1, mix_tokens, page_size) == len(chunks)
+    if not chunks or min(pieces) < 1 or not fits or len(set(slots)) < len(slots):
+        raise ValueError(
+            f"generate_mixed takes 1 to {policy.MIX_PIECES} pieces of a token or more, in "
+            f"slots of their own, packed from page boundaries ({page_size}) into {mix_tokens} "
+            f"rows (0: this engine mixes none), only the first past its prompt's start; got "
+            f"(slot, start, stop) {[(c.slot, c.start, c.stop) for c in chunks]}"
+        )
+
+
 class DecodeState(Protocol):
     """Engine-private; the scheduler keeps it and passes it back."""
 
@@ -248,7 +265,7 @@ class Engine(Protocol):
     pages_per_seq: int  # pages a max_seq_len sequence holds: a page table row's width
     eos_ids: tuple[int, ...]  # sampling any of them ends a sequence ("stop")
     vocab_size: int  # ids the tokenizer can decode; sampling never goes beyond
-    mix_tokens: int  # the longest Chunk `generate_mixed` takes (0: it mixes none)
+    mix_tokens: int  # the prompt rows `generate_mixed` takes (policy.riders; 0: it mixes none)
 
     def describe(self) -> EngineInfo:
         """Mesh, kernels, bytes held and compile units; cheap (polled by /stats)."""
@@ -305,13 +322,19 @@ class Engine(Protocol):
         the call writes: each active slot's length + steps."""
         ...
 
+    def check_chunks(self, chunks: Sequence[Chunk], state: DecodeState | None = None) -> None:
+        """ValueError naming the value when `generate_mixed` cannot take `chunks` (a piece's
+        input, or pieces that `policy.riders` would not pack into `mix_tokens` rows; with
+        `state`, what it holds of their prompts too), before anything runs."""
+        ...
+
     def generate_mixed(
-        self, state: DecodeState, steps: int, pages: np.ndarray, chunk: Chunk
-    ) -> tuple[DecodeState, StepOutput, Prefix | None]:
-        """`generate`, whose first step also runs `chunk` in the same forward pass (at most
-        `mix_tokens` tokens; its slot not active): the decode tokens as `generate` gives them
-        and the chunk's outcome as `prefill_pages` gives it (the Prefix to `insert` at the
-        prompt's end, else None). Greedy tokens are the same as unmixed calls give."""
+        self, state: DecodeState, steps: int, pages: np.ndarray, chunks: Sequence[Chunk]
+    ) -> tuple[DecodeState, StepOutput, list[Prefix | None]]:
+        """`generate`, whose first step also runs `chunks` in the same forward pass (as
+        `check_chunks` takes them; their slots not active): the decode tokens as `generate`
+        gives them and each chunk's outcome as `prefill_pages` gives it (the Prefix to `insert`
+        at its prompt's end, else None). Greedy tokens are the same as unmixed calls give."""
         ...
 
     def compile_count(self) -> int:

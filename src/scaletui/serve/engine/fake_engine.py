@@ -28,6 +28,8 @@ from scaletui.serve.engine.engine_api import (
     SamplingParams,
     StepOutput,
     TokenLogprobs,
+    check_packing,
+    check_request,
     pack_logprobs,
     unpack_logprobs,
 )
@@ -67,7 +69,7 @@ class FakeEngine:
         tp: int = 1,
         page_size: int = 16,
         pages: int = 0,  # per replica, scratch included; 0: every slot at max_seq_len
-        mix_tokens: int = 0,  # the longest chunk generate_mixed takes (0: none)
+        mix_tokens: int = 0,  # the prompt rows generate_mixed takes (0: it mixes none)
     ) -> None:
         self.slots, self.max_seq_len = slots, max_seq_len
         self.replicas, self.page_size = dp, page_size
@@ -237,19 +239,26 @@ class FakeEngine:
                     state.active[slot] = False
         return state, StepOutput(tokens, valid, done, state.lengths.copy(), lps)
 
+    def check_chunks(self, chunks: Sequence[Chunk], state: FakeState | None = None) -> None:
+        """engine_api.check_packing, then each piece's input as prefill_pages checks it."""
+        check_packing(chunks, self.mix_tokens, self.page_size)
+        for c in chunks:
+            check_request(c.tokens, c.params, self.max_seq_len, self.vocab_size)
+
     def generate_mixed(
-        self, state: FakeState, steps: int, pages: np.ndarray, chunk: Chunk
-    ) -> tuple[FakeState, StepOutput, Prefix | None]:
-        """prefill_pages' outcome for the chunk, then generate's (it sleeps for both)."""
-        c = chunk
-        if not 0 < c.stop - c.start <= self.mix_tokens or state.active[c.slot]:
-            raise ValueError(
-                f"generate_mixed: a chunk of 1 to {self.mix_tokens} tokens into an inactive "
-                f"slot, got {c.stop - c.start} tokens into slot {c.slot}"
-            )
-        args = (c.tokens, c.params, c.slot, c.pages, c.start, c.stop)
-        state, prefix = self.prefill_pages(state, *args)
-        return (*self.generate(state, steps, pages), prefix)
+        self, state: FakeState, steps: int, pages: np.ndarray, chunks: Sequence[Chunk]
+    ) -> tuple[FakeState, StepOutput, list[Prefix | None]]:
+        """prefill_pages' outcome for each chunk, then generate's (it sleeps for all)."""
+        self.check_chunks(chunks)
+        busy = [c.slot for c in chunks if state.active[c.slot]]
+        if busy:
+            raise ValueError(f"generate_mixed: chunks into active slots {busy}")
+        prefixes = []
+        for c in chunks:
+            args = (c.tokens, c.params, c.slot, c.pages, c.start, c.stop)
+            state, prefix = self.prefill_pages(state, *args)
+            prefixes.append(prefix)
+        return (*self.generate(state, steps, pages), prefixes)
 
     def _check_pages(self, state: FakeState, steps: int, pages: np.ndarray) -> None:
         """What the real engine needs and cannot check on the device: every active slot holds

@@ -168,18 +168,20 @@ def native_decode_attention(q, k, v, positions, pages, layer: dict) -> tuple:
     return o.astype(q.dtype), layer
 
 
-def native_prefill_attention(q: jax.Array, own: tuple, prior: dict | None, start) -> jax.Array:
+def native_prefill_attention(
+    q: jax.Array, own: tuple, prior: dict | None, start, rows=None
+) -> jax.Array:
     """The native kernel over an f32 or bf16 pool (`_attend_chunk`'s arguments; prior None:
     nothing earlier); an int8 pool's chunks run XLA's `_attend_chunk`, and a whole prompt over
     int8 K/V (prior None) XLA's `_attend`."""
     if len(own) == 4:
         if prior is not None:
-            return _attend_chunk(q, own, prior, start)
+            return _attend_chunk(q, own, prior, start, rows)
         keys, vals = quant.load_kv(own, q.dtype)
         t = q.shape[0]
         mask = jnp.tril(jnp.ones((t, t), bool))[None]
         return _attend(q[None], keys[None], vals[None], mask)[0]
-    return native_ops.prefill_attention(q, own, prior, start).astype(q.dtype)
+    return native_ops.prefill_attention(q, own, prior, start, rows).astype(q.dtype)
 
 
 class Ops(NamedTuple):
@@ -198,9 +200,9 @@ class Ops(NamedTuple):
     # a prompt chunk's attention, `_attend_chunk`'s signature (prior None: nothing earlier, start
     # 0); None: XLA's, `_attend_chunk` (paged) and `_attend` (whole prompt)
     prefill_attention: Callable | None = None
-    # a mixed step's attention in one call, decode rows and chunk (q, k, v [R + T, ...],
-    # positions, pages, start, chunk_pages, scratch, pool, rows=R) -> (o, the pool with both
-    # written); None: decode_attention for the rows, then prefill_attention for the chunk
+    # a mixed step's attention in one call, decode rows and prompt pieces (q, k, v [R + T, ...],
+    # positions, pages, Pieces, pool, rows=R) -> (o, the pool with both written); None:
+    # decode_attention for the rows, then prefill_attention for each piece
     mixed_attention: Callable | None = None
 
 
@@ -336,12 +338,13 @@ def _as_pages(entry: tuple, s: int) -> dict:
     return out
 
 
-def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
+def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start, rows=None) -> jax.Array:
     """Attention of a prompt chunk: q [T, N, H] at positions start..start+T-1 over every
     earlier position (the sequence's pages as gathered before this chunk's write, `prior`:
     {"k": [W, K, H, S], "v": [W, K, S, H]} in the pool's storage, int8 with scales [W, K, S])
     and causally over its own K/V (`own`: `quant.store_kv`'s entry, as the pool will store it).
-    -> [T, N, H].
+    `rows`: only the first that many rows are wanted (the loop stops at their last key page;
+    the rows past them come out as garbage, finite). -> [T, N, H].
 
     One loop over key pages in position order, the earlier pages and then the chunk's own cut
     into pages, merged with a running max and sum (flash attention's online softmax), all in
@@ -387,7 +390,8 @@ def _attend_chunk(q: jax.Array, own: tuple, prior: dict, start) -> jax.Array:
         jnp.zeros((kh, g, t), f32),
         jnp.zeros((kh, g, t, hd), f32),
     )
-    _, l_sum, acc = lax.fori_loop(0, n_prior + mine["k"].shape[0], page, init)
+    own_pages = mine["k"].shape[0] if rows is None else (rows + s - 1) // s
+    _, l_sum, acc = lax.fori_loop(0, n_prior + own_pages, page, init)
     o = acc / l_sum[..., None]  # [K, G, T, H]
     return jnp.transpose(o, (2, 0, 1, 3)).reshape(t, n, hd).astype(q.dtype)
 
@@ -476,6 +480,28 @@ def decode(
     return ops.logits(params, x, m), out
 
 
+class Pieces(NamedTuple):
+    """Prompt pieces packed into a mixed step's T prompt rows (int32, P of them, policy.riders):
+    piece k's lens[k] tokens from row offs[k] (a page boundary) at positions starts[k].. of a
+    true_lens[k]-token prompt, into pages pages[k] [W] (past them: page scratch[k]). An unused
+    piece has lens 0 and offs T. Only piece 0 may start past 0: the call's `prior` is its
+    sequence's earlier pages."""
+
+    offs: jax.Array
+    lens: jax.Array
+    starts: jax.Array
+    true_lens: jax.Array
+    pages: jax.Array
+    scratch: jax.Array
+
+    def rows(self, t: int) -> tuple[jax.Array, jax.Array]:
+        """(each of the T rows' piece [T], its position [T]); rows past the pieces are the last
+        piece's (never read)."""
+        r = jnp.arange(t)
+        piece = jnp.maximum((r[:, None] >= self.offs[None, :]).sum(-1) - 1, 0)
+        return piece, self.starts[piece] + r - self.offs[piece]
+
+
 def mixed(
     params: dict,
     cache: list[dict],
@@ -484,50 +510,62 @@ def mixed(
     pages: jax.Array,
     m: ModelSpec,
     chunk: jax.Array,
-    true_len: jax.Array,
-    start: jax.Array,
-    chunk_pages: jax.Array,
-    scratch: jax.Array,
+    pieces: Pieces,
     prior: list[dict],
     n_rows: int | None = None,
     ops: Ops | None = None,
 ) -> tuple:
-    """One decode token per slot row and one prompt chunk in one forward pass (a mixed batch):
-    the rows [R decode + T chunk] run the dense parts together (each weight read once), and
+    """One decode token per slot row and prompt pieces in one forward pass (a mixed batch):
+    the rows [R decode + T prompt] run the dense parts together (each weight read once), and
     attention splits them: the decode rows as `decode`'s (their K/V written at their
-    positions), the chunk's as `prefill_paged`'s (over its earlier pages `prior` and its own,
-    then written as whole pages from `start` into `chunk_pages`). Arguments as those two take
-    them (tokens, positions [B], pages [B, W]; chunk [T] at start..start+T-1 of a
-    `true_len`-token prompt). -> (decode logits [R, V], the chunk's logits [V] at position
-    true_len - 1, the updated cache, the chunk's final hidden states [T, D])."""
+    positions), each piece as `prefill_paged`'s chunk (over its earlier pages, `prior` for piece
+    0, and its own, then written as whole pages from its start: kv_cache.write_pieces).
+    Arguments as `decode` takes them (tokens, positions [B], pages [B, W]), then the pieces'
+    tokens `chunk` [T] packed as `pieces` says. -> (decode logits [R, V], each piece's logits
+    [P, V] at its last row, the updated cache, the prompt rows' final hidden states [T, D])."""
     ops = ops or XLA
     r, t = n_rows or tokens.shape[0], chunk.shape[0]
     x = ops.embed(params, jnp.concatenate([tokens[:r], chunk]), m)  # [R + T, D]
-    pos = jnp.concatenate([positions[:r], start + jnp.arange(t)])
+    pos = jnp.concatenate([positions[:r], pieces.rows(t)[1]])
     cos, sin = rope(pos, m.head_dim, m.rope_theta, m.rope_scaling)
+    attend_piece = ops.prefill_attention or _attend_chunk
+    pad = lambda a: jnp.pad(a, [(0, t)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
 
     def attend(i, q, k, v):
         if ops.mixed_attention is not None:
-            args = (positions, pages, start, chunk_pages, scratch, cache[i])
-            return ops.mixed_attention(q, k, v, *args, rows=r)
+            return ops.mixed_attention(q, k, v, positions, pages, pieces, cache[i], rows=r)
         o, pool = ops.decode_attention(q[:r], k[:r], v[:r], positions, pages, cache[i])
         entry = quant.store_kv(k[r:], v[r:], kv_cache.value_dtype(pool["k"].dtype))  # [T, K, H]
-        mine = (ops.prefill_attention or _attend_chunk)(q[r:], entry, prior[i], start)
-        s = pool["v"].shape[2]
-        first = jnp.minimum(start // s, chunk_pages.shape[0])
-        ids = lax.dynamic_slice_in_dim(
-            jnp.append(chunk_pages, jnp.full_like(chunk_pages, scratch)), first, -(-t // s)
+        qs, own, out = (
+            pad(q[r:]),
+            tuple(pad(a) for a in entry),
+            jnp.zeros((2 * t,) + q.shape[1:], o.dtype),
         )
-        pool = kv_cache.write_pages(pool, entry, ids, ops.layout)
-        return jnp.concatenate([o[:r], mine.astype(o.dtype)]), pool
+        for j in range(pieces.offs.shape[0]):  # each piece over its own keys (and piece 0's prior)
+            at = pieces.offs[j]
+            mine = tuple(lax.dynamic_slice_in_dim(a, at, t) for a in own)
+            args = (lax.dynamic_slice_in_dim(qs, at, t), mine, prior[i], pieces.starts[j])
+            o_j = lax.cond(
+                pieces.lens[j] > 0,
+                lambda args=args, n=pieces.lens[j]: attend_piece(*args, rows=n).astype(o.dtype),
+                lambda: jnp.zeros((t,) + q.shape[1:], o.dtype),
+            )
+            out = lax.dynamic_update_slice_in_dim(
+                out, o_j, at, 0
+            )  # later pieces overwrite its tail
+        p = pieces
+        pool = kv_cache.write_pieces(pool, entry, p.offs, p.starts, p.pages, p.scratch, ops.layout)
+        return jnp.concatenate([o[:r], out[:t]]), pool
 
     if not len(cache) == len(prior) == len(params["layers"]):
         raise ValueError("mixed: one pool and one prior per layer")
     x, out = layers(params, x, cos, sin, m, ops, attend)
-    last = r + jnp.clip(true_len - 1 - start, 0, t - 1)
-    h = jnp.concatenate([x[:r], lax.dynamic_slice_in_dim(x, last, 1)])  # [R + 1, D]
+    last = pieces.offs + jnp.clip(
+        pieces.true_lens - 1 - pieces.starts, 0, jnp.maximum(pieces.lens - 1, 0)
+    )
+    h = jnp.concatenate([x[:r], x[r + jnp.minimum(last, t - 1)]])  # [R + P, D]
     logits = ops.logits(params, h, m)
-    return logits[:r], logits[r], out, x[r:]
+    return logits[:r], logits[r:], out, x[r:]
 
 
 def _replica_attention(q: jax.Array, step: dict, positions, pages, pool: dict) -> tuple:

@@ -21,11 +21,11 @@ On CPU the kernels run in Pallas' interpret mode: slow, for tests (`interpret=Tr
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 from scaletui.serve.engine import kv_cache, pallas_ragged
@@ -138,49 +138,54 @@ def decode_attention(
     return run(q, step, positions, pages, layer)
 
 
-def _local_mixed(q, step: dict, chunk: dict, positions, pages, start, chunk_pages, scratch,
-                 pool: dict, *, block_q: int, interpret: bool):  # fmt: skip
-    """One device's heads of a mixed step: q [b + T, n, H] (b decode rows, then the chunk),
-    the decode rows' K/V `step` and the chunk's `chunk` in the pool's storage, positions [b],
-    pages [b, W], the chunk at start..start+T-1 of the sequence whose pages are chunk_pages
-    [W'] (past them: the `scratch` page) -> (o [b + T, n, H], the pool with both written)."""
+def _local_mixed(q, step: dict, chunk: dict, positions, pages, pieces, pool: dict, *,
+                 block_q: int, interpret: bool):  # fmt: skip
+    """One device's heads of a mixed step: q [b + T, n, H] (b decode rows, then the prompt
+    rows), the decode rows' K/V `step` and the prompt rows' `chunk` in the pool's storage,
+    positions [b], pages [b, W], the prompt pieces as `pieces` (model.Pieces) packs them ->
+    (o [b + T, n, H], the pool with both written)."""
     b, t, hd = positions.shape[0], q.shape[0] - positions.shape[0], q.shape[2]
     new = kv_cache.write_positions(pool, step, positions, pages, kv_cache.HEAD_MAJOR)
-    s = pool["v"].shape[2]
-    ids = lax.dynamic_slice_in_dim(
-        jnp.append(chunk_pages, jnp.full_like(chunk_pages, scratch)), start // s, -(-t // s)
-    )
     entry = tuple(chunk[n] for n in ("k", "v", "k_scale", "v_scale") if n in chunk)
-    new = kv_cache.write_pages(new, entry, ids, kv_cache.HEAD_MAJOR)
-    width = max(pages.shape[1], chunk_pages.shape[0])
+    p = pieces
+    new = kv_cache.write_pieces(
+        new, entry, p.offs, p.starts, p.pages, p.scratch, kv_cache.HEAD_MAJOR
+    )
+    width = max(pages.shape[1], p.pages.shape[1])
     widen = lambda a: jnp.pad(a, ((0, 0), (0, width - a.shape[1])))  # noqa: E731
-    tables = jnp.concatenate([widen(pages), widen(chunk_pages[None])]).astype(jnp.int32)
-    # the blocks' layout is static: a block per decode row, then the chunk's; each block's
-    # first position is its run's (the row's position, the chunk's start) plus its offset
+    tables = jnp.concatenate([widen(pages), widen(p.pages)]).astype(jnp.int32)  # [b + P, width]
+    # a block per decode row, then the prompt rows' blocks: a piece starts on a page boundary,
+    # so with blocks that divide a page each block is one piece's consecutive positions
+    block_q = math.gcd(block_q, pool["v"].shape[2])
     runs = [(row, 0, 1) for row in range(b)] + [(b, 0, t)]
     seq, offsets, length, index = pallas_ragged.plan_blocks(runs, block_q)
-    first = jnp.concatenate([positions, jnp.full((len(seq) - b,), start)]).astype(jnp.int32)
-    starts = first + jnp.asarray(offsets)
+    row0 = jnp.asarray(offsets[b:])  # each prompt block's first row
+    piece, position = p.rows(t)
+    piece = piece[row0]
+    left = jnp.clip(p.lens[piece] - (row0 - p.offs[piece]), 0, block_q)  # 0: padding
+    seq = jnp.concatenate([jnp.asarray(seq[:b]), b + piece]).astype(jnp.int32)
+    starts = jnp.concatenate([positions, position[row0]]).astype(jnp.int32)
+    length = jnp.concatenate([jnp.asarray(length[:b]), left]).astype(jnp.int32)
     qs = (q.astype(jnp.float32) * hd**-0.5).astype(q.dtype)
-    blocks = jnp.zeros((len(seq) * block_q, *q.shape[1:]), q.dtype).at[index].set(qs)
+    blocks = jnp.zeros((len(offsets) * block_q, *q.shape[1:]), q.dtype).at[index].set(qs)
     o = pallas_ragged.ragged_paged_attention(
-        blocks, new["k"], new["v"], tables, jnp.asarray(seq), starts, jnp.asarray(length),
+        blocks, new["k"], new["v"], tables, seq, starts, length,
         new.get("k_scale"), new.get("v_scale"), block_q=block_q, interpret=interpret,
     )  # fmt: skip
     return o[index].astype(q.dtype), new
 
 
 def mixed_attention(
-    q, k, v, positions, pages, start, chunk_pages, scratch, layer: dict, *, rows: int, mesh: Mesh,
+    q, k, v, positions, pages, pieces, layer: dict, *, rows: int, mesh: Mesh,
     interpret: bool = False, block_q: int = RAGGED_BLOCK_Q,
 ) -> tuple:  # fmt: skip
     """model.Ops.mixed_attention on the ragged kernel (pallas_ragged.py, GPU): one kernel call
-    attends a mixed step's decode rows and its prompt chunk over the head-major pool of one
+    attends a mixed step's decode rows and its prompt pieces over the head-major pool of one
     data replica (the ops use it at dp 1: model.pallas_ops), heads split over 'model' as in
     decode_attention. q [R + T, N, H], k/v [R + T, K, H] (the first `rows` = R decode rows),
-    positions [B], pages [B, W], the chunk at start..start+T-1 in pages chunk_pages [W'] (then
-    the `scratch` page) -> (o [R + T, N, H], the pool with the rows' K/V at their positions and
-    the chunk's as whole pages from `start`)."""
+    positions [B], pages [B, W], the prompt rows packed as `pieces` (model.Pieces) says ->
+    (o [R + T, N, H], the pool with the rows' K/V at their positions and each piece's as whole
+    pages from its start: kv_cache.write_pieces)."""
     b = positions.shape[0]
     pad = lambda a: jnp.pad(a[:rows], [(0, b - rows)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
     values = jnp.int8 if "k_scale" in layer else layer["k"].dtype
@@ -203,12 +208,10 @@ def mixed_attention(
             PartitionSpec(),
             PartitionSpec(),
             PartitionSpec(),
-            PartitionSpec(),
-            PartitionSpec(),
             pool_specs,
         ),
         out_specs=(PartitionSpec(None, heads, None), pool_specs),
         check_vma=False,
     )
-    o, pool = run(q, step, chunk, positions, pages, start, chunk_pages, scratch, layer)
+    o, pool = run(q, step, chunk, positions, pages, pieces, layer)
     return jnp.concatenate([o[:rows], o[b:]]), pool

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scaletui import policy
 from scaletui.serve.engine import kv_cache, model, slot_state, steps, warm
 from scaletui.serve.engine.slot_state import DecodeState
 from scaletui.serve.engine.steps import PrefillArgs, StepConsts
@@ -105,8 +106,8 @@ class EnginePrograms:
             )
         ]
 
-    def _args_spec(self) -> PrefillArgs:
-        i32, f32 = self._small((), jnp.int32), self._small((), jnp.float32)
+    def _args_spec(self, shape: tuple[int, ...] = ()) -> PrefillArgs:
+        i32, f32 = self._small(shape, jnp.int32), self._small(shape, jnp.float32)
         return PrefillArgs(i32, i32, i32, f32, f32, i32, i32, i32, i32, i32)
 
     def _state_spec(self) -> DecodeState:
@@ -164,15 +165,19 @@ class EnginePrograms:
         return self._exe(("generate", bucket), fn, args, out, donate=(1,))
 
     def _mixed_exe(self, bucket: int) -> object:
-        """generate at KV bucket `bucket` with a chunk of `mix_tokens` in its first step."""
+        """generate at KV bucket `bucket` with up to MIX_PIECES prompt pieces packed in
+        `mix_tokens` rows in its first step."""
         if ("mixed", bucket) in self._exes:
             return self._exes[("mixed", bucket)]
         fn, args = self._step_fn_and_args(steps.generate_mixed, bucket)
+        p = policy.MIX_PIECES
         args += (
             self._small((self.mix_tokens,), jnp.int32),
-            self._args_spec(),
-            self._small((self.pages_per_seq,), jnp.int32),
-            self._small((), jnp.int32),
+            self._args_spec((p,)),
+            self._small((p,), jnp.int32),
+            self._small((p,), jnp.int32),
+            self._small((p, self.pages_per_seq), jnp.int32),
+            self._small((p,), jnp.int32),
             self._prior_spec(),
         )
         out = (self._state_sh, self._rep, self._rep, self._rep, self._rep)

@@ -278,7 +278,9 @@ def generate_mixed(
     pages: jax.Array,
     chunk: jax.Array,
     args: PrefillArgs,
-    chunk_pages: jax.Array,
+    offs: jax.Array,
+    lens: jax.Array,
+    piece_pages: jax.Array,
     scratch: jax.Array,
     prior: list,
     *,
@@ -288,18 +290,29 @@ def generate_mixed(
     max_len: int,
     slots: int,
 ) -> tuple:
-    """`generate` whose first step also runs a prompt chunk (`prefill_paged`'s arguments) in the
-    same forward pass (`model.mixed`); the other consts.n_steps - 1 steps are plain decode.
-    -> (state, packed, logprobs as `generate`'s, then the chunk's token and packed logprobs as
-    `prefill_paged`'s)."""
+    """`generate` whose first step also runs prompt pieces in the same forward pass
+    (`model.mixed`): their tokens packed in `chunk` [T], piece k's lens[k] tokens from row
+    offs[k] with the scalars args[k] (PrefillArgs of [P]: `prefill_paged`'s) into its pages
+    piece_pages[k] [W] (then page scratch[k]); `prior` piece 0's earlier pages. The other
+    consts.n_steps - 1 steps are plain decode. -> (state, packed, logprobs as `generate`'s,
+    then each piece's token [P] and packed logprobs [P, T + 1, ROW] as `prefill_paged`'s)."""
     kept = {}
+    t = chunk.shape[0]
+    pieces = model.Pieces(offs, lens, args.start, args.true_len, piece_pages, scratch)
 
     def forward(st, pos, table):
         logits, last, cache, hidden = model.mixed(
-            params, st.cache, st.tokens, pos, table, m, chunk, args.true_len, args.start,
-            chunk_pages, scratch, prior, slots, ops=ops,
-        )  # fmt: skip
-        kept["chunk"] = sample_one(params, last, hidden, chunk, args, m, ops)
+            params, st.cache, st.tokens, pos, table, m, chunk, pieces, prior, slots, ops=ops
+        )
+        hidden, tokens = (jnp.pad(a, [(0, t)] + [(0, 0)] * (a.ndim - 1)) for a in (hidden, chunk))
+
+        def sample(k):  # each piece samples as prefill_paged's chunk, one at a time (lax.map)
+            one = jax.tree.map(lambda a: a[k], args)
+            h = lax.dynamic_slice_in_dim(hidden, offs[k], t)
+            toks = lax.dynamic_slice_in_dim(tokens, offs[k], t)
+            return sample_one(params, last[k], h, toks, one, m, ops)
+
+        kept["pieces"] = lax.map(sample, jnp.arange(offs.shape[0]))
         return logits, cache
 
     kw = {"max_len": max_len, "slots": slots}
@@ -307,4 +320,4 @@ def generate_mixed(
     state, row, lp = _decode_step(params, consts, pages, state, forward, **kw)
     out, lps = out.at[0].set(row), lps.at[0].set(lp.T)
     state, packed, lps = _decode_loop(params, state, consts, pages, 1, out, lps, m=m, ops=ops, **kw)
-    return (state, packed, lps, *kept["chunk"])
+    return (state, packed, lps, *kept["pieces"])

@@ -70,7 +70,7 @@ def run_each_shape(engine) -> list[tuple[str, int]]:
             prompt = [1] * min(engine.mix_tokens, engine.max_seq_len - 1)
             chunk = Chunk(prompt, ONE_TOKEN, 0, (), 0, len(prompt))
             n = min(steps, engine.max_seq_len - length)
-            state, _, _ = engine.generate_mixed(state, n, table, chunk)
+            state, _, _ = engine.generate_mixed(state, n, table, [chunk])
             ran.append(("mixed", engine.last_step_stats["bucket"]))
     return ran
 

@@ -2,7 +2,7 @@
 to the engine's results, the pages and the request book.
 
 One `Batcher` per worker run: the interleaved worker calls `interleaved_pass` (admit, prefill
-pieces, one generate call, the first piece in it with mixed batches), the disaggregated generate
+pieces, one generate call, the first pieces in it with mixed batches), the disaggregated generate
 worker `insert` and `generate`. Each pass reports its `policy.StepPlan` to `on_plan` (tests
 replay the simulator against it).
 """
@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scaletui import policy
@@ -42,6 +42,10 @@ class PrefillJob:
     @property
     def left(self) -> int:
         return len(self.tokens) - self.done
+
+    def chunk(self, n: int) -> Chunk:
+        """Its next `n` prompt tokens, as a piece that rides in a generate call."""
+        return Chunk(self.tokens, self.params, self.slot, self.pages, self.done, self.done + n)
 
 
 class GapClock:
@@ -95,7 +99,7 @@ class Batcher:
 
     def interleaved_pass(self, stop: threading.Event) -> bool:
         """Admit, run prompt pieces within the budget, then one generate call for the
-        sequences already decoding (with mixed batches the first piece rides in it); False
+        sequences already decoding (with mixed batches the first pieces ride in it); False
         when there was nothing to do."""
         book, size, self.plan = self.book, self.pages.page_size, policy.StepPlan()
         self.release_cancelled()
@@ -109,11 +113,15 @@ class Batcher:
         pieces = policy.chunks([j.left for j in self.jobs], budget, size)
         waiting = {j.slot for j in self.jobs}
         decoding = sum(r is not None and b not in waiting for b, r in enumerate(book.slots))
-        ride = None
-        if policy.mixes(pieces, decoding, self.engine.mix_tokens):
-            ride = (self.jobs[0], pieces[0])  # runs in the generate call's first step
-            self.plan.chunks.append((self.jobs[0].req.id, pieces[0]))
-        for job, n in list(zip(self.jobs, pieces, strict=False))[ride is not None :]:
+        starts = [j.done for j in self.jobs]
+        k = policy.riders(pieces, starts, decoding, self.engine.mix_tokens, size)
+        ride = list(zip(self.jobs, pieces[:k], strict=False))  # in the generate call
+        try:
+            self.engine.check_chunks([job.chunk(n) for job, n in ride], self.state)
+        except ValueError:  # a piece's input: each runs alone, so that only the bad one fails
+            k, ride = 0, []
+        self.plan.chunks += [(job.req.id, n) for job, n in ride]
+        for job, n in list(zip(self.jobs, pieces, strict=False))[k:]:
             self._prefill_job(job, n)  # a long prompt runs in pieces between generate calls
         prefilling = {j.slot for j in self.jobs if j.left}
         busy = bool(prefilling)
@@ -280,10 +288,10 @@ class Batcher:
     def generate(
         self,
         prefilling: set[int] | frozenset = frozenset(),
-        ride: tuple[PrefillJob, int] | None = None,
+        ride: Sequence[tuple[PrefillJob, int]] = (),
     ) -> None:
-        """One generate call over the decoding slots (`ride`: a prompt piece in its first
-        step), its tokens fanned out, finished sequences' pages given back."""
+        """One generate call over the decoding slots (`ride`: prompt pieces in its first step),
+        its tokens fanned out, finished sequences' pages given back."""
         book = self.book
 
         def decoding() -> list[Request]:
@@ -294,39 +302,32 @@ class Batcher:
         self._make_room(steps, prefilling)
         running = decoding()
         if not running:  # every sequence was preempted (a pool smaller than their steps)
-            if ride is not None:
-                self._prefill_job(*ride, listed=True)
+            for job, n in ride:
+                self._prefill_job(job, n, listed=True)
             return
         predicted = None
         if self.speed.costs is not None:  # what the fit says this call takes
             kv = book.kv_lengths
             lengths = [kv[b] for b, r in enumerate(book.slots) if r and b not in prefilling]
             predicted = self.speed.generate_s(steps, lengths)
-            if ride is not None:
-                predicted += self.speed.mixed_s(ride[0].done, ride[0].done + ride[1])
+            if ride:
+                predicted += self.speed.mixed_s([(job.done, job.done + n) for job, n in ride])
         t0 = self.clock.start()
-        prefix = None
-        if ride is not None:
-            job, n = ride
-            chunk = Chunk(job.tokens, job.params, job.slot, job.pages, job.done, job.done + n)
-            try:
-                self.state, out, prefix = self.engine.generate_mixed(
-                    self.state, steps, self.pages.table, chunk
-                )
-            except ValueError as e:  # the chunk's input (checked before anything ran)
-                self._reject(job, e)
-                ride = None
-        if ride is None:
+        if ride:
+            self.state, out, prefixes = self.engine.generate_mixed(
+                self.state, steps, self.pages.table, [job.chunk(n) for job, n in ride]
+            )
+        else:
             self.state, out = self.engine.generate(self.state, steps, self.pages.table)
         now = self.clock.end()
         valid = int(out.valid.sum())
         self.metrics.record_step("generate", now - t0, valid, len(running), steps, predicted)
         book.deliver(out, now)
-        self.plan.steps, self.plan.mixed = steps, ride is not None
+        self.plan.steps, self.plan.mixed = steps, len(ride)
         self.plan.finished += [r.id for r in running if r.finished]
         for b, req in enumerate(book.slots):  # finished sequences give their pages back
             if req is None and self.pages.held[b] and b not in prefilling:
                 self.pages.free(b)
-        if ride is not None:  # after the decode rows' ends, as the simulator takes them
-            self.metrics.prompt_tokens.inc(ride[1])
-            self._piece_done(*ride, prefix, now)
+        for (job, n), prefix in zip(ride, prefixes if ride else (), strict=True):
+            self.metrics.prompt_tokens.inc(n)  # after the decode rows' ends, as simulated
+            self._piece_done(job, n, prefix, now)

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +56,9 @@ class SpeedModel:
     def piece_s(self, start: int, stop: int) -> float | None:
         return None if self.costs is None else self.costs.piece_s(start, stop) * self.draw
 
-    def mixed_s(self, start: int, stop: int) -> float | None:
-        """What a prompt piece adds to the generate call it rides in (`CallCosts.mixed_s`)."""
-        return None if self.costs is None else self.costs.mixed_s(start, stop) * self.draw
+    def mixed_s(self, pieces: Sequence[tuple[int, int]]) -> float | None:
+        """What prompt pieces add to the generate call they ride in (`CallCosts.mixed_s`)."""
+        return None if self.costs is None else self.costs.mixed_s(pieces) * self.draw
 
 
 def find_speed_model(

@@ -427,12 +427,14 @@ def decode_attention(
     return res[0], dict(zip(names, res[1:], strict=True))
 
 
-def prefill_attention(q: jax.Array, own: tuple, prior: dict | None, start) -> jax.Array:
+def prefill_attention(q: jax.Array, own: tuple, prior: dict | None, start, rows=None) -> jax.Array:
     """A prompt chunk's attention: q [T, N, H] at positions start..start+T-1 over the sequence's
     earlier positions, read from its gathered pages (`prior`: {"k": [W, K, H, S], "v": [W, K,
     S, H]} in an f32 or bf16 pool's storage, `model.gather_pages`; None: nothing earlier, start
     0), and causally over the chunk's own K/V (`own`: (k, v) [T, K, H] as the pool will store
-    them, f32 or bf16). `start` a multiple of S within the pages. -> f32 [T, N, H].
+    them, f32 or bf16). `start` a multiple of S within the pages; `rows`: only the first that
+    many queries (and own keys) are attended, the rows past them come out as zeros (None: all
+    T). -> f32 [T, N, H].
 
     Flash attention's online softmax in f32 over blocks of key positions from 0, so a query
     gives the same bits whether its prompt came whole, in chunks or over a cached prefix. A bf16
@@ -458,4 +460,6 @@ def prefill_attention(q: jax.Array, own: tuple, prior: dict | None, start) -> ja
         q = q.astype(jnp.float32)
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
     start = jnp.asarray(start, jnp.int32).reshape(1)
+    if rows is not None:  # [start, rows]
+        start = jnp.concatenate([start, jnp.asarray(rows, jnp.int32).reshape(1)])
     return jax.ffi.ffi_call(target, out)(q, k, v, pk, pv, start)

@@ -1409,9 +1409,10 @@ void prefill_tile_pairs(const PrefillShape& s, int64_t kh, int64_t r0, int64_t r
 // Args: q [T, N, H] f32 (or bf16 on a bf16 pool: vdpbf16ps, prefill_tile_pairs); the chunk's
 // own k, v [T, K, H] and the sequence's gathered pages k
 // [W, K, H, S], v [W, K, S, H] in the pool's storage (f32, or U16 holding bf16 bits); start
-// (int32 scalar: the chunk's first position, a multiple of S, at most W S). Ret: out [T, N, H].
-// Query i (position start + i) attends over positions 0..start+i: those before start read from
-// the pages, the rest from the chunk.
+// (int32: the chunk's first position, a multiple of S, at most W S; optionally then n, the rows
+// wanted: queries and own keys past n are not read, and their rows come out as zeros). Ret:
+// out [T, N, H]. Query i (position start + i) attends over positions 0..start+i: those before
+// start read from the pages, the rest from the chunk.
 template <ffi::DataType Q, ffi::DataType D>
 ffi::Error PrefillAttention(ffi::ThreadPool threads, ffi::Buffer<Q, 3> q, ffi::Buffer<D, 3> k,
                             ffi::Buffer<D, 3> v, ffi::Buffer<D, 4> prior_k,
@@ -1438,12 +1439,16 @@ ffi::Error PrefillAttention(ffi::ThreadPool threads, ffi::Buffer<Q, 3> q, ffi::B
   if (pk[1] != kd[1] || pk[2] != kd[2] || pv[0] != pk[0] || pv[1] != kd[1] || pv[2] != pk[3] ||
       pv[3] != kd[2] || pk[3] < 1)
     return bad("pages must be k [W, K, H, S] and v [W, K, S, H]");
-  if (start_buf.element_count() != 1) return bad("start must be one int32");
+  const int64_t given = start_buf.element_count();
+  if (given != 1 && given != 2) return bad("start must be one int32 (then, optionally, rows)");
   const int64_t start = start_buf.typed_data()[0], ps = pk[3];
   if (start < 0 || start % ps || start > pk[0] * ps)
     return bad("start must be a multiple of the page size within the pages");
-  const int64_t len = (start + qd[0] + kPanel - 1) / kPanel * kPanel;
-  const PrefillShape s{qd[0], qd[1], kd[1], qd[1] / kd[1], qd[2], start, len};
+  const int64_t n = given == 2 ? std::clamp<int64_t>(start_buf.typed_data()[1], 0, qd[0]) : qd[0];
+  float* op = out->typed_data();
+  std::fill(op + n * qd[1] * qd[2], op + qd[0] * qd[1] * qd[2], 0.0f);  // the rows not wanted
+  const int64_t len = (start + n + kPanel - 1) / kPanel * kPanel;
+  const PrefillShape s{n, qd[1], kd[1], qd[1] / kd[1], qd[2], start, len};
   const int64_t per_head = 2 * len * s.head_dim;  // per KV head: kt, then v
   using Key = std::conditional_t<kPairs, uint16_t, float>;
   std::vector<Key> keys(s.kv_heads * per_head);
@@ -1467,7 +1472,6 @@ ffi::Error PrefillAttention(ffi::ThreadPool threads, ffi::Buffer<Q, 3> q, ffi::B
   const int64_t tiles = (s.t * s.groups + kRowBlock - 1) / kRowBlock;  // per KV head
   const auto* qp = reinterpret_cast<const std::conditional_t<kPairs, uint16_t, float>*>(
       q.typed_data());
-  float* op = out->typed_data();
   // the latest (longest) tiles first, so the last ones claimed are short
   parallel_for(threads, s.kv_heads * tiles, 1, [&](int64_t i) {
     const int64_t kh = i % s.kv_heads, tile = tiles - 1 - i / s.kv_heads;
