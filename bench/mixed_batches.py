@@ -8,7 +8,8 @@ of 2 x slots requests at once, completed requests per second. Then one Poisson s
 --mixed-batches off and then on. The token budget's prediction for TPOT: a mixed call adds at
 most one budget's piece to one step of each call, so TPOT p99 may rise by at most a piece's
 time (`piece_ms`: the mean time of an unmixed `prefill_pages` piece, measured in the off run).
-`--json` prints one JSON object.
+`--one-piece` adds a third run, mixing with one piece a call (policy.MIX_PIECES = 1, as before
+several pieces rode together) beside the default's packing. `--json` prints one JSON object.
 
     python bench/mixed_batches.py --model small --requests 200
 """
@@ -28,6 +29,7 @@ import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 from _smoke import NO_WARMUP, shrink  # noqa: E402
 
+from scaletui import policy  # noqa: E402
 from scaletui.serve.engine.build import JaxEngineFactory  # noqa: E402
 from scaletui.serve.engine.engine_api import SamplingParams  # noqa: E402
 from scaletui.serve.scheduling.events import Failed, Request  # noqa: E402
@@ -85,6 +87,10 @@ def p99(xs) -> float:
     return float(np.nanpercentile(np.asarray(xs, float), 99))
 
 
+def p50(xs) -> float:
+    return float(np.nanpercentile(np.asarray(xs, float), 50))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="small")
@@ -98,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load", type=float, default=0.7, help="fraction of the measured capacity")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--one-piece", action="store_true", help="and mixing one piece a call")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help=NO_WARMUP)
     shrink(p, model="tiny", slots=4, max_seq_len=64, budget=16, prompt_len=24, output_len=8,
            requests=12, warmup=False)  # fmt: skip
@@ -125,14 +132,25 @@ def main(argv: list[str] | None = None) -> int:
         rate = a.load * capacity
         offsets = np.cumsum(rng.exponential(1 / rate, a.requests)).tolist()
         pieces.clear()
-        ttft_off, tpot_off, _ = asyncio.run(run(off, prompts, outs, offsets))
+        ttft_off, tpot_off, took_off = asyncio.run(run(off, prompts, outs, offsets))
     finally:
         off.shutdown()
     on = serve(dataclasses.replace(shape, mixed_batches=True), a.warmup)
     try:
-        ttft_on, tpot_on, _ = asyncio.run(run(on, prompts, outs, offsets))
+        ttft_on, tpot_on, took_on = asyncio.run(run(on, prompts, outs, offsets))
     finally:
         on.shutdown()
+    extra = {}
+    if a.one_piece:  # the same, one piece riding a call (compiled so, then put back)
+        most, policy.MIX_PIECES = policy.MIX_PIECES, 1
+        one_piece = serve(dataclasses.replace(shape, mixed_batches=True), a.warmup)
+        try:
+            ttft_1, tpot_1, took_1 = asyncio.run(run(one_piece, prompts, outs, offsets))
+        finally:
+            one_piece.shutdown()
+            policy.MIX_PIECES = most
+        extra = {"ttft_p99_ms": 1e3 * p99(ttft_1), "ttft_p50_ms": 1e3 * p50(ttft_1),
+                 "tpot_p99_ms": 1e3 * p99(tpot_1), "tok_s": sum(outs) / took_1}  # fmt: skip
     piece_ms = 1e3 * float(np.mean(pieces)) if pieces else 0.0
     row = {
         "model": a.model,
@@ -143,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         "ttft_p99_ms": {"off": 1e3 * p99(ttft_off), "on": 1e3 * p99(ttft_on)},
         "tpot_p99_ms": {"off": 1e3 * p99(tpot_off), "on": 1e3 * p99(tpot_on)},
         "piece_ms": piece_ms,
+        "ttft_p50_ms": {"off": 1e3 * p50(ttft_off), "on": 1e3 * p50(ttft_on)},
+        "tok_s": {"off": sum(outs) / took_off, "on": sum(outs) / took_on},
     }
+    if extra:
+        row["one_piece"] = extra
     row["ttft_p99_ratio"] = row["ttft_p99_ms"]["on"] / row["ttft_p99_ms"]["off"]
     row["tpot_p99_ratio"] = row["tpot_p99_ms"]["on"] / row["tpot_p99_ms"]["off"]
     rise = row["tpot_p99_ms"]["on"] - row["tpot_p99_ms"]["off"]
@@ -153,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"{a.model}, {a.slots} slots, budget {a.budget}: capacity {capacity:.2f} req/s, "
               f"Poisson at {rate:.2f} req/s ({a.load:.0%})")  # fmt: skip
-        for key in ("ttft_p99_ms", "tpot_p99_ms"):
-            v = row[key]
+        for key in ("ttft_p99_ms", "ttft_p50_ms", "tpot_p99_ms", "tok_s"):
+            v, one = row[key], row.get("one_piece", {}).get(key)
             print(f"  {key:12s} off {v['off']:8.1f}  on {v['on']:8.1f}  on/off "
-                  f"{v['on'] / v['off']:.2f}")  # fmt: skip
+                  f"{v['on'] / v['off']:.2f}" + ("" if one is None else f"  one piece a call "
+                  f"{one:8.1f}"))  # fmt: skip
         print(
             f"  TPOT p99 rise {rise:.1f} ms, a budget's piece {piece_ms:.1f} ms: "
             f"{'within' if row['tpot_within_budget'] else 'past'} the budget's prediction"

@@ -21,6 +21,8 @@ import orjson
 import pytest
 from bench_modules import BENCH_DIR, bench_module
 
+from scaletui import policy
+
 pytestmark = [
     pytest.mark.slow,  # they build engines and start servers
     pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"),
@@ -234,10 +236,12 @@ def test_paged_kv(smoke, capsys):
 
 
 def test_mixed_batches(smoke, capsys):
-    assert _main("mixed_batches", ["--json"]) == 0
+    assert _main("mixed_batches", ["--json", "--one-piece"]) == 0
     result = orjson.loads(capsys.readouterr().out)
     assert set(result["ttft_p99_ms"]) == {"off", "on"} and result["ttft_p99_ratio"] > 0
     assert result["piece_ms"] > 0  # the off run's pieces were timed
+    assert result["one_piece"]["tok_s"] > 0 and result["tok_s"]["on"] > 0
+    assert policy.MIX_PIECES == 4  # put back after the one-piece run
 
 
 def test_logprobs_cost(smoke, capsys):

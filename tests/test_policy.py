@@ -75,6 +75,7 @@ def test_decode_steps_stop_at_the_most_any_sequence_needs() -> None:
     assert policy.decode_steps([3, 10], 4) == 4
     assert policy.decode_steps([2, 1], 4) == 2
     assert policy.decode_steps([], 4) == 1
+    assert policy.decode_steps([3, 10], 4, mixed=True) == 1  # pieces ride: their tokens at once
 
 
 def test_make_room_grows_the_oldest_and_preempts_the_youngest() -> None:
@@ -212,8 +213,7 @@ async def test_one_trace_gets_the_same_decisions_live_and_simulated() -> None:
     assert sorted(i for p in live for i in p.finished) == list(range(len(INPUT)))
     # mixed batches (on by default): the first `mixed` pieces ride with the decode step
     mixed = [p for p in live if p.mixed]
-    assert mixed and all(p.steps and len(p.chunks) >= p.mixed for p in mixed)
-    print("riders per mixed pass:", [p.mixed for p in mixed])
+    assert mixed and all(p.steps == 1 and len(p.chunks) >= p.mixed for p in mixed)
     assert any(not p.mixed and p.chunks and not p.steps for p in live)  # nothing decoding yet
     for step, (a, b) in enumerate(zip(live, sim, strict=False)):
         assert a == b, f"pass {step}: live {a} != simulated {b}"

@@ -12,7 +12,8 @@ both and gets the same `StepPlan`s. One pass of the interleaved loop decides, in
    boundary or with its prompt (`token_budget`, `chunks`); with mixed batches the first pieces
    ride in the generate call's first step (`riders`: one forward pass, the weights read once)
    and the others run before that call;
-4. decode: a generate call of `decode_steps` steps, no more than any sequence still needs; first
+4. decode: a generate call of `decode_steps` steps, no more than any sequence still needs (one
+   with pieces riding in it); first
    every decoding sequence grows to the pages those steps write, oldest first, and where its
    replica has none left the youngest decoding sequence there is preempted (`make_room`, vLLM's
    recompute policy: it goes back to the head of the queue to prefill prompt and output again);
@@ -114,9 +115,13 @@ def riders(
     return n
 
 
-def decode_steps(lefts: Sequence[int], steps: int) -> int:
+def decode_steps(lefts: Sequence[int], steps: int, mixed: bool = False) -> int:
     """Steps of the next generate call: `steps`, but no more than any decoding sequence still
-    needs (`lefts`: tokens each may still produce), so a nearly done batch does not idle."""
+    needs (`lefts`: tokens each may still produce), so a nearly done batch does not idle; one
+    when prompt pieces ride in it (`mixed`): a piece's first token is out when its call ends, and
+    the next pass goes on decoding with the new sequences in it."""
+    if mixed:
+        return 1
     return max(1, min(steps, max(lefts, default=1)))
 
 

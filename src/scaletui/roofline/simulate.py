@@ -24,8 +24,9 @@ What it replays, as the server does it:
    resumes from the head of the queue by prefilling its prompt and output.
    Disaggregated: prefill (and the KV transfer) runs concurrently on its own devices into a
    bounded hand-over queue (max(2, slots)); generate inserts between calls.
-4. A generate call runs min(decode_steps, most tokens any slot still needs) steps; its tokens
-   reach the clients together at the call's end (one chunk per request: this drives TPOT/ITL).
+4. A generate call runs min(decode_steps, most tokens any slot still needs) steps (one with
+   pieces riding in it); its tokens reach the clients together at the call's end (one chunk per
+   request: this drives TPOT/ITL).
    The engine computes every slot row over the KV bucket of the longest row (`padded_decode`).
    On the native CPU kernels (the cost model's `kernels`), every slot row runs the matmuls but
    attention reads only the active rows, each over its own positions: a call costs the S-row
@@ -111,7 +112,8 @@ def _interleaved(sim: SimState) -> None:
             _piece_done(sim, kv, plan, produced, job, k, now)
         jobs = [job for job in jobs if job[3] < job[2]]  # a riding piece's job has not run
         if sim.active:
-            steps = policy.decode_steps([sim.left[i] for i in sim.active], shape.decode_steps)
+            lefts = [sim.left[i] for i in sim.active]
+            steps = policy.decode_steps(lefts, shape.decode_steps, mixed=bool(ride))
             slot_of, order = kv.slot_of, kv.order
             seqs = [
                 policy.Seq(slot_of[i], order[slot_of[i]], sim.length[i], sim.left[i])

@@ -298,7 +298,7 @@ class Batcher:
             return [r for b, r in enumerate(book.slots) if r is not None and b not in prefilling]
 
         lefts = [r.params.max_tokens - r.generated for r in decoding()]
-        steps = policy.decode_steps(lefts, self.config.decode_steps)
+        steps = policy.decode_steps(lefts, self.config.decode_steps, mixed=bool(ride))
         self._make_room(steps, prefilling)
         running = decoding()
         if not running:  # every sequence was preempted (a pool smaller than their steps)
