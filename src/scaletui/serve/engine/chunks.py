@@ -5,10 +5,10 @@ page row, its prompt logprobs and its outcome.
 
 A mixed call is compiled per decode bucket for `mix_tokens` prompt rows (the token budget:
 `ServerShape.mixing`), so mixing adds as many programs as there are decode buckets, all
-compiled by `warmup`. The pieces pack into the rows from page boundaries; each attends and
-writes its K/V from its own offset, and the rows past a piece (the next piece's, or padding)
-land past its chunk in its pages, where the sequence writes before it reads, as
-prefill_pages' padding does.
+compiled by `warmup`. The pieces pack into the rows from page boundaries; each attends its own
+rows, and every page of rows is written to its piece's page (model.Pieces, kv_cache.write_pieces):
+a piece's padding rows land past its prompt in its last page, where the sequence writes before
+it reads, as prefill_pages' padding does.
 """
 
 from __future__ import annotations

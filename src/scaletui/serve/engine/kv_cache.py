@@ -213,29 +213,20 @@ def write_pages(pool: dict, entry: tuple, pages: jax.Array, layout: str = PAGE_M
     return out
 
 
-def write_pieces(pool: dict, entry: tuple, offs, starts, pages, scratch, layout: str) -> dict:
-    """A mixed step's prompt pieces into one layer's pool: entry (`write_pages`' form) [T, ...]
-    holds the pieces' K/V packed, piece k's from row offs[k] (a page boundary) at positions
-    starts[k].. of the sequence whose pages are pages[k] [W] (past them: page scratch[k]). Each
-    piece writes T rows as whole pages from its start; its rows past its own length land in its
-    sequence's later positions (written before they are read) or in the scratch page."""
-    t = entry[0].shape[0]
-    padded = tuple(jnp.pad(a, [(0, t)] + [(0, 0)] * (a.ndim - 1)) for a in entry)
-
-    def piece(k, pool):  # a loop, not unrolled: one piece's program, compiled once
-        mine = tuple(lax.dynamic_slice_in_dim(a, offs[k], t) for a in padded)
-        return write_piece(pool, mine, starts[k], pages[k], scratch[k], layout)
-
-    return lax.fori_loop(0, offs.shape[0], piece, pool)
-
-
-def write_piece(pool: dict, entry: tuple, start, pages, scratch, layout: str) -> dict:
-    """A chunk's K/V (entry [T, ...]) as whole pages from position `start` (a page boundary) of
-    the sequence whose pages are `pages` [W] (past them: page `scratch`)."""
-    s, t = pool["v"].shape[2], entry[0].shape[0]
-    row = jnp.append(pages, jnp.full_like(pages, scratch))
-    first = jnp.minimum(start // s, pages.shape[0])
-    return write_pages(pool, entry, lax.dynamic_slice_in_dim(row, first, -(-t // s)), layout)
+def write_pieces(pool: dict, entry: tuple, piece_rows, pages, scratch, layout: str) -> dict:
+    """A mixed step's prompt pieces into one layer's pool, as whole pages: entry (`write_pages`'
+    form) [T, ...] holds the pieces' K/V packed from page boundaries, `piece_rows` (each row's
+    piece [T] and position [T], model.Pieces.rows; a row past the pieces: -1 and 0) says whose
+    each row is, pages [P, W] each piece's sequence's pages, scratch [P] its replica's scratch
+    page. Page j of the rows is one piece's positions, so it goes to that piece's page at its
+    position (past the table, or padding: the scratch page): T / S pages, one write."""
+    s, w = pool["v"].shape[2], pages.shape[1]
+    piece, position = (a[::s] for a in piece_rows)  # each row page's first row
+    owner = jnp.maximum(piece, 0)
+    at = position // s
+    inside = (piece >= 0) & (at < w)
+    ids = jnp.where(inside, pages[owner, jnp.minimum(at, w - 1)], scratch[owner])
+    return write_pages(pool, entry, ids, layout)
 
 
 def write_positions(

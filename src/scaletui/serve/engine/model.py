@@ -495,11 +495,14 @@ class Pieces(NamedTuple):
     scratch: jax.Array
 
     def rows(self, t: int) -> tuple[jax.Array, jax.Array]:
-        """(each of the T rows' piece [T], its position [T]); rows past the pieces are the last
-        piece's (never read)."""
+        """(each of the T rows' piece [T], its position [T]); a row past its piece's tokens
+        (padding) has piece -1 and position 0."""
         r = jnp.arange(t)
         piece = jnp.maximum((r[:, None] >= self.offs[None, :]).sum(-1) - 1, 0)
-        return piece, self.starts[piece] + r - self.offs[piece]
+        inside = r < self.offs[piece] + self.lens[piece]
+        return jnp.where(inside, piece, -1), jnp.where(
+            inside, self.starts[piece] + r - self.offs[piece], 0
+        )
 
 
 def mixed(
@@ -526,7 +529,8 @@ def mixed(
     ops = ops or XLA
     r, t = n_rows or tokens.shape[0], chunk.shape[0]
     x = ops.embed(params, jnp.concatenate([tokens[:r], chunk]), m)  # [R + T, D]
-    pos = jnp.concatenate([positions[:r], pieces.rows(t)[1]])
+    rows = pieces.rows(t)
+    pos = jnp.concatenate([positions[:r], rows[1]])
     cos, sin = rope(pos, m.head_dim, m.rope_theta, m.rope_scaling)
     attend_piece = ops.prefill_attention or _attend_chunk
     pad = lambda a: jnp.pad(a, [(0, t)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
@@ -536,25 +540,21 @@ def mixed(
             return ops.mixed_attention(q, k, v, positions, pages, pieces, cache[i], rows=r)
         o, pool = ops.decode_attention(q[:r], k[:r], v[:r], positions, pages, cache[i])
         entry = quant.store_kv(k[r:], v[r:], kv_cache.value_dtype(pool["k"].dtype))  # [T, K, H]
-        qs, own, out = (
-            pad(q[r:]),
-            tuple(pad(a) for a in entry),
-            jnp.zeros((2 * t,) + q.shape[1:], o.dtype),
-        )
-        for j in range(pieces.offs.shape[0]):  # each piece over its own keys (and piece 0's prior)
-            at = pieces.offs[j]
+        qs, own = pad(q[r:]), tuple(pad(a) for a in entry)
+        zeros = jnp.zeros((t,) + q.shape[1:], o.dtype)
+
+        def piece(j, out):  # a loop, not unrolled: one piece's program, compiled once
+            at, n = pieces.offs[j], pieces.lens[j]
             mine = tuple(lax.dynamic_slice_in_dim(a, at, t) for a in own)
             args = (lax.dynamic_slice_in_dim(qs, at, t), mine, prior[i], pieces.starts[j])
             o_j = lax.cond(
-                pieces.lens[j] > 0,
-                lambda args=args, n=pieces.lens[j]: attend_piece(*args, rows=n).astype(o.dtype),
-                lambda: jnp.zeros((t,) + q.shape[1:], o.dtype),
+                n > 0, lambda: attend_piece(*args, rows=n).astype(o.dtype), lambda: zeros
             )
-            out = lax.dynamic_update_slice_in_dim(
-                out, o_j, at, 0
-            )  # later pieces overwrite its tail
-        p = pieces
-        pool = kv_cache.write_pieces(pool, entry, p.offs, p.starts, p.pages, p.scratch, ops.layout)
+            return lax.dynamic_update_slice_in_dim(out, o_j, at, 0)  # the next overwrites its tail
+
+        out = jnp.zeros((2 * t,) + q.shape[1:], o.dtype)
+        out = lax.fori_loop(0, pieces.offs.shape[0], piece, out)
+        pool = kv_cache.write_pieces(pool, entry, rows, pieces.pages, pieces.scratch, ops.layout)
         return jnp.concatenate([o[:r], out[:t]]), pool
 
     if not len(cache) == len(prior) == len(params["layers"]):

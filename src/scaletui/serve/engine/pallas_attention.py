@@ -148,8 +148,9 @@ def _local_mixed(q, step: dict, chunk: dict, positions, pages, pieces, pool: dic
     new = kv_cache.write_positions(pool, step, positions, pages, kv_cache.HEAD_MAJOR)
     entry = tuple(chunk[n] for n in ("k", "v", "k_scale", "v_scale") if n in chunk)
     p = pieces
+    piece, position = p.rows(t)
     new = kv_cache.write_pieces(
-        new, entry, p.offs, p.starts, p.pages, p.scratch, kv_cache.HEAD_MAJOR
+        new, entry, (piece, position), p.pages, p.scratch, kv_cache.HEAD_MAJOR
     )
     width = max(pages.shape[1], p.pages.shape[1])
     widen = lambda a: jnp.pad(a, ((0, 0), (0, width - a.shape[1])))  # noqa: E731
@@ -160,8 +161,7 @@ def _local_mixed(q, step: dict, chunk: dict, positions, pages, pieces, pool: dic
     runs = [(row, 0, 1) for row in range(b)] + [(b, 0, t)]
     seq, offsets, length, index = pallas_ragged.plan_blocks(runs, block_q)
     row0 = jnp.asarray(offsets[b:])  # each prompt block's first row
-    piece, position = p.rows(t)
-    piece = piece[row0]
+    piece = jnp.maximum(piece[row0], 0)  # a padding block: its length comes out 0
     left = jnp.clip(p.lens[piece] - (row0 - p.offs[piece]), 0, block_q)  # 0: padding
     seq = jnp.concatenate([jnp.asarray(seq[:b]), b + piece]).astype(jnp.int32)
     starts = jnp.concatenate([positions, position[row0]]).astype(jnp.int32)
