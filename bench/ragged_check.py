@@ -102,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     width = chunk_pages.shape[0]
     pieces = model.Pieces(
         one(0, args.chunk), one(args.chunk, 0), one(args.context, 0),
-        one(args.context + args.chunk, 0),
         jnp.zeros((policy.MIX_PIECES, width), jnp.int32).at[0].set(chunk_pages), one(0, 0),
     )  # fmt: skip
     kernel = jax.jit(lambda: pallas_attention.mixed_attention(

@@ -172,7 +172,7 @@ def test_a_mixed_step_on_the_ragged_kernel_equals_xla_rows_then_pieces(kv, tp):
     cat = lambda a, b: jnp.concatenate([a[:r], b.astype(a.dtype)])  # noqa: E731
     i32 = lambda *x: jnp.asarray(x, jnp.int32)  # noqa: E731
     pieces = model.Pieces(
-        i32(0, 16, 24, 24), i32(t, 5, 0, 0), i32(start, 0, 0, 0), i32(start + t, 5, 0, 0),
+        i32(0, 16, 24, 24), i32(t, 5, 0, 0), i32(start, 0, 0, 0),
         jnp.stack([chunk_pages, fresh_pages, 0 * chunk_pages, 0 * chunk_pages]), i32(0, 0, 0, 0),
     )  # fmt: skip
     o, new = pallas_attention.mixed_attention(

@@ -482,15 +482,14 @@ def decode(
 
 class Pieces(NamedTuple):
     """Prompt pieces packed into a mixed step's T prompt rows (int32, P of them, policy.riders):
-    piece k's lens[k] tokens from row offs[k] (a page boundary) at positions starts[k].. of a
-    true_lens[k]-token prompt, into pages pages[k] [W] (past them: page scratch[k]). An unused
+    piece k's lens[k] tokens from row offs[k] (a page boundary) at positions starts[k].. of its
+    prompt, into pages pages[k] [W] (past them: page scratch[k]). An unused
     piece has lens 0 and offs T. Only piece 0 may start past 0: the call's `prior` is its
     sequence's earlier pages."""
 
     offs: jax.Array
     lens: jax.Array
     starts: jax.Array
-    true_lens: jax.Array
     pages: jax.Array
     scratch: jax.Array
 
@@ -560,10 +559,8 @@ def mixed(
     if not len(cache) == len(prior) == len(params["layers"]):
         raise ValueError("mixed: one pool and one prior per layer")
     x, out = layers(params, x, cos, sin, m, ops, attend)
-    last = pieces.offs + jnp.clip(
-        pieces.true_lens - 1 - pieces.starts, 0, jnp.maximum(pieces.lens - 1, 0)
-    )
-    h = jnp.concatenate([x[:r], x[r + jnp.minimum(last, t - 1)]])  # [R + P, D]
+    last = jnp.minimum(pieces.offs + jnp.maximum(pieces.lens - 1, 0), t - 1)  # each's last row
+    h = jnp.concatenate([x[:r], x[r + last]])  # [R + P, D]
     logits = ops.logits(params, h, m)
     return logits[:r], logits[r:], out, x[r:]
 

@@ -298,7 +298,7 @@ def generate_mixed(
     then each piece's token [P] and packed logprobs [P, T + 1, ROW] as `prefill_paged`'s)."""
     kept = {}
     t = chunk.shape[0]
-    pieces = model.Pieces(offs, lens, args.start, args.true_len, piece_pages, scratch)
+    pieces = model.Pieces(offs, lens, args.start, piece_pages, scratch)
 
     def forward(st, pos, table):
         logits, last, cache, hidden = model.mixed(
